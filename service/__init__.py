@@ -1,0 +1,1 @@
+"""torchyard service: REST API, ledger, dispatch and reconcile loops. Never imports torch."""

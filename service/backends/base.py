@@ -1,0 +1,68 @@
+"""The Backend protocol: the only door to submitit and the schedulers behind it.
+
+Every call is batched: one submit for many jobs, one status query for all active jobs.
+Backends map the scheduler's states to JobState themselves and keep the scheduler's own words in
+`reason`. Exceptions from submitit or the scheduler leave a backend only as BackendError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from service.states import JobState
+from worker.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class SubmitOutcome:
+    """What became of one job handed to submit(): an external id, or the backend's refusal."""
+
+    job_id: int
+    external_id: str | None = None
+    error: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.external_id is not None
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """The scheduler's view of one job, already mapped to our states."""
+
+    state: JobState
+    reason: str | None = None  # pending reason, scheduler state word, signal ...
+    exit_code: int | None = None
+    nodes: str | None = None  # where it runs, when known
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def validate(self, spec: RunSpec) -> None:
+        """Raise InvalidRequest when the scheduler could never run this request (checked at POST)."""
+
+    def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
+        """Hand many jobs over at once; one outcome per spec, in order. Never raises for one bad job."""
+        ...
+
+    def poll(self, external_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        """ONE batched status query for all these jobs. Ids the scheduler no longer knows may be absent."""
+        ...
+
+    def cancel(self, external_ids: Sequence[str]) -> None:
+        """Stop these jobs. Idempotent: cancelling a finished or unknown job is not an error."""
+
+    def log_path(self, folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
+        """Where submitit writes this rank's stdout ("out") or stderr ("err")."""
+        ...
+
+    def set_wakeup(self, callback: Callable[[], None]) -> None:
+        """Register a callback the backend calls when it knows a job changed (reconcile at once)."""
+
+    def close(self) -> None:
+        """Release threads and handles; running jobs keep running."""

@@ -1,0 +1,36 @@
+"""The service's few errors. No HTTP in here: api/errors.py maps them to status codes."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of every error the domain raises on purpose."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class NotFound(ServiceError):
+    """The thing does not exist, or the caller may not know it exists."""
+
+
+class InvalidRequest(ServiceError):
+    """The request is well-formed but cannot be honoured (names the field when there is one)."""
+
+
+class Conflict(ServiceError):
+    """The request clashes with the current state."""
+
+
+class LimitExceeded(ServiceError):
+    """A quota or rate limit says no."""
+
+
+class Unavailable(ServiceError):
+    """A dependency (database, scheduler) is down for now; try again later."""
+
+
+class BackendError(ServiceError):
+    """A backend could not do what was asked (submitit or the scheduler said no)."""

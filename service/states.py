@@ -1,0 +1,67 @@
+"""The one job state machine shared by every backend."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    queued = "queued"  # stored, not yet handed to a backend
+    submitted = "submitted"  # the backend accepted it
+    pending = "pending"  # waiting in the scheduler's queue
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    timeout = "timeout"
+    preempted = "preempted"  # the scheduler stopped it; it will come back
+    requeued = "requeued"  # back in the scheduler's queue after preemption (attempt + 1)
+
+
+TERMINAL_STATES: frozenset[JobState] = frozenset(
+    {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timeout}
+)
+ACTIVE_STATES: frozenset[JobState] = frozenset(set(JobState) - TERMINAL_STATES)
+# States in which a backend holds the job and the reconcile loop must watch it.
+WATCHED_STATES: frozenset[JobState] = frozenset(ACTIVE_STATES - {JobState.queued})
+
+_ENDINGS = {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timeout}
+
+ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.queued: frozenset({JobState.submitted, JobState.failed, JobState.cancelled}),
+    JobState.submitted: frozenset({JobState.pending, JobState.running, JobState.preempted} | _ENDINGS),
+    JobState.pending: frozenset({JobState.running, JobState.preempted} | _ENDINGS),
+    JobState.running: frozenset({JobState.pending, JobState.preempted, JobState.requeued} | _ENDINGS),
+    JobState.preempted: frozenset({JobState.requeued, JobState.pending, JobState.running} | _ENDINGS),
+    JobState.requeued: frozenset({JobState.pending, JobState.running, JobState.preempted} | _ENDINGS),
+    JobState.succeeded: frozenset(),
+    JobState.failed: frozenset(),
+    JobState.cancelled: frozenset(),
+    JobState.timeout: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    def __init__(self, current: JobState, target: JobState) -> None:
+        super().__init__(f"a job cannot go from {current.value} to {target.value}")
+        self.current = current
+        self.target = target
+
+
+def is_terminal(state: JobState) -> bool:
+    return state in TERMINAL_STATES
+
+
+def can_transition(current: JobState, target: JobState) -> bool:
+    return target in ALLOWED_TRANSITIONS[current]
+
+
+def check_transition(current: JobState, target: JobState) -> None:
+    """Raise IllegalTransition unless current -> target is allowed. The only place that decides."""
+    if not can_transition(current, target):
+        raise IllegalTransition(current, target)
+
+
+def starts_new_attempt(target: JobState) -> bool:
+    """Going back to the scheduler's queue after a preemption begins attempt + 1."""
+    return target is JobState.requeued

@@ -1,0 +1,1 @@
+"""torchyard worker: what runs on every rank. Never imports the service, FastAPI or SQLModel."""

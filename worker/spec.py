@@ -1,0 +1,107 @@
+"""The contract between the service and the worker: plain pydantic, no torch, no service imports.
+
+The service builds a RunSpec for every job attempt and hands it (as JSON) to submitit; every rank
+receives the same RunSpec. Files the two sides exchange live in the job's folder (see JobFiles).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ENTRYPOINT_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+SLURM_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"
+
+
+class Resources(BaseModel):
+    """What one job asks of the machine or cluster."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: int = Field(1, ge=1, description="Number of nodes (hosts).")
+    tasks_per_node: int = Field(1, ge=1, description="Ranks per node.")
+    cpus_per_task: int = Field(1, ge=1, description="CPU cores per rank.")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per node; 0 runs on CPU with gloo.")
+    mem_gb: float | None = Field(None, gt=0, description="Memory per node in GiB.")
+    timeout_min: int = Field(60, ge=1, le=60 * 24 * 30, description="Wall-clock limit in minutes.")
+    partition: str | None = Field(None, max_length=128, pattern=SLURM_NAME_PATTERN)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+class RunSpec(BaseModel):
+    """Everything a rank needs to run one attempt of a job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int
+    name: str
+    attempt: int = 1
+    entrypoint: str | None = None
+    script: str | None = None
+    args: list[str] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    folder: str
+    rendezvous_timeout_s: float = Field(300.0, gt=0)
+    resume_from: str | None = None  # checkpoint path the ledger last recorded
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, value: str | None) -> str | None:
+        if value is not None and not ENTRYPOINT_PATTERN.match(value):
+            raise ValueError("must look like 'package.module:function'")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_target(self) -> RunSpec:
+        if (self.entrypoint is None) == (self.script is None):
+            raise ValueError("exactly one of entrypoint or script must be given")
+        return self
+
+    @property
+    def files(self) -> JobFiles:
+        return JobFiles(Path(self.folder))
+
+
+class JobFiles:
+    """Names of the files inside a job's folder, known to both sides."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @property
+    def spec(self) -> Path:
+        return self.folder / "spec.json"
+
+    @property
+    def progress(self) -> Path:
+        """JSON lines appended by rank 0: {"step", "total", "metrics", "time", "attempt"}."""
+        return self.folder / "progress.jsonl"
+
+    @property
+    def result(self) -> Path:
+        """Written atomically by rank 0 on success: {"attempt", "value"}."""
+        return self.folder / "result.json"
+
+    def error(self, rank: int) -> Path:
+        """Written by a rank that raised: its traceback as text."""
+        return self.folder / f"error-rank{rank}.txt"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.folder / "checkpoints"
+
+    @property
+    def submitit(self) -> Path:
+        """submitit's own folder: pickles and per-rank logs (`<id>_<rank>_log.out|err`)."""
+        return self.folder / "submitit"
+
+    def errors(self) -> list[Path]:
+        return sorted(self.folder.glob("error-rank*.txt"))
