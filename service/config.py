@@ -1,0 +1,47 @@
+"""One Settings object (TORCHYARD_ prefix). Nothing is read at import time: call get_settings()."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BackendName = Literal["local", "slurm"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TORCHYARD_", env_file=None, extra="ignore")
+
+    database_url: str = Field("", description="SQLAlchemy URL; empty means SQLite in data_dir.")
+    data_dir: Path = Field(Path(".torchyard"), description="Job folders live here (shared fs for SLURM).")
+    default_backend: BackendName = "local"
+    host: str = "127.0.0.1"
+    port: int = Field(8321, ge=1, le=65535)
+
+    reconcile_interval_s: float = Field(2.0, gt=0, description="Seconds between scheduler queries.")
+    local_reconcile_interval_s: float = Field(0.5, gt=0, description="Local jobs are cheap to check.")
+    dispatch_interval_s: float = Field(1.0, gt=0, description="Retry period for queued jobs.")
+    dispatch_batch_size: int = Field(100, ge=1)
+
+    max_nodes: int = Field(16, ge=1)
+    max_tasks_per_node: int = Field(8, ge=1)
+    max_gpus_per_node: int = Field(8, ge=0)
+    max_timeout_min: int = Field(60 * 24 * 7, ge=1)
+    rendezvous_timeout_s: float = Field(300.0, gt=0)
+    max_log_bytes: int = Field(1_000_000, ge=1, description="Most bytes one logs request returns.")
+
+    slurm_partition: str | None = None
+    slurm_python: str | None = Field(None, description="Python on the compute nodes; default: ours.")
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'torchyard.db').resolve()}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

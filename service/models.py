@@ -1,0 +1,187 @@
+"""Ledger tables and their API model families (JobCreate -> Job -> JobPublic ...)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import ConfigDict, field_validator, model_validator
+from sqlalchemy import JSON, Column, DateTime, Index, TypeDecorator
+from sqlalchemy.engine import Dialect
+from sqlmodel import Field, SQLModel
+
+from service.states import JobState
+from worker.spec import ENTRYPOINT_PATTERN, Resources
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Store UTC, always hand back timezone-aware datetimes (SQLite forgets the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+def _time_column(nullable: bool = True, index: bool = False) -> Any:
+    return Field(default=None, sa_type=UTCDateTime, nullable=nullable, index=index)
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class JobBase(SQLModel):
+    name: str = Field(min_length=1, max_length=200, description="A name to find the job by.")
+
+
+class JobCreate(JobBase):
+    """The body of POST /api/v1/jobs."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    entrypoint: str | None = Field(
+        default=None, max_length=300, description="'package.module:function' called on every rank."
+    )
+    script: str | None = Field(
+        default=None, max_length=4096, description="Path to a torchrun-style Python script."
+    )
+    args: list[str] = Field(default_factory=list, description="Arguments for the script.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the function.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every rank.")
+    backend: str | None = Field(default=None, description="'local' or 'slurm'; default from settings.")
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, value: str | None) -> str | None:
+        if value is not None and not ENTRYPOINT_PATTERN.match(value):
+            raise ValueError("must look like 'package.module:function'")
+        return value
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str | None) -> str | None:
+        if value is not None and value not in ("local", "slurm"):
+            raise ValueError("must be 'local' or 'slurm'")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_target(self) -> JobCreate:
+        if (self.entrypoint is None) == (self.script is None):
+            raise ValueError("give exactly one of 'entrypoint' or 'script'")
+        return self
+
+
+class Job(JobBase, table=True):
+    __table_args__ = (
+        Index("ix_job_state_backend", "state", "backend"),
+        Index("ix_job_updated_at_id", "updated_at", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    owner: str = Field(default="anonymous", max_length=200, index=True)
+    spec: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    backend: str = Field(max_length=20)
+    state: JobState = Field(default=JobState.queued, max_length=20)
+    reason: str | None = Field(default=None)
+    exit_code: int | None = None
+    external_id: str | None = Field(default=None, max_length=64, index=True)
+    folder: str | None = None
+    attempt: int = 1
+    result: Any | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    progress: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    progress_offset: int = 0  # bytes of the progress file already read into the ledger
+    latest_checkpoint: str | None = None
+    cancel_requested: bool = False
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    submitted_at: datetime | None = _time_column()
+    started_at: datetime | None = _time_column()
+    finished_at: datetime | None = _time_column()
+
+
+class JobPublic(JobBase):
+    id: int
+    owner: str
+    backend: str
+    state: JobState
+    reason: str | None
+    exit_code: int | None
+    external_id: str | None
+    folder: str | None
+    attempt: int
+    spec: dict[str, Any]
+    result: Any | None
+    progress: dict[str, Any] | None
+    latest_checkpoint: str | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    submitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobPage(SQLModel):
+    items: list[JobPublic]
+    next_cursor: str | None = None
+
+
+# ---------------------------------------------------------------- history and metrics
+
+
+class JobEvent(SQLModel, table=True):
+    """One state change of one job."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    from_state: JobState | None = Field(default=None, max_length=20)
+    to_state: JobState = Field(max_length=20)
+    reason: str | None = None
+    attempt: int = 1
+    time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class JobEventPublic(SQLModel):
+    id: int
+    job_id: int
+    from_state: JobState | None
+    to_state: JobState
+    reason: str | None
+    attempt: int
+    time: datetime
+
+
+class JobMetric(SQLModel, table=True):
+    """One reported value: (step, name, value) as rank 0 wrote it."""
+
+    __table_args__ = (Index("ix_jobmetric_job_step", "job_id", "step"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    step: int
+    name: str = Field(max_length=100)
+    value: float
+    attempt: int = 1
+    time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class JobMetricPublic(SQLModel):
+    step: int
+    name: str
+    value: float
+    attempt: int
+    time: datetime
