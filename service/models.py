@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import ConfigDict, field_validator, model_validator
-from sqlalchemy import JSON, Column, DateTime, Index, TypeDecorator
+from sqlalchemy import JSON, Column, DateTime, Index, String, TypeDecorator
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
@@ -88,13 +88,14 @@ class Job(JobBase, table=True):
     __table_args__ = (
         Index("ix_job_state_backend", "state", "backend"),
         Index("ix_job_updated_at_id", "updated_at", "id"),
+        Index("ix_job_owner_idempotency", "owner", "idempotency_key", unique=True),
     )
 
     id: int | None = Field(default=None, primary_key=True)
     owner: str = Field(default="anonymous", max_length=200, index=True)
     spec: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     backend: str = Field(max_length=20)
-    state: JobState = Field(default=JobState.queued, max_length=20)
+    state: JobState = Field(default=JobState.queued, sa_type=String(20))  # plain text: no DB enum to migrate
     reason: str | None = Field(default=None)
     exit_code: int | None = None
     external_id: str | None = Field(default=None, max_length=64, index=True)
@@ -105,6 +106,8 @@ class Job(JobBase, table=True):
     progress_offset: int = 0  # bytes of the progress file already read into the ledger
     latest_checkpoint: str | None = None
     cancel_requested: bool = False
+    claimed_by: str | None = Field(default=None, max_length=100)  # dispatcher replica holding it
+    claimed_at: datetime | None = _time_column()
     idempotency_key: str | None = Field(default=None, max_length=200)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
@@ -148,8 +151,8 @@ class JobEvent(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id", index=True)
-    from_state: JobState | None = Field(default=None, max_length=20)
-    to_state: JobState = Field(max_length=20)
+    from_state: JobState | None = Field(default=None, sa_type=String(20))
+    to_state: JobState = Field(sa_type=String(20))
     reason: str | None = None
     attempt: int = 1
     time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -31,7 +31,11 @@ class SubmitOutcome:
 
 @dataclass(frozen=True)
 class BackendStatus:
-    """The scheduler's view of one job, already mapped to our states."""
+    """The scheduler's view of one job, already mapped to our states.
+
+    A terminal state here is the scheduler's word only: the reconciler confirms it against the job
+    folder (rank 0's result, the ranks' error files) before it reaches the ledger.
+    """
 
     state: JobState
     reason: str | None = None  # pending reason, scheduler state word, signal ...

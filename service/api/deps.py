@@ -1,0 +1,41 @@
+"""Annotated dependencies the routes declare: the session, the runtime, the settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlmodel import Session
+
+from service.config import Settings
+from service.runtime import Runtime
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_settings_dep(runtime: RuntimeDep) -> Settings:
+    return runtime.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+
+def get_session(runtime: RuntimeDep) -> Iterator[Session]:
+    """One transaction per request: committed when the route returns, rolled back when it raises."""
+    with Session(runtime.engine, expire_on_commit=False) as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+SessionDep = Annotated[Session, Depends(get_session)]

@@ -1,0 +1,43 @@
+"""create_app(settings): the FastAPI app; its lifespan starts and stops the service's loops."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api.errors import install_error_handlers
+from service.api.routes import health, jobs
+from service.backends.base import Backend
+from service.config import Settings, get_settings
+from service.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, backends: dict[str, Backend] | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = Runtime.build(settings, backends)
+        app.state.runtime = runtime
+        runtime.start()
+        log.info("torchyard serving; data in %s", settings.data_dir.resolve())
+        try:
+            yield
+        finally:
+            runtime.stop()
+
+    app = FastAPI(
+        title="torchyard",
+        version="0.1.0",
+        summary="Launch PyTorch distributed training on this machine or a SLURM cluster.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    return app

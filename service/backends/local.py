@@ -1,0 +1,189 @@
+"""The local backend: submitit's local executor, one controller process per job on this machine.
+
+Each job's controller runs in a session of its own, so that a Ctrl-C on the service leaves jobs
+running and cancel can stop the controller and every rank together (one process group).
+After a service restart there is no Popen handle: the controller's PID (the external id) and the
+job folder's files are all there is, and they are enough.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from service.backends.base import BackendStatus, SubmitOutcome
+from service.errors import BackendError, InvalidRequest
+from service.states import JobState
+from worker.spec import RunSpec
+
+log = logging.getLogger(__name__)
+
+CANCEL_GRACE_S = 3.0
+_CONTROLLER_MARK = b"submitit.local._local"
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, python: str | None = None) -> None:
+        self._python = python or sys.executable
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+        self._wakeup: Callable[[], None] = lambda: None
+
+    # ---------------------------------------------------------------- protocol
+
+    def validate(self, spec: RunSpec) -> None:
+        if spec.resources.nodes != 1:
+            raise InvalidRequest("the local backend runs on one node", field="resources.nodes")
+
+    def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
+        return [self._submit_one(spec) for spec in specs]
+
+    def poll(self, external_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        return {external_id: self._status(external_id) for external_id in external_ids}
+
+    def cancel(self, external_ids: Sequence[str]) -> None:
+        for external_id in external_ids:
+            self._signal_group(external_id, signal.SIGINT)
+            timer = threading.Timer(CANCEL_GRACE_S, self._signal_group, (external_id, signal.SIGKILL))
+            timer.daemon = True
+            timer.start()
+
+    def log_path(self, folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
+        return folder / "submitit" / f"{external_id}_{rank}_log.{stream}"
+
+    def set_wakeup(self, callback: Callable[[], None]) -> None:
+        self._wakeup = callback
+
+    def close(self) -> None:
+        with self._lock:
+            self._processes.clear()
+
+    # ---------------------------------------------------------------- submission
+
+    def _submit_one(self, spec: RunSpec) -> SubmitOutcome:
+        try:
+            process = self._start(spec)
+        except Exception as error:  # submitit or the OS said no: this job only
+            log.warning("local submission of job %s failed: %s", spec.job_id, error)
+            return SubmitOutcome(job_id=spec.job_id, error=f"local submission failed: {error}")
+        external_id = str(process.pid)
+        with self._lock:
+            self._processes[external_id] = process
+        threading.Thread(
+            target=self._watch, args=(process,), name=f"watch-{external_id}", daemon=True
+        ).start()
+        return SubmitOutcome(job_id=spec.job_id, external_id=external_id)
+
+    def _start(self, spec: RunSpec) -> subprocess.Popen[bytes]:
+        executor = _session_executor_class()(folder=spec.files.submitit, python=self._python)
+        executor.update_parameters(
+            tasks_per_node=spec.resources.tasks_per_node,
+            gpus_per_node=spec.resources.gpus_per_node,
+            timeout_min=int(spec.resources.timeout_min),
+            name=spec.name,
+        )
+        from worker.launch import RankLauncher
+
+        job = executor.submit(RankLauncher(spec.model_dump_json()))
+        process: subprocess.Popen[bytes] = job._process
+        return process
+
+    def _watch(self, process: subprocess.Popen[bytes]) -> None:
+        process.wait()
+        self._wakeup()
+
+    # ---------------------------------------------------------------- status and signals
+
+    def _status(self, external_id: str) -> BackendStatus:
+        with self._lock:
+            process = self._processes.get(external_id)
+        if process is not None:
+            code = process.poll()
+            if code is None:
+                return BackendStatus(JobState.running)
+            with self._lock:
+                self._processes.pop(external_id, None)
+            return _ended(code)
+        if _controller_alive(external_id):
+            return BackendStatus(JobState.running, reason="re-attached after restart")
+        return _ended(None)
+
+    def _signal_group(self, external_id: str, signum: int) -> None:
+        with self._lock:
+            process = self._processes.get(external_id)
+        alive = process.poll() is None if process is not None else _controller_alive(external_id)
+        if not alive:
+            return
+        try:
+            os.killpg(int(external_id), signum)
+        except (ProcessLookupError, PermissionError, ValueError) as error:
+            log.info("could not signal local job %s: %s", external_id, error)
+
+
+def _ended(exit_code: int | None) -> BackendStatus:
+    """The controller is gone; the job folder's files say how it went (the reconciler reads them)."""
+    return BackendStatus(JobState.succeeded, reason="process ended", exit_code=exit_code)
+
+
+def _controller_alive(external_id: str) -> bool:
+    """True when this PID is still a live submitit controller (not a zombie, not a reused PID)."""
+    proc = Path("/proc") / external_id
+    try:
+        stat = (proc / "stat").read_text()
+        cmdline = (proc / "cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X") and _CONTROLLER_MARK in cmdline
+
+
+_EXECUTOR_CLASS: Any = None
+
+
+def _session_executor_class() -> Any:
+    """submitit's LocalExecutor, its controller started with start_new_session=True (built once)."""
+    global _EXECUTOR_CLASS
+    if _EXECUTOR_CLASS is not None:
+        return _EXECUTOR_CLASS
+    try:
+        from submitit.local import local as submitit_local
+    except ImportError as error:  # pragma: no cover - submitit is a hard requirement
+        raise BackendError(f"submitit is not installed: {error}") from error
+
+    class SessionLocalExecutor(submitit_local.LocalExecutor):
+        def _submit_command(self, command: str) -> Any:
+            ntasks = self.parameters.get("tasks_per_node", 1)
+            gpus = range(self.parameters.get("gpus_per_node", 0))
+            env = dict(os.environ)
+            env.update(
+                SUBMITIT_LOCAL_NTASKS=str(ntasks),
+                SUBMITIT_LOCAL_COMMAND=command,
+                SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2))),
+                SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
+                SUBMITIT_LOCAL_NODEID="0",
+                SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+                SUBMITIT_STDERR_TO_STDOUT="",
+                SUBMITIT_EXECUTOR="local",
+                CUDA_VISIBLE_DEVICES=",".join(str(k) for k in gpus),
+                SUBMITIT_LOCAL_WITH_SHELL="",
+            )
+            process = subprocess.Popen(
+                [self.python, "-m", "submitit.local._local", str(self.folder)],
+                env=env,
+                start_new_session=True,
+            )
+            return submitit_local.LocalJob(
+                folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks))
+            )
+
+    _EXECUTOR_CLASS = SessionLocalExecutor
+    return _EXECUTOR_CLASS

@@ -1,0 +1,214 @@
+"""The dispatch loop: queued jobs -> backends, in batches, safe with several service replicas.
+
+A job is first *claimed* (claimed_by/claimed_at, FOR UPDATE SKIP LOCKED on PostgreSQL) and stays
+queued while a backend takes it; only the backend's answer moves it on. A replica that dies between
+the two leaves a claim behind: the job's submitit folder then tells whether the backend already has
+it (submitit writes `<id>_submitted.pkl` before it submits), so it is adopted, never resubmitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from service.backends.base import Backend, SubmitOutcome
+from service.config import Settings
+from service.db import session_scope
+from service.errors import BackendError
+from service.models import Job, utcnow
+from service.states import JobState, is_terminal
+from service.transitions import record_transition
+from worker.spec import JobFiles, RunSpec
+
+log = logging.getLogger(__name__)
+
+CLAIM_TTL = timedelta(seconds=60)
+SUBMITTED_SUFFIX = "_submitted.pkl"
+
+
+def replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Dispatcher:
+    def __init__(self, engine: Engine, backends: Mapping[str, Backend], settings: Settings) -> None:
+        self._engine = engine
+        self._backends = backends
+        self._settings = settings
+        self._replica = replica_id()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="torchyard-dispatch", daemon=True)
+        self.last_duration_s = 0.0
+
+    # ---------------------------------------------------------------- loop
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def wake(self) -> None:
+        """Called when new jobs are committed: dispatch now, not at the next interval."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._settings.dispatch_interval_s)
+            self._wake.clear()
+            try:
+                while not self._stop.is_set() and self.dispatch_once() >= self._settings.dispatch_batch_size:
+                    pass
+            except Exception:  # the loop must outlive a bad tick (database down, ...)
+                log.exception("dispatch tick failed; retrying")
+
+    def dispatch_once(self) -> int:
+        """Claim one batch of queued jobs and hand them to their backends. Returns how many were claimed."""
+        started = time.perf_counter()
+        claimed = self._claim()
+        by_backend: dict[str, list[RunSpec]] = defaultdict(list)
+        for backend_name, spec in claimed:
+            by_backend[backend_name].append(spec)
+        for backend_name, specs in by_backend.items():
+            self._submit(backend_name, specs)
+        self.last_duration_s = time.perf_counter() - started
+        return len(claimed)
+
+    # ---------------------------------------------------------------- claim
+
+    def _claim(self) -> list[tuple[str, RunSpec]]:
+        with session_scope(self._engine) as session:
+            self._recover_stale_claims(session)
+            query = (
+                select(Job)
+                .where(Job.state == JobState.queued, col(Job.claimed_by).is_(None))
+                .order_by(col(Job.id))
+                .limit(self._settings.dispatch_batch_size)
+                .with_for_update(skip_locked=True)
+            )
+            claimed: list[tuple[str, RunSpec]] = []
+            now = utcnow()
+            for job in session.exec(query).all():
+                if job.cancel_requested:
+                    record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
+                    continue
+                try:
+                    spec = self._prepare(job)
+                except OSError as error:
+                    record_transition(session, job, JobState.failed, f"cannot write the job folder: {error}")
+                    continue
+                job.claimed_by, job.claimed_at = self._replica, now
+                session.add(job)
+                claimed.append((job.backend, spec))
+            return claimed
+
+    def _prepare(self, job: Job) -> RunSpec:
+        assert job.id is not None and job.folder is not None
+        spec = RunSpec(
+            job_id=job.id,
+            name=job.name,
+            attempt=job.attempt,
+            folder=job.folder,
+            rendezvous_timeout_s=self._settings.rendezvous_timeout_s,
+            resume_from=job.latest_checkpoint,
+            **job.spec,
+        )
+        files = spec.files
+        files.submitit.mkdir(parents=True, exist_ok=True)
+        files.spec.write_text(spec.model_dump_json(indent=2))
+        return spec
+
+    def _recover_stale_claims(self, session: Session) -> None:
+        query = select(Job).where(Job.state == JobState.queued, col(Job.claimed_by).is_not(None))
+        for job in session.exec(query).all():
+            if not self._is_stale(job):
+                continue
+            external_id = submitted_external_id(JobFiles(Path(job.folder or ".")))
+            job.claimed_by = job.claimed_at = None
+            if external_id is not None:
+                job.external_id = external_id
+                record_transition(session, job, JobState.submitted, "adopted after a dispatcher restart")
+            session.add(job)
+
+    def _is_stale(self, job: Job) -> bool:
+        if job.claimed_at is not None and utcnow() - job.claimed_at > CLAIM_TTL:
+            return True
+        host, _, pid = (job.claimed_by or "").rpartition(":")
+        if host != socket.gethostname() or not pid.isdigit() or job.claimed_by == self._replica:
+            return False
+        return not Path(f"/proc/{pid}").exists()
+
+    # ---------------------------------------------------------------- submit
+
+    def _submit(self, backend_name: str, specs: Sequence[RunSpec]) -> None:
+        backend = self._backends.get(backend_name)
+        try:
+            if backend is None:
+                raise BackendError(f"backend '{backend_name}' is not configured on this service")
+            outcomes = backend.submit(specs)
+        except BackendError as error:
+            log.warning("backend %s refused a batch of %d: %s", backend_name, len(specs), error)
+            self._release([spec.job_id for spec in specs], f"dispatch failed, will retry: {error}")
+            return
+        self._record(backend, outcomes)
+
+    def _release(self, job_ids: Sequence[int], reason: str) -> None:
+        with session_scope(self._engine) as session:
+            for job_id in job_ids:
+                job = session.get(Job, job_id)
+                if job is None:
+                    continue
+                job.claimed_by = job.claimed_at = None
+                job.reason = reason
+                job.updated_at = utcnow()
+                session.add(job)
+
+    def _record(self, backend: Backend, outcomes: Sequence[SubmitOutcome]) -> None:
+        to_cancel: list[str] = []
+        with session_scope(self._engine) as session:
+            for outcome in outcomes:
+                job = session.get(Job, outcome.job_id, with_for_update=True)
+                if job is None:
+                    continue
+                job.claimed_by = job.claimed_at = None
+                if not outcome.accepted:
+                    record_transition(
+                        session, job, JobState.failed, outcome.error or "rejected by the backend"
+                    )
+                    continue
+                job.external_id = outcome.external_id
+                if job.cancel_requested or is_terminal(JobState(job.state)):
+                    to_cancel.append(str(outcome.external_id))
+                    if not is_terminal(JobState(job.state)):
+                        record_transition(
+                            session, job, JobState.cancelled, "cancelled by user during dispatch"
+                        )
+                else:
+                    record_transition(
+                        session, job, JobState.submitted, f"{backend.name} id {job.external_id}"
+                    )
+                session.add(job)
+        if to_cancel:
+            backend.cancel(to_cancel)
+
+
+def submitted_external_id(files: JobFiles) -> str | None:
+    """The id submitit gave a job, read from its `<id>_submitted.pkl` (present once it submitted)."""
+    if not files.submitit.is_dir():
+        return None
+    for path in files.submitit.glob(f"*{SUBMITTED_SUFFIX}"):
+        return path.name[: -len(SUBMITTED_SUFFIX)]
+    return None

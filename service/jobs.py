@@ -1,0 +1,220 @@
+"""The job domain: list, read, cancel, logs. Never imports FastAPI; the caller owns the transaction.
+
+Creation goes through service.intake (group commit); this module builds the rows it writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from service.backends.base import Backend
+from service.config import Settings
+from service.errors import InvalidRequest, NotFound
+from service.models import Job, JobCreate, JobEvent, JobMetric, JobPage, JobPublic
+from service.states import JobState, is_terminal
+from service.transitions import record_transition
+from worker.spec import JobFiles
+
+MAX_PAGE = 500
+
+
+# ---------------------------------------------------------------- creation
+
+
+def check_request(payload: JobCreate, settings: Settings) -> str:
+    """Validate what pydantic cannot know (limits, files); return the backend name to use."""
+    res = payload.resources
+    limits = [
+        ("resources.nodes", res.nodes, settings.max_nodes),
+        ("resources.tasks_per_node", res.tasks_per_node, settings.max_tasks_per_node),
+        ("resources.gpus_per_node", res.gpus_per_node, settings.max_gpus_per_node),
+        ("resources.timeout_min", res.timeout_min, settings.max_timeout_min),
+    ]
+    for field, value, maximum in limits:
+        if value > maximum:
+            raise InvalidRequest(
+                f"{field} is {value}, above this service's maximum of {maximum}", field=field
+            )
+    backend = payload.backend or settings.default_backend
+    if backend == "local" and res.nodes > 1:
+        raise InvalidRequest(
+            "the local backend runs on one node; use backend 'slurm' for more", field="resources.nodes"
+        )
+    if payload.script is not None:
+        script = Path(payload.script)
+        if not script.is_absolute():
+            raise InvalidRequest("must be an absolute path", field="script")
+        if not script.is_file():
+            raise InvalidRequest(f"no such file: {payload.script}", field="script")
+    return backend
+
+
+def new_job_row(payload: JobCreate, owner: str, backend: str) -> Job:
+    spec = payload.model_dump(exclude={"name", "backend"}, mode="json")
+    return Job(name=payload.name, owner=owner, backend=backend, spec=spec, state=JobState.queued)
+
+
+def job_folder(settings: Settings, job_id: int) -> Path:
+    return (settings.data_dir / "jobs" / str(job_id)).resolve()
+
+
+# ---------------------------------------------------------------- reading
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found", field="job_id")
+    return job
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        return int(base64.urlsafe_b64decode(cursor.encode()).decode())
+    except (ValueError, binascii.Error, UnicodeDecodeError) as error:
+        raise InvalidRequest("is not a cursor this service handed out", field="cursor") from error
+
+
+def _encode_cursor(job_id: int) -> str:
+    return base64.urlsafe_b64encode(str(job_id).encode()).decode()
+
+
+def list_jobs(
+    session: Session,
+    *,
+    state: Sequence[JobState] = (),
+    name: str | None = None,
+    owner: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+    updated_since: datetime | None = None,
+) -> JobPage:
+    """Newest first, `limit` at a time; `updated_since` keeps only jobs changed at or after that time."""
+    limit = max(1, min(limit, MAX_PAGE))
+    query = select(Job)
+    if state:
+        query = query.where(col(Job.state).in_([s.value for s in state]))
+    if name:
+        query = query.where(col(Job.name).contains(name, autoescape=True))
+    if owner is not None:
+        query = query.where(Job.owner == owner)
+    if updated_since is not None:
+        query = query.where(Job.updated_at >= updated_since)
+    if cursor:
+        query = query.where(col(Job.id) < _decode_cursor(cursor))
+    rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit + 1)).all()
+    items = [JobPublic.model_validate(row, from_attributes=True) for row in rows[:limit]]
+    next_cursor = _encode_cursor(items[-1].id) if len(rows) > limit else None
+    return JobPage(items=items, next_cursor=next_cursor)
+
+
+def list_events(session: Session, job_id: int) -> Sequence[JobEvent]:
+    get_job(session, job_id)
+    query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))
+    return session.exec(query).all()
+
+
+def list_metrics(
+    session: Session, job_id: int, *, name: str | None = None, after_step: int | None = None
+) -> Sequence[JobMetric]:
+    get_job(session, job_id)
+    query = select(JobMetric).where(JobMetric.job_id == job_id)
+    if name:
+        query = query.where(JobMetric.name == name)
+    if after_step is not None:
+        query = query.where(JobMetric.step > after_step)
+    return session.exec(query.order_by(col(JobMetric.attempt), col(JobMetric.step), col(JobMetric.id))).all()
+
+
+# ---------------------------------------------------------------- cancel
+
+
+def cancel_job(session: Session, job_id: int, backends: Mapping[str, Backend]) -> Job:
+    """Idempotent: a terminal job is returned as it is; anything else ends up cancelled.
+
+    A job still queued may be in a dispatcher's hands right now: the flag makes the dispatcher
+    cancel what it submits instead of letting it run.
+    """
+    job = get_job(session, job_id)
+    state = JobState(job.state)
+    if is_terminal(state):
+        return job
+    job.cancel_requested = True
+    if job.external_id is not None:
+        backends[job.backend].cancel([job.external_id])
+    if state is not JobState.queued or job.claimed_by is None:
+        record_transition(session, job, JobState.cancelled, "cancelled by user")
+    session.add(job)
+    return job
+
+
+# ---------------------------------------------------------------- logs
+
+
+def read_log(job: Job, backend: Backend, *, rank: int, tail: int | None, stream: str, max_bytes: int) -> str:
+    """The last `tail` lines (or last `max_bytes`) of one rank's log, read from the end of the file."""
+    ranks = _world_size(job)
+    if not 0 <= rank < ranks:
+        raise InvalidRequest(f"must be between 0 and {ranks - 1} for this job", field="rank")
+    if job.external_id is None or job.folder is None:
+        return ""
+    folder = Path(job.folder)
+    path = backend.log_path(folder, job.external_id, rank, stream)
+    if not _inside(path, folder):
+        raise InvalidRequest("log path escapes the job folder", field="rank")
+    if not path.exists():
+        return ""
+    return _tail_text(path, tail, max_bytes)
+
+
+def _world_size(job: Job) -> int:
+    resources: dict[str, Any] = job.spec.get("resources", {})
+    return int(resources.get("nodes", 1)) * int(resources.get("tasks_per_node", 1))
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _tail_text(path: Path, tail: int | None, max_bytes: int) -> str:
+    with path.open("rb") as handle:
+        handle.seek(0, 2)
+        size = handle.tell()
+        start = max(0, size - max_bytes)
+        handle.seek(start)
+        data = handle.read(max_bytes)
+    if start > 0:
+        data = data.split(b"\n", 1)[-1]  # drop the partial first line
+    text = data.decode("utf-8", errors="replace")
+    if tail is not None:
+        lines = text.splitlines(keepends=True)
+        text = "".join(lines[-tail:]) if tail > 0 else ""
+    return text
+
+
+def error_summary(files: JobFiles, limit: int = 4000) -> str | None:
+    """The first failing rank's traceback, trimmed from the front (the end says what broke)."""
+    for path in files.errors():
+        text = path.read_text(errors="replace").strip()
+        if text:
+            rank = path.stem.removeprefix("error-rank")
+            return f"rank {rank} raised:\n{text[-limit:]}"
+    return None
+
+
+def require_backend(backends: Mapping[str, Backend], name: str) -> Backend:
+    backend = backends.get(name)
+    if backend is None:
+        raise InvalidRequest(f"backend '{name}' is not available on this service", field="backend")
+    return backend

@@ -1,0 +1,51 @@
+"""What one running service holds: engine, backends, the intake writer and the two loops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Engine
+
+from service.backends import make_backends
+from service.backends.base import Backend
+from service.config import Settings
+from service.db import make_engine, migrate
+from service.dispatch import Dispatcher
+from service.intake import JobIntake
+from service.jobs import job_folder
+from service.reconcile import Reconciler
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: Engine
+    backends: dict[str, Backend]
+    intake: JobIntake
+    dispatcher: Dispatcher
+    reconciler: Reconciler
+
+    @classmethod
+    def build(cls, settings: Settings, backends: dict[str, Backend] | None = None) -> Runtime:
+        engine = make_engine(settings.resolved_database_url())
+        migrate(engine)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        backends = backends if backends is not None else make_backends(settings)
+        dispatcher = Dispatcher(engine, backends, settings)
+        intake = JobIntake(engine, lambda job_id: str(job_folder(settings, job_id)), dispatcher.wake)
+        reconciler = Reconciler(engine, backends, settings)
+        return cls(settings, engine, backends, intake, dispatcher, reconciler)
+
+    def start(self) -> None:
+        self.intake.start()
+        self.dispatcher.start()
+        self.reconciler.start()
+        self.dispatcher.wake()  # jobs queued before a restart go out now
+
+    def stop(self) -> None:
+        self.intake.stop()
+        self.dispatcher.stop()
+        self.reconciler.stop()
+        for backend in self.backends.values():
+            backend.close()
+        self.engine.dispose()
