@@ -1,0 +1,79 @@
+"""API throughput against bare baselines measured in the same run (wrk, loopback, bounded).
+
+1. POST /api/v1/jobs, 32 connections, vs a bare FastAPI + SQLite insert endpoint.
+   Target: at least 1.5x the bare endpoint, p99 under 200 ms.
+2. GET /api/v1/jobs (50 newest) with 100,000 jobs in the ledger, vs a bare hello-world.
+   Target: at least 0.25x hello-world.
+
+Run: .venv/bin/python -m bench.api [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from sqlalchemy import insert
+
+from bench.harness import post_script, server, wrk
+from service.db import make_engine, migrate
+from service.models import Job, JobEvent, utcnow
+
+JOB_BODY = json.dumps({"name": "bench", "entrypoint": "worker.tasks.seed:ddp_parameters",
+                       "resources": {"tasks_per_node": 3}})
+
+
+def seed_jobs(db: Path, data_dir: Path, count: int) -> None:
+    engine = make_engine(f"sqlite:///{db}")
+    migrate(engine)
+    now = utcnow()
+    rows = [
+        {"name": f"job-{i}", "owner": "bench", "backend": "slurm", "state": "succeeded",
+         "spec": {"entrypoint": "worker.tasks.train:train", "resources": {"nodes": 1, "tasks_per_node": 2}},
+         "attempt": 1, "progress_offset": 0, "cancel_requested": False, "folder": str(data_dir / "jobs" / str(i)),
+         "result": {"ok": True}, "progress": {"step": 100, "total": 100, "metrics": {"loss": 0.1}},
+         "created_at": now, "updated_at": now}
+        for i in range(1, count + 1)
+    ]
+    with engine.begin() as conn:
+        for start in range(0, count, 10_000):
+            conn.execute(insert(Job), rows[start:start + 10_000])
+        conn.execute(insert(JobEvent), [{"job_id": 1, "to_state": "queued", "attempt": 1, "time": now}])
+    engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--jobs", type=int, default=100_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        print(f"POST, 32 connections, {args.seconds} s each")
+        with server("bench.baselines:insert", {"BENCH_DB": str(tmpdir / "bare.db")}) as url:
+            bare = wrk(url + "/rows", connections=32, seconds=args.seconds,
+                       script=post_script(json.dumps({"name": "bench", "payload": JOB_BODY})))
+        env = {"TORCHYARD_DATA_DIR": str(tmpdir / "post")}
+        with server("bench.apps:torchyard_null", env) as url:
+            ours = wrk(url + "/api/v1/jobs", connections=32, seconds=args.seconds, script=post_script(JOB_BODY))
+        print(bare.line("bare FastAPI + SQLite insert"))
+        print(ours.line("torchyard POST /api/v1/jobs"))
+        print(f"ratio {ours.requests_per_s / bare.requests_per_s:.2f}x (target >= 1.5x, p99 < 200 ms)\n")
+
+        started = time.perf_counter()
+        seed_jobs(tmpdir / "list" / "torchyard.db", tmpdir / "list", args.jobs)
+        print(f"GET 50 newest of {args.jobs} jobs (seeded in {time.perf_counter() - started:.1f} s), 32 connections")
+        with server("bench.baselines:hello") as url:
+            hello = wrk(url + "/", connections=32, seconds=args.seconds)
+        with server("bench.apps:torchyard_null", {"TORCHYARD_DATA_DIR": str(tmpdir / "list")}) as url:
+            listing = wrk(url + "/api/v1/jobs?limit=50", connections=32, seconds=args.seconds)
+        print(hello.line("bare FastAPI hello-world"))
+        print(listing.line("torchyard GET /api/v1/jobs?limit=50"))
+        print(f"ratio {listing.requests_per_s / hello.requests_per_s:.2f}x (target >= 0.25x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Shared bench plumbing: free ports, servers in subprocesses, wrk runs parsed into numbers.
+
+Every load is loopback only and bounded in time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def server(module_app: str, env: dict[str, str] | None = None, ready_path: str = "/healthz") -> Iterator[str]:
+    """Run `uvicorn module:app` (one worker) on a free loopback port; yield its base URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", module_app, "--factory", "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + ready_path, timeout=1).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{module_app} did not start")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+@dataclass
+class WrkResult:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    non_2xx: int
+    requests: int
+
+    def line(self, label: str) -> str:
+        return (f"{label:<44} {self.requests_per_s:9.0f} req/s   p50 {self.p50_ms:7.1f} ms   "
+                f"p99 {self.p99_ms:7.1f} ms   non-2xx/3xx {self.non_2xx}")
+
+
+def wrk(url: str, *, connections: int, seconds: int, script: str | None = None, threads: int = 2) -> WrkResult:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install -y wrk")
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "10s"]
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
+        if script:
+            handle.write(script)
+            cmd += ["-s", handle.name]
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
+    os.unlink(handle.name)
+    return parse_wrk(out)
+
+
+def _ms(text: str) -> float:
+    value, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def parse_wrk(out: str) -> WrkResult:
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return WrkResult(rps, p50, p99, int(bad.group(1)) if bad else 0, total)
+
+
+def post_script(body: str) -> str:
+    escaped = body.replace("\\", "\\\\").replace('"', '\\"')
+    return (f'wrk.method = "POST"\nwrk.body = "{escaped}"\n'
+            'wrk.headers["Content-Type"] = "application/json"\n')
