@@ -1,0 +1,280 @@
+"""A small typed client for the torchyard REST API, for the CLI and for users' own scripts.
+
+    from service.client import TorchyardClient
+
+    with TorchyardClient() as client:            # TORCHYARD_URL, else http://127.0.0.1:8321
+        job = client.submit({"name": "hello", "entrypoint": "worker.tasks.train:train"})
+        final = client.wait(job["id"])
+        print(final["state"], final["result"])
+
+Kept free of FastAPI, SQLModel and torch so that importing it is cheap: jobs travel as plain dicts
+(the JSON the API returns); a JobCreate, or any pydantic model, is accepted wherever a spec is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8321"
+URL_ENV = "TORCHYARD_URL"
+TOKEN_ENV = "TORCHYARD_TOKEN"
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "timeout"})
+
+Job = dict[str, Any]
+Jobs = list[Job]  # module-level alias: inside the class, `list` names the method
+
+
+class _Dumpable(Protocol):
+    def model_dump(self, *, mode: str = ..., exclude_unset: bool = ...) -> dict[str, Any]: ...
+
+
+Spec = Mapping[str, Any] | _Dumpable
+
+
+class TorchyardError(Exception):
+    """The service said no (status is the HTTP code) or could not be reached (status is None)."""
+
+    def __init__(self, message: str, status: int | None = None, detail: Any = None) -> None:
+        super().__init__(message if status is None else f"{status}: {message}")
+        self.message = message
+        self.status = status
+        self.detail = detail  # the body's "detail" as the server sent it, for callers that want fields
+
+
+class WaitTimeout(TorchyardError):
+    """wait() gave up before the job reached a terminal state; the job itself goes on."""
+
+
+def token_path() -> Path:
+    """Where the CLI and client look for a saved token: $XDG_CONFIG_HOME/torchyard/token."""
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "torchyard" / "token"
+
+
+def discover_token() -> str | None:
+    """The token from TORCHYARD_TOKEN, else from the token file; None when neither has one."""
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        return token
+    try:
+        token = token_path().read_text().strip()
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return None
+    return token or None
+
+
+def discover_url() -> str:
+    return os.environ.get(URL_ENV, "").strip() or DEFAULT_URL
+
+
+def error_message(response: httpx.Response) -> tuple[str, Any]:
+    """The server's own words: FastAPI's {"detail": [{"loc", "msg"}, ...]} flattened to one line."""
+    try:
+        body = response.json()
+    except ValueError:
+        return (response.text.strip() or response.reason_phrase or "no message"), None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, str):
+        return detail, detail
+    if isinstance(detail, list) and detail:
+        return "; ".join(_one_problem(item) for item in detail), detail
+    return str(body)[:500], detail
+
+
+def _one_problem(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    msg = str(item.get("msg", "invalid"))
+    # "body" and "query" say where the field was, not which field: users wrote `resources.nodes`.
+    loc = [str(part) for part in item.get("loc", []) if part not in ("body", "query", "path")]
+    field = ".".join(loc)
+    if not field or msg.startswith(field):  # the service's own errors already name the field
+        return msg
+    return f"{field}: {msg}"
+
+
+def _spec_body(spec: Spec) -> dict[str, Any]:
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    # Only what the caller set: the server fills in its own defaults (backend, resources).
+    return spec.model_dump(mode="json", exclude_unset=True)
+
+
+def _body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError as error:  # a proxy's HTML page, say: not the service
+        raise TorchyardError(f"expected JSON from {response.url}, got: {response.text[:200]!r}") from error
+
+
+def _as_object(response: httpx.Response) -> dict[str, Any]:
+    body = _body(response)
+    if not isinstance(body, dict):
+        raise TorchyardError(f"expected a JSON object from {response.url}, got {type(body).__name__}")
+    return body
+
+
+class TorchyardClient:
+    """One connection pool to one service. Methods return the API's JSON; errors raise TorchyardError."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = (base_url or discover_url()).rstrip("/")
+        # token="" means "send none" even when the environment has one.
+        self.token = discover_token() if token is None else (token or None)
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> TorchyardClient:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- jobs
+
+    def submit(self, spec: Spec, idempotency_key: str | None = None) -> Job:
+        """POST /api/v1/jobs; returns the new job (state "queued")."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._object("POST", "/api/v1/jobs", json=_spec_body(spec), headers=headers)
+
+    def list(
+        self,
+        state: str | Iterable[str] | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        since: datetime | str | None = None,
+    ) -> dict[str, Any]:
+        """One page, newest first: {"items": [...], "next_cursor": str | None}."""
+        params: dict[str, Any] = {"limit": limit}
+        if state is not None:
+            params["state"] = [state] if isinstance(state, str) else [str(s) for s in state]
+        if name:
+            params["name"] = name
+        if cursor:
+            params["cursor"] = cursor
+        if since is not None:
+            params["since"] = since.isoformat() if isinstance(since, datetime) else since
+        return self._object("GET", "/api/v1/jobs", params=params)
+
+    def iter_jobs(
+        self, state: str | Iterable[str] | None = None, name: str | None = None, page_size: int = 100
+    ) -> Iterator[Job]:
+        """Every matching job, newest first, following next_cursor page by page."""
+        states = None if state is None else ([state] if isinstance(state, str) else [*state])
+        cursor: str | None = None
+        while True:
+            page = self.list(state=states, name=name, limit=page_size, cursor=cursor)
+            yield from page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    def get(self, job_id: int) -> Job:
+        return self._object("GET", f"/api/v1/jobs/{job_id}")
+
+    def events(self, job_id: int) -> Jobs:
+        """The job's state history, oldest first."""
+        return self._array("GET", f"/api/v1/jobs/{job_id}/events")
+
+    def metrics(self, job_id: int, name: str | None = None, after_step: int | None = None) -> Jobs:
+        params: dict[str, Any] = {}
+        if name:
+            params["name"] = name
+        if after_step is not None:
+            params["after_step"] = after_step
+        return self._array("GET", f"/api/v1/jobs/{job_id}/metrics", params=params)
+
+    def logs(self, job_id: int, rank: int = 0, tail: int | None = None, stream: str = "out") -> str:
+        """One rank's log as text ("out" is stdout, "err" is stderr)."""
+        params: dict[str, Any] = {"rank": rank, "stream": stream}
+        if tail is not None:
+            params["tail"] = tail
+        return self._request("GET", f"/api/v1/jobs/{job_id}/logs", params=params).text
+
+    def cancel(self, job_id: int) -> Job:
+        """Idempotent: cancelling a finished job returns it unchanged."""
+        return self._object("POST", f"/api/v1/jobs/{job_id}/cancel")
+
+    def wait(
+        self,
+        job_id: int,
+        on_update: Callable[[Job], None] | None = None,
+        poll_s: float = 0.5,
+        timeout_s: float | None = None,
+    ) -> Job:
+        """Poll until the job is terminal and return it. on_update sees the job after every poll.
+
+        Polling reads the ledger only (never the scheduler), so a short poll_s is cheap for the service.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = self.get(job_id)
+            if on_update is not None:
+                on_update(job)
+            if job["state"] in TERMINAL_STATES:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {job_id} is still {job['state']} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def health(self) -> dict[str, Any]:
+        """GET /healthz. A degraded service (503) still answers with its body, so no error here."""
+        try:
+            response = self._http.get("/healthz")
+        except httpx.HTTPError as error:
+            raise self._unreachable(error) from error
+        if response.status_code not in (200, 503):
+            message, detail = error_message(response)
+            raise TorchyardError(message, response.status_code, detail)
+        return _as_object(response)
+
+    # ---------------------------------------------------------------- plumbing
+
+    def _object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        return _as_object(self._request(method, path, **kwargs))
+
+    def _array(self, method: str, path: str, **kwargs: Any) -> Jobs:
+        body = _body(self._request(method, path, **kwargs))
+        if not isinstance(body, list):
+            raise TorchyardError(f"expected a JSON list from {path}, got {type(body).__name__}")
+        return body
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as error:
+            raise self._unreachable(error) from error
+        if response.is_error:
+            message, detail = error_message(response)
+            raise TorchyardError(message, response.status_code, detail)
+        return response
+
+    def _unreachable(self, error: httpx.HTTPError) -> TorchyardError:
+        kind = type(error).__name__
+        return TorchyardError(f"cannot reach torchyard at {self.base_url} ({kind}: {error})")

@@ -1,0 +1,224 @@
+"""The client against httpx.MockTransport: URLs, token header, error mapping, pagination, wait."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.client import DEFAULT_URL, TorchyardClient, TorchyardError, WaitTimeout, discover_token
+from service.models import JobCreate
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def client_with(handler: Handler, **kwargs: Any) -> TorchyardClient:
+    kwargs.setdefault("token", "")
+    return TorchyardClient("http://svc.test", transport=httpx.MockTransport(handler), **kwargs)
+
+
+def job(job_id: int, state: str = "queued", **extra: Any) -> dict[str, Any]:
+    return {"id": job_id, "name": f"job-{job_id}", "state": state, **extra}
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("TORCHYARD_URL", raising=False)
+    monkeypatch.delenv("TORCHYARD_TOKEN", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+
+# ---------------------------------------------------------------- configuration and token
+
+
+def test_base_url_defaults_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert TorchyardClient().base_url == DEFAULT_URL
+    monkeypatch.setenv("TORCHYARD_URL", "http://elsewhere:9000/")
+    assert TorchyardClient().base_url == "http://elsewhere:9000"
+    assert TorchyardClient("http://given:1").base_url == "http://given:1"
+
+
+def test_no_token_sends_no_authorization_header() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=job(1))
+
+    client_with(handler, token=None).get(1)
+    assert "authorization" not in seen[0].headers
+
+
+def test_token_from_env_file_and_argument(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization", ""))
+        return httpx.Response(200, json=job(1))
+
+    token_file = tmp_path / "config" / "torchyard" / "token"
+    token_file.parent.mkdir(parents=True)
+    token_file.write_text("from-file\n")
+    assert discover_token() == "from-file"
+    client_with(handler, token=None).get(1)
+    monkeypatch.setenv("TORCHYARD_TOKEN", "from-env")
+    client_with(handler, token=None).get(1)
+    client_with(handler, token="given").get(1)
+    client_with(handler, token="").get(1)  # explicitly none, whatever the environment says
+    assert seen == ["Bearer from-file", "Bearer from-env", "Bearer given", ""]
+
+
+# ---------------------------------------------------------------- requests
+
+
+def test_submit_posts_the_spec_and_accepts_a_jobcreate() -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert (request.method, request.url.path) == ("POST", "/api/v1/jobs")
+        assert request.headers.get("idempotency-key") in (None, "k1")
+        bodies.append(json.loads(request.content))
+        return httpx.Response(201, json=job(7))
+
+    client = client_with(handler)
+    assert client.submit({"name": "a", "entrypoint": "m:f"})["id"] == 7
+    spec = JobCreate(name="b", entrypoint="m:f", resources={"tasks_per_node": 3})  # type: ignore[arg-type]
+    client.submit(spec, idempotency_key="k1")
+    assert bodies[0] == {"name": "a", "entrypoint": "m:f"}
+    # Only what was set travels: the server keeps choosing defaults (backend, timeout) itself.
+    assert bodies[1] == {"name": "b", "entrypoint": "m:f", "resources": {"tasks_per_node": 3}}
+
+
+def test_list_sends_filters_as_query_parameters() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        params = request.url.params
+        assert params.get_list("state") == ["running", "queued"]
+        assert (params["name"], params["limit"], params["cursor"]) == ("train", "5", "abc")
+        return httpx.Response(200, json={"items": [job(3)], "next_cursor": None})
+
+    page = client_with(handler).list(state=["running", "queued"], name="train", limit=5, cursor="abc")
+    assert page["items"][0]["id"] == 3
+
+
+def test_iter_jobs_follows_next_cursor_to_the_end() -> None:
+    pages = {None: ([5, 4], "c4"), "c4": ([3, 2], "c2"), "c2": ([1], None)}
+    cursors: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        cursor = request.url.params.get("cursor")
+        cursors.append(cursor)
+        ids, next_cursor = pages[cursor]
+        return httpx.Response(200, json={"items": [job(i) for i in ids], "next_cursor": next_cursor})
+
+    ids = [j["id"] for j in client_with(handler).iter_jobs(page_size=2)]
+    assert ids == [5, 4, 3, 2, 1]
+    assert cursors == [None, "c4", "c2"]
+
+
+def test_logs_events_metrics_cancel_health() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        path, params = request.url.path, request.url.params
+        if path == "/api/v1/jobs/2/logs":
+            assert (params["rank"], params["tail"], params["stream"]) == ("1", "3", "err")
+            return httpx.Response(200, text="a\nb\nc\n")
+        if path == "/api/v1/jobs/2/events":
+            return httpx.Response(200, json=[{"to_state": "queued"}])
+        if path == "/api/v1/jobs/2/metrics":
+            assert params["name"] == "loss"
+            return httpx.Response(200, json=[{"step": 1, "name": "loss", "value": 0.5}])
+        if path == "/api/v1/jobs/2/cancel":
+            assert request.method == "POST"
+            return httpx.Response(200, json=job(2, "cancelled"))
+        if path == "/healthz":
+            return httpx.Response(503, json={"status": "degraded"})
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    client = client_with(handler)
+    assert client.logs(2, rank=1, tail=3, stream="err") == "a\nb\nc\n"
+    assert client.events(2) == [{"to_state": "queued"}]
+    assert client.metrics(2, name="loss")[0]["value"] == 0.5
+    assert client.cancel(2)["state"] == "cancelled"
+    assert client.health() == {"status": "degraded"}  # a degraded service still answers
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_validation_errors_name_the_field() -> None:
+    detail = [
+        {"loc": ["body", "resources", "nodes"], "msg": "Input should be greater than or equal to 1"},
+        {"loc": ["body", "script"], "msg": "script: no such file: /nope.py", "type": "value_error"},
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json={"detail": detail})
+
+    with pytest.raises(TorchyardError) as caught:
+        client_with(handler).submit({"name": "x"})
+    error = caught.value
+    assert error.status == 422
+    assert error.detail == detail
+    # pydantic's loc becomes a field path; the service's own messages already carry it once.
+    assert error.message == (
+        "resources.nodes: Input should be greater than or equal to 1; script: no such file: /nope.py"
+    )
+    assert str(error).startswith("422: resources.nodes")
+
+
+@pytest.mark.parametrize(
+    ("response", "message"),
+    [
+        (
+            httpx.Response(404, json={"detail": [{"loc": ["job_id"], "msg": "job 9 gone"}]}),
+            "job_id: job 9 gone",
+        ),
+        (httpx.Response(401, json={"detail": "missing token"}), "missing token"),
+        (httpx.Response(502, text="Bad Gateway from the proxy"), "Bad Gateway from the proxy"),
+        (httpx.Response(500, text=""), "Internal Server Error"),
+    ],
+)
+def test_error_bodies_of_every_shape(response: httpx.Response, message: str) -> None:
+    with pytest.raises(TorchyardError) as caught:
+        client_with(lambda request: response).get(9)
+    assert (caught.value.status, caught.value.message) == (response.status_code, message)
+
+
+def test_unreachable_service_is_a_torchyard_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(TorchyardError) as caught:
+        client_with(handler).get(1)
+    assert caught.value.status is None
+    assert "cannot reach torchyard at http://svc.test" in caught.value.message
+
+
+def test_non_json_success_body_is_reported_not_crashed_on() -> None:
+    with pytest.raises(TorchyardError, match="expected JSON"):
+        client_with(lambda request: httpx.Response(200, text="<html>login</html>")).get(1)
+
+
+# ---------------------------------------------------------------- wait
+
+
+def test_wait_polls_until_terminal_and_reports_every_poll() -> None:
+    states = iter(["queued", "running", "running", "succeeded"])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=job(4, next(states)))
+
+    seen: list[str] = []
+    final = client_with(handler).wait(4, on_update=lambda j: seen.append(j["state"]), poll_s=0)
+    assert final["state"] == "succeeded"
+    assert seen == ["queued", "running", "running", "succeeded"]
+
+
+def test_wait_gives_up_at_its_timeout() -> None:
+    with pytest.raises(WaitTimeout, match="still running"):
+        client_with(lambda request: httpx.Response(200, json=job(4, "running"))).wait(
+            4, poll_s=0.01, timeout_s=0.05
+        )
