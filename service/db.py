@@ -13,6 +13,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
+from service import ledger_clock
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
@@ -22,6 +24,7 @@ def is_sqlite(url: str) -> bool:
 
 def make_engine(url: str) -> Engine:
     """An engine tuned for the ledger: WAL SQLite for one machine, pooled PostgreSQL for production."""
+    ledger_clock.install()  # every session stamps the jobs it changes at commit
     if is_sqlite(url):
         _ensure_sqlite_folder(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})

@@ -12,11 +12,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend
 from service.config import Settings
 from service.errors import InvalidRequest, NotFound
+from service.ledger_clock import LedgerVersion, read_version
 from service.models import Job, JobCreate, JobEvent, JobMetric, JobPage, JobPublic
 from service.states import JobState, is_terminal
 from service.transitions import record_transition
@@ -75,6 +77,19 @@ def get_job(session: Session, job_id: int) -> Job:
     return job
 
 
+def ledger_version(session: Session) -> LedgerVersion:
+    """The ledger clock: changes whenever any job changes (the list endpoint's ETag)."""
+    return read_version(session)
+
+
+def job_stamp(session: Session, job_id: int) -> datetime:
+    """One job's `updated_at`, restamped by every change to it, its events or its metrics."""
+    stamp = session.exec(select(Job.updated_at).where(Job.id == job_id)).first()
+    if stamp is None:
+        raise NotFound(f"job {job_id} not found", field="job_id")
+    return stamp
+
+
 def _decode_cursor(cursor: str) -> int:
     try:
         return int(base64.urlsafe_b64decode(cursor.encode()).decode())
@@ -95,8 +110,15 @@ def list_jobs(
     cursor: str | None = None,
     limit: int = 50,
     updated_since: datetime | None = None,
+    as_of: LedgerVersion | None = None,
 ) -> JobPage:
-    """Newest first, `limit` at a time; `updated_since` keeps only jobs changed at or after that time."""
+    """Newest first, `limit` at a time; `updated_since` keeps only jobs changed at or after that time.
+
+    The page's `server_time` is the ledger clock read before the rows (`as_of`, or read here): passed
+    back as `updated_since` it yields every job changed after this page, plus the jobs of the last
+    commit this page already holds (`>=`: a tie is sent again rather than missed).
+    """
+    as_of = as_of or read_version(session)
     limit = max(1, min(limit, MAX_PAGE))
     query = select(Job)
     if state:
@@ -112,7 +134,14 @@ def list_jobs(
     rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit + 1)).all()
     items = [JobPublic.model_validate(row, from_attributes=True) for row in rows[:limit]]
     next_cursor = _encode_cursor(items[-1].id) if len(rows) > limit else None
-    return JobPage(items=items, next_cursor=next_cursor)
+    return JobPage(items=items, next_cursor=next_cursor, server_time=as_of.stamped_at)
+
+
+def count_by_state_and_backend(session: Session) -> dict[tuple[str, str], int]:
+    """How many jobs per (state, backend): one GROUP BY over the (state, backend) index."""
+    query = select(Job.state, Job.backend, func.count()).group_by(col(Job.state), col(Job.backend))
+    rows = session.exec(query).all()
+    return {(JobState(state).value, backend): int(count) for state, backend, count in rows}
 
 
 def list_events(session: Session, job_id: int) -> Sequence[JobEvent]:

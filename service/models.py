@@ -141,6 +141,19 @@ class JobPublic(JobBase):
 class JobPage(SQLModel):
     items: list[JobPublic]
     next_cursor: str | None = None
+    server_time: datetime | None = Field(
+        default=None,
+        description="The ledger clock when this page was read: pass it as `since` to get every job "
+        "changed after this page (see service.ledger_clock).",
+    )
+
+
+class LedgerClock(SQLModel, table=True):
+    """One row, bumped at commit by every transaction that changes a job (service.ledger_clock)."""
+
+    id: int = Field(default=1, primary_key=True)
+    seq: int = 0
+    stamped_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 # ---------------------------------------------------------------- history and metrics

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
-from service import jobs
+from service import etag, jobs
 from service.api.deps import RuntimeDep, SessionDep
 from service.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
 from service.states import JobState
@@ -19,6 +19,17 @@ router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 JobId = Annotated[int, Path(ge=1, description="The job's id.")]
 JSON = "application/json"
+IfNoneMatch = Annotated[
+    str | None, Header(description="An ETag from an earlier answer: 304 when nothing changed.")
+]
+
+
+def _not_modified(tag: str) -> Response:
+    return Response(status_code=304, headers=etag.headers(tag))
+
+
+def _job_tag(session: SessionDep, job_id: int) -> str:
+    return etag.for_job(job_id, jobs.job_stamp(session, job_id))
 
 
 @router.post("", status_code=201, response_model=JobPublic, summary="Submit a job")
@@ -41,23 +52,39 @@ def list_jobs(
         str | None, Query(max_length=100, description="next_cursor of the page before.")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=jobs.MAX_PAGE)] = 50,
-    since: Annotated[datetime | None, Query(description="Only jobs changed at or after this time.")] = None,
+    since: Annotated[
+        datetime | None,
+        Query(description="Only jobs changed at or after this time: the server_time of the last page."),
+    ] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
+    version = jobs.ledger_version(session)  # before the rows: the tag may be older, never newer
+    tag = etag.for_ledger(version)
+    if etag.matches(if_none_match, tag):
+        return _not_modified(tag)
     page = jobs.list_jobs(
-        session, state=state or (), name=name, cursor=cursor, limit=limit, updated_since=since
+        session, state=state or (), name=name, cursor=cursor, limit=limit, updated_since=since, as_of=version
     )
-    return Response(page.model_dump_json(), media_type=JSON)
+    return Response(page.model_dump_json(), media_type=JSON, headers=etag.headers(tag, version.stamped_at))
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="One job")
-def get_job(job_id: JobId, session: SessionDep) -> Response:
+def get_job(job_id: JobId, session: SessionDep, if_none_match: IfNoneMatch = None) -> Response:
+    tag = _job_tag(session, job_id)
+    if etag.matches(if_none_match, tag):
+        return _not_modified(tag)
     job = JobPublic.model_validate(jobs.get_job(session, job_id), from_attributes=True)
-    return Response(job.model_dump_json(), media_type=JSON)
+    return Response(job.model_dump_json(), media_type=JSON, headers=etag.headers(tag))
 
 
 @router.get("/{job_id}/events", response_model=list[JobEventPublic], summary="State history")
-def get_events(job_id: JobId, session: SessionDep) -> list[JobEventPublic]:
-    return [JobEventPublic.model_validate(e, from_attributes=True) for e in jobs.list_events(session, job_id)]
+def get_events(job_id: JobId, session: SessionDep, if_none_match: IfNoneMatch = None) -> Response:
+    tag = _job_tag(session, job_id)
+    if etag.matches(if_none_match, tag):
+        return _not_modified(tag)
+    rows = jobs.list_events(session, job_id)
+    events = [JobEventPublic.model_validate(row, from_attributes=True) for row in rows]
+    return Response(_dump(events), media_type=JSON, headers=etag.headers(tag))
 
 
 @router.get("/{job_id}/metrics", response_model=list[JobMetricPublic], summary="Reported metrics")
@@ -66,9 +93,18 @@ def get_metrics(
     session: SessionDep,
     name: Annotated[str | None, Query(max_length=100)] = None,
     after_step: Annotated[int | None, Query(ge=-1, description="Only steps after this one.")] = None,
-) -> list[JobMetricPublic]:
+    if_none_match: IfNoneMatch = None,
+) -> Response:
+    tag = _job_tag(session, job_id)
+    if etag.matches(if_none_match, tag):
+        return _not_modified(tag)
     rows = jobs.list_metrics(session, job_id, name=name, after_step=after_step)
-    return [JobMetricPublic.model_validate(row, from_attributes=True) for row in rows]
+    metrics = [JobMetricPublic.model_validate(row, from_attributes=True) for row in rows]
+    return Response(_dump(metrics), media_type=JSON, headers=etag.headers(tag))
+
+
+def _dump(items: list[JobEventPublic] | list[JobMetricPublic]) -> bytes:
+    return b"[" + b",".join(item.model_dump_json().encode() for item in items) + b"]"
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse, summary="One rank's log (plain text)")

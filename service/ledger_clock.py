@@ -1,0 +1,135 @@
+"""The ledger clock: one counter row, bumped at commit by every transaction that changes a job.
+
+Polling readers need two things from the ledger: an ETag that changes whenever anything they might
+see changes, cheap enough to compute on every poll, and a `since` watermark that never misses a
+change. A timestamp taken in Python when a row is modified gives neither: transaction A can stamp a
+job at T1 and commit after transaction B stamped T2 > T1; a reader in between has moved past T1 and
+never sees A's change.
+
+So the stamp is taken at commit time, after the clock row is locked (an UPDATE takes its row lock on
+PostgreSQL; SQLite has one writer at a time anyway), and every job the transaction touched gets that
+stamp as `updated_at`. Commits are then ordered by their stamps: a reader that saw the clock at
+(seq, stamped_at) before reading jobs knows that every later change has a larger seq and an
+`updated_at` strictly after stamped_at. The clock is the last row a transaction locks and is held
+only until COMMIT, so it adds no lock cycle (no deadlock with FOR UPDATE on job rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import event, insert, select, update
+from sqlalchemy.orm import Session, SessionTransaction
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlmodel import col
+
+from service.models import Job, JobEvent, JobMetric, LedgerClock, utcnow
+
+_CHANGED = "torchyard.changed_job_ids"
+_CHUNK = 900  # ids per UPDATE ... IN (...): well under every database's parameter limit
+_TICK = timedelta(microseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class LedgerVersion:
+    """What a reader saw of the clock: `seq` names the ledger's state, `stamped_at` its last commit."""
+
+    seq: int
+    stamped_at: datetime
+
+
+def read_version(session: Session) -> LedgerVersion:
+    """The clock as last committed. Read it BEFORE the data it describes (see the module docstring)."""
+    row = session.execute(
+        select(col(LedgerClock.seq), col(LedgerClock.stamped_at)).where(col(LedgerClock.id) == 1)
+    ).first()
+    if row is None:  # a ledger made by create_all that nothing has written to yet
+        return LedgerVersion(0, _EPOCH)
+    return LedgerVersion(int(row[0]), row[1])
+
+
+def install() -> None:
+    """Register the session hooks (idempotent). Called by service.db.make_engine."""
+    for name, hook in (
+        ("after_flush", _after_flush),
+        ("before_commit", _before_commit),
+        ("after_transaction_end", _after_transaction_end),
+    ):
+        if not event.contains(Session, name, hook):
+            event.listen(Session, name, hook)
+
+
+# ---------------------------------------------------------------- hooks
+
+
+def _after_flush(session: Session, _flush_context: Any) -> None:
+    # Here session.new / dirty still show what this flush wrote, and new rows have their ids.
+    changed: set[int] = session.info.setdefault(_CHANGED, set())
+    for obj in session.new:
+        _collect(changed, obj)
+    for obj in session.dirty:
+        if session.is_modified(obj, include_collections=False):
+            _collect(changed, obj)
+    for obj in session.deleted:
+        _collect(changed, obj)
+
+
+def _collect(changed: set[int], obj: object) -> None:
+    if isinstance(obj, Job) and obj.id is not None:
+        changed.add(obj.id)
+    elif isinstance(obj, JobEvent | JobMetric):
+        changed.add(obj.job_id)
+
+
+def _before_commit(session: Session) -> None:
+    if session.in_nested_transaction():
+        return  # the outermost commit stamps everything at once
+    session.flush()  # whatever is still pending is collected now, not after the stamp
+    changed: set[int] = session.info.pop(_CHANGED, set())
+    if not changed:
+        return
+    stamp = _tick(session)
+    for chunk in _chunks(sorted(changed)):
+        session.execute(
+            update(Job).where(col(Job.id).in_(chunk)).values(updated_at=stamp),
+            execution_options={"synchronize_session": False},
+        )
+    # Keep the objects the caller holds (expire_on_commit=False) equal to what was written.
+    for obj in session.identity_map.values():
+        if isinstance(obj, Job) and obj.id in changed:
+            set_committed_value(obj, "updated_at", stamp)
+
+
+def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # rolled back or closed: what was collected is void
+        session.info.pop(_CHANGED, None)
+
+
+def _tick(session: Session) -> datetime:
+    """Bump the clock (taking its lock) and return a stamp strictly after the last committed one."""
+    bumped = session.execute(
+        update(LedgerClock)
+        .where(col(LedgerClock.id) == 1)
+        .values(seq=col(LedgerClock.seq) + 1)
+        .returning(col(LedgerClock.stamped_at)),
+        execution_options={"synchronize_session": False},
+    ).first()
+    now = utcnow()
+    if bumped is None:
+        session.execute(insert(LedgerClock).values(id=1, seq=1, stamped_at=now))
+        return now
+    stamp: datetime = max(now, bumped[0] + _TICK)  # monotonic even if the wall clock steps back
+    session.execute(
+        update(LedgerClock).where(col(LedgerClock.id) == 1).values(stamped_at=stamp),
+        execution_options={"synchronize_session": False},
+    )
+    return stamp
+
+
+def _chunks(ids: list[int]) -> Iterable[list[int]]:
+    for start in range(0, len(ids), _CHUNK):
+        yield ids[start : start + _CHUNK]
