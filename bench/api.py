@@ -22,8 +22,9 @@ from bench.harness import post_script, server, wrk
 from service.db import make_engine, migrate
 from service.models import Job, JobEvent, utcnow
 
-JOB_BODY = json.dumps({"name": "bench", "entrypoint": "worker.tasks.seed:ddp_parameters",
-                       "resources": {"tasks_per_node": 3}})
+JOB_BODY = json.dumps(
+    {"name": "bench", "entrypoint": "worker.tasks.seed:ddp_parameters", "resources": {"tasks_per_node": 3}}
+)
 
 
 def seed_jobs(db: Path, data_dir: Path, count: int) -> None:
@@ -31,16 +32,29 @@ def seed_jobs(db: Path, data_dir: Path, count: int) -> None:
     migrate(engine)
     now = utcnow()
     rows = [
-        {"name": f"job-{i}", "owner": "bench", "backend": "slurm", "state": "succeeded",
-         "spec": {"entrypoint": "worker.tasks.train:train", "resources": {"nodes": 1, "tasks_per_node": 2}},
-         "attempt": 1, "progress_offset": 0, "cancel_requested": False, "folder": str(data_dir / "jobs" / str(i)),
-         "result": {"ok": True}, "progress": {"step": 100, "total": 100, "metrics": {"loss": 0.1}},
-         "created_at": now, "updated_at": now}
+        {
+            "name": f"job-{i}",
+            "owner": "bench",
+            "backend": "slurm",
+            "state": "succeeded",
+            "spec": {
+                "entrypoint": "worker.tasks.train:train",
+                "resources": {"nodes": 1, "tasks_per_node": 2},
+            },
+            "attempt": 1,
+            "progress_offset": 0,
+            "cancel_requested": False,
+            "folder": str(data_dir / "jobs" / str(i)),
+            "result": {"ok": True},
+            "progress": {"step": 100, "total": 100, "metrics": {"loss": 0.1}},
+            "created_at": now,
+            "updated_at": now,
+        }
         for i in range(1, count + 1)
     ]
     with engine.begin() as conn:
         for start in range(0, count, 10_000):
-            conn.execute(insert(Job), rows[start:start + 10_000])
+            conn.execute(insert(Job), rows[start : start + 10_000])
         conn.execute(insert(JobEvent), [{"job_id": 1, "to_state": "queued", "attempt": 1, "time": now}])
     engine.dispose()
 
@@ -54,18 +68,26 @@ def main() -> None:
         tmpdir = Path(tmp)
         print(f"POST, 32 connections, {args.seconds} s each")
         with server("bench.baselines:insert", {"BENCH_DB": str(tmpdir / "bare.db")}) as url:
-            bare = wrk(url + "/rows", connections=32, seconds=args.seconds,
-                       script=post_script(json.dumps({"name": "bench", "payload": JOB_BODY})))
+            bare = wrk(
+                url + "/rows",
+                connections=32,
+                seconds=args.seconds,
+                script=post_script(json.dumps({"name": "bench", "payload": JOB_BODY})),
+            )
         env = {"TORCHYARD_DATA_DIR": str(tmpdir / "post")}
         with server("bench.apps:torchyard_null", env) as url:
-            ours = wrk(url + "/api/v1/jobs", connections=32, seconds=args.seconds, script=post_script(JOB_BODY))
+            ours = wrk(
+                url + "/api/v1/jobs", connections=32, seconds=args.seconds, script=post_script(JOB_BODY)
+            )
         print(bare.line("bare FastAPI + SQLite insert"))
         print(ours.line("torchyard POST /api/v1/jobs"))
         print(f"ratio {ours.requests_per_s / bare.requests_per_s:.2f}x (target >= 1.5x, p99 < 200 ms)\n")
 
         started = time.perf_counter()
         seed_jobs(tmpdir / "list" / "torchyard.db", tmpdir / "list", args.jobs)
-        print(f"GET 50 newest of {args.jobs} jobs (seeded in {time.perf_counter() - started:.1f} s), 32 connections")
+        print(
+            f"GET 50 newest of {args.jobs} jobs (seeded in {time.perf_counter() - started:.1f} s), 32 connections"
+        )
         with server("bench.baselines:hello") as url:
             hello = wrk(url + "/", connections=32, seconds=args.seconds)
         with server("bench.apps:torchyard_null", {"TORCHYARD_DATA_DIR": str(tmpdir / "list")}) as url:

@@ -33,8 +33,20 @@ def free_port() -> int:
 def server(module_app: str, env: dict[str, str] | None = None, ready_path: str = "/healthz") -> Iterator[str]:
     """Run `uvicorn module:app` (one worker) on a free loopback port; yield its base URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", module_app, "--factory", "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        module_app,
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -63,11 +75,15 @@ class WrkResult:
     requests: int
 
     def line(self, label: str) -> str:
-        return (f"{label:<44} {self.requests_per_s:9.0f} req/s   p50 {self.p50_ms:7.1f} ms   "
-                f"p99 {self.p99_ms:7.1f} ms   non-2xx/3xx {self.non_2xx}")
+        return (
+            f"{label:<44} {self.requests_per_s:9.0f} req/s   p50 {self.p50_ms:7.1f} ms   "
+            f"p99 {self.p99_ms:7.1f} ms   non-2xx/3xx {self.non_2xx}"
+        )
 
 
-def wrk(url: str, *, connections: int, seconds: int, script: str | None = None, threads: int = 2) -> WrkResult:
+def wrk(
+    url: str, *, connections: int, seconds: int, script: str | None = None, threads: int = 2
+) -> WrkResult:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install -y wrk")
     cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "10s"]
@@ -96,5 +112,4 @@ def parse_wrk(out: str) -> WrkResult:
 
 def post_script(body: str) -> str:
     escaped = body.replace("\\", "\\\\").replace('"', '\\"')
-    return (f'wrk.method = "POST"\nwrk.body = "{escaped}"\n'
-            'wrk.headers["Content-Type"] = "application/json"\n')
+    return f'wrk.method = "POST"\nwrk.body = "{escaped}"\nwrk.headers["Content-Type"] = "application/json"\n'

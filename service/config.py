@@ -22,7 +22,7 @@ class Settings(BaseSettings):
     port: int = Field(8321, ge=1, le=65535)
 
     reconcile_interval_s: float = Field(2.0, gt=0, description="Seconds between scheduler queries.")
-    local_reconcile_interval_s: float = Field(0.5, gt=0, description="Local jobs are cheap to check.")
+    local_reconcile_interval_s: float = Field(0.25, gt=0, description="Local jobs are cheap to check.")
     dispatch_interval_s: float = Field(1.0, gt=0, description="Retry period for queued jobs.")
     dispatch_batch_size: int = Field(100, ge=1)
 

@@ -233,13 +233,27 @@ def _tail_text(path: Path, tail: int | None, max_bytes: int) -> str:
 
 
 def error_summary(files: JobFiles, limit: int = 4000) -> str | None:
-    """The first failing rank's traceback, trimmed from the front (the end says what broke)."""
+    """The first failing rank's traceback, trimmed from the front (the end says what broke).
+
+    The first error file written is the cause; ranks that fail after it usually fail *because* of it
+    (their peer vanished), so they are only named.
+    """
+    failed: list[tuple[float, str, str]] = []
     for path in files.errors():
-        text = path.read_text(errors="replace").strip()
+        try:
+            text = path.read_text(errors="replace").strip()
+            written = path.stat().st_mtime
+        except FileNotFoundError:
+            continue
         if text:
-            rank = path.stem.removeprefix("error-rank")
-            return f"rank {rank} raised:\n{text[-limit:]}"
-    return None
+            failed.append((written, path.stem.removeprefix("error-rank"), text))
+    if not failed:
+        return None
+    failed.sort(key=lambda item: (item[0], int(item[1]) if item[1].isdigit() else 0))
+    _, rank, text = failed[0]
+    others = ", ".join(item[1] for item in failed[1:])
+    after = f"\n(ranks {others} failed after it)" if others else ""
+    return f"rank {rank} raised:\n{text[-limit:]}{after}"
 
 
 def require_backend(backends: Mapping[str, Backend], name: str) -> Backend:

@@ -36,9 +36,9 @@ def ingest_progress(session: Session, job: Job, path: Path) -> bool:
         line = _parse(raw)
         if line is None:
             continue
-        if "checkpoint" in line:
+        if "checkpoint" in line:  # a checkpoint note, not a progress report
             job.latest_checkpoint = str(line["checkpoint"])
-        if "step" in line:
+        elif "step" in line:
             latest = line
             _add_metrics(session, job, line)
     if latest is not None:

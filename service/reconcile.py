@@ -136,6 +136,12 @@ class Reconciler:
                 # the survivors wait out the rendezvous timeout.
                 record_transition(session, job, JobState.failed, failure, exit_code=status.exit_code)
                 return True
+            result = _read_result(files)
+            if result is not None and target is JobState.running:
+                # Rank 0 has its result: the job is done for its user; the processes are only exiting.
+                job.result = result["value"]
+                self._move(session, job, JobState.succeeded, "completed")
+                return False
             self._move(session, job, target, status.reason)
             return False
         final, reason, result = settle(job, files, status, self._backends[backend_name])

@@ -1,0 +1,83 @@
+"""The seed's 3-rank DDP step: a torchyard job (POST -> succeeded) against torchrun, alternated.
+
+torchrun --standalone --nproc_per_node=3 runs the same entrypoint through the same launcher, so the
+difference is what each launcher adds. Target: torchyard at most 0.6x torchrun.
+
+Run: .venv/bin/python -m bench.launch [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.harness import ROOT, server
+
+JOB = {
+    "name": "bench-ddp",
+    "entrypoint": "worker.tasks.seed:ddp_parameters",
+    "resources": {"tasks_per_node": 3},
+}
+TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}
+
+
+def time_torchrun(folder: Path) -> float:
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    started = time.perf_counter()
+    subprocess.run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node=3",
+            str(ROOT / "bench" / "torchrun_seed.py"),
+            str(folder),
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
+    return time.perf_counter() - started
+
+
+def time_torchyard(client: httpx.Client) -> float:
+    started = time.perf_counter()
+    job = client.post("/api/v1/jobs", json=JOB).raise_for_status().json()
+    while job["state"] not in TERMINAL:
+        time.sleep(0.02)
+        job = client.get(f"/api/v1/jobs/{job['id']}").raise_for_status().json()
+    elapsed = time.perf_counter() - started
+    if job["state"] != "succeeded" or not job["result"]["ok"]:
+        raise SystemExit(f"torchyard job did not check out: {job['state']} {job['reason']}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    ours: list[float] = []
+    theirs: list[float] = []
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        server("service.app:create_app", {"TORCHYARD_DATA_DIR": tmp}) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        time_torchyard(client)  # warm the page cache for both sides alike
+        for round_number in range(args.rounds):
+            theirs.append(time_torchrun(Path(tmp) / f"torchrun-{round_number}"))
+            ours.append(time_torchyard(client))
+            print(f"round {round_number + 1}: torchrun {theirs[-1]:.2f} s   torchyard {ours[-1]:.2f} s")
+    ratio = statistics.median(ours) / statistics.median(theirs)
+    print(f"median: torchrun {statistics.median(theirs):.2f} s   torchyard {statistics.median(ours):.2f} s")
+    print(f"ratio torchyard / torchrun = {ratio:.2f}x (target <= 0.6x)")
+
+
+if __name__ == "__main__":
+    main()
