@@ -85,9 +85,8 @@ def main() -> None:
 
         started = time.perf_counter()
         seed_jobs(tmpdir / "list" / "torchyard.db", tmpdir / "list", args.jobs)
-        print(
-            f"GET 50 newest of {args.jobs} jobs (seeded in {time.perf_counter() - started:.1f} s), 32 connections"
-        )
+        seeded_s = time.perf_counter() - started
+        print(f"GET 50 newest of {args.jobs} jobs (seeded in {seeded_s:.1f} s), 32 connections")
         with server("bench.baselines:hello") as url:
             hello = wrk(url + "/", connections=32, seconds=args.seconds)
         with server("bench.apps:torchyard_null", {"TORCHYARD_DATA_DIR": str(tmpdir / "list")}) as url:
