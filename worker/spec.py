@@ -6,6 +6,7 @@ receives the same RunSpec. Files the two sides exchange live in the job's folder
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 ENTRYPOINT_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 SLURM_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"
+CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch or step, 8 digits>.pt
 
 
 class Resources(BaseModel):
@@ -105,3 +107,58 @@ class JobFiles:
 
     def errors(self) -> list[Path]:
         return sorted(self.folder.glob("error-rank*.txt"))
+
+    def checkpoint_file(self, epoch_or_step: int) -> Path:
+        """Where rank 0 saves the checkpoint of this epoch or step (zero-padded, so names sort)."""
+        return self.checkpoints / f"ckpt-{epoch_or_step:08d}.pt"
+
+    def latest_checkpoint(self) -> Path | None:
+        """The checkpoint with the highest epoch or step in checkpoints/, or None (temp files ignored)."""
+        if not self.checkpoints.is_dir():
+            return None
+        found = [
+            (int(match.group(1)), path)
+            for path in self.checkpoints.iterdir()
+            if (match := CHECKPOINT_PATTERN.match(path.name))
+        ]
+        return max(found)[1] if found else None
+
+
+class ProgressRecord(BaseModel):
+    """A progress line of progress.jsonl, written by rank 0's `ctx.report(step, total, **metrics)`."""
+
+    step: int
+    total: int | None = None
+    metrics: dict[str, float | None] = Field(default_factory=dict)  # None: the value was NaN or inf
+    time: float  # seconds since the epoch, on rank 0's clock
+    attempt: int
+
+
+class CheckpointRecord(BaseModel):
+    """A checkpoint line of progress.jsonl: rank 0 saved `checkpoint` (an absolute path) completely."""
+
+    checkpoint: str
+    step: int  # the epoch_or_step given to ctx.save_checkpoint
+    time: float
+    attempt: int
+
+
+def parse_progress_line(line: str) -> ProgressRecord | CheckpointRecord | None:
+    """One line of progress.jsonl as a record; None for a blank, torn (half-written) or foreign line.
+
+    Lines holding a "checkpoint" key are CheckpointRecords; every other line is a ProgressRecord.
+    Rank 0 appends whole lines, but a reader may catch the file mid-write: read only up to the last
+    newline and keep the byte offset there.
+    """
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    try:
+        if "checkpoint" in data:
+            return CheckpointRecord.model_validate(data)
+        return ProgressRecord.model_validate(data)
+    except ValueError:
+        return None

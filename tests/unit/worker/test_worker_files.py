@@ -1,0 +1,108 @@
+"""Atomic result writing, buffered progress lines, and reading them back through the spec's parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from worker.files import ProgressWriter, atomic_write_text, to_jsonable, write_result
+from worker.spec import CheckpointRecord, JobFiles, ProgressRecord, parse_progress_line
+
+
+def test_atomic_write_replaces_whole_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "result.json"
+    atomic_write_text(target, "old")
+    atomic_write_text(target, "new")
+    assert target.read_text() == "new"
+    assert sorted(path.name for path in target.parent.iterdir()) == ["result.json"]
+
+
+def test_atomic_write_never_shows_a_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "result.json"
+    atomic_write_text(target, "complete")
+
+    def crash(src: object, dst: object) -> None:
+        raise OSError("disk gone mid-way")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        atomic_write_text(target, "x" * 1_000_000)
+    assert target.read_text() == "complete"  # readers still see the old, whole file
+
+
+def test_result_format(tmp_path: Path) -> None:
+    path = tmp_path / "result.json"
+    write_result(path, 3, {"ok": True, "loss": 0.5, "where": tmp_path})
+    value = {"ok": True, "loss": 0.5, "where": str(tmp_path)}
+    assert json.loads(path.read_text()) == {"attempt": 3, "value": value}
+
+
+def test_to_jsonable_handles_what_entrypoints_return() -> None:
+    class Scalar:  # duck-typed like a 0-d tensor / numpy scalar
+        ndim = 0
+
+        def item(self) -> float:
+            return 1.5
+
+    class Vector:
+        ndim = 1
+
+        def tolist(self) -> list[int]:
+            return [1, 2]
+
+    assert to_jsonable({"a": Scalar(), "b": (Vector(), None), 3: float("nan")}) == {
+        "a": 1.5, "b": [[1, 2], None], "3": "nan"}
+    assert to_jsonable(object()).startswith("<object")
+
+
+def test_progress_lines_are_buffered_until_the_interval(tmp_path: Path) -> None:
+    path = tmp_path / "progress.jsonl"
+    writer = ProgressWriter(path, interval_s=60)  # the thread will not flush during this test
+    started = time.perf_counter()
+    for step in range(2000):
+        writer.append({"step": step, "total": 2000, "metrics": {"loss": 1.0}, "time": 0.0, "attempt": 1})
+    per_call = (time.perf_counter() - started) / 2000
+    assert not path.exists(), "report() must not touch the disk"
+    assert per_call < 1e-3
+    writer.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2000 and json.loads(lines[-1])["step"] == 1999
+
+
+def test_progress_background_flush_happens_within_the_interval(tmp_path: Path) -> None:
+    path = tmp_path / "progress.jsonl"
+    writer = ProgressWriter(path, interval_s=0.05)
+    writer.append({"step": 1})
+    deadline = time.monotonic() + 5
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert path.read_text() == '{"step":1}\n'
+    writer.append({"step": 2})
+    writer.close()
+    writer.close()  # idempotent
+    assert path.read_text().splitlines() == ['{"step":1}', '{"step":2}']
+
+
+def test_parse_progress_line_knows_both_records_and_skips_torn_lines() -> None:
+    line = '{"step":5,"total":10,"metrics":{"loss":0.1,"acc":null},"time":1.0,"attempt":2}'
+    progress = parse_progress_line(line)
+    assert isinstance(progress, ProgressRecord) and progress.step == 5 and progress.metrics["acc"] is None
+    checkpoint = parse_progress_line('{"checkpoint":"/x/ckpt-00000008.pt","step":8,"time":1.0,"attempt":2}')
+    assert isinstance(checkpoint, CheckpointRecord) and checkpoint.checkpoint.endswith("08.pt")
+    assert parse_progress_line('{"step":5,"tot') is None
+    assert parse_progress_line("") is None
+    assert parse_progress_line("[1]") is None
+
+
+def test_latest_checkpoint_ignores_temp_files(tmp_path: Path) -> None:
+    files = JobFiles(tmp_path)
+    assert files.latest_checkpoint() is None
+    files.checkpoints.mkdir()
+    for step in (8, 16, 100):
+        files.checkpoint_file(step).write_bytes(b"")
+    (files.checkpoints / ".ckpt-00000200.pt.tmp-1").write_bytes(b"")
+    assert files.latest_checkpoint() == files.checkpoints / "ckpt-00000100.pt"
