@@ -1,0 +1,76 @@
+"""JobContext in one process: progress lines, checkpoints and resume, rank 0 versus the others."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from worker.context import JobContext
+from worker.distributed import RankEnv
+from worker.spec import RunSpec, parse_progress_line
+
+
+def make(tmp_path: Path, rank: int = 0, **fields: object) -> JobContext:
+    spec = RunSpec.model_validate({"job_id": 7, "name": "ctx", "entrypoint": "m:f", "folder": str(tmp_path),
+                                   "attempt": 2, **fields})
+    env = RankEnv(rank, 2, rank, 2, 0, "127.0.0.1", 20007, "local", "4242")
+    return JobContext(spec, env, progress_interval_s=60)
+
+
+def test_context_describes_the_rank(tmp_path: Path) -> None:
+    ctx = make(tmp_path, rank=1)
+    assert (ctx.rank, ctx.world_size, ctx.is_main, ctx.job_id, ctx.attempt) == (1, 2, False, 7, 2)
+    assert ctx.device == torch.device("cpu") and ctx.device_ids is None
+    assert ctx.folder == tmp_path and ctx.scheduler_job_id == "4242"
+    assert not ctx.checkpoint_dir.exists(), "only rank 0 creates checkpoints/"
+
+
+def test_report_is_buffered_and_written_on_close_with_the_contract_format(tmp_path: Path) -> None:
+    ctx = make(tmp_path)
+    started = time.perf_counter()
+    for step in range(1, 5001):
+        ctx.report(step, total=5000, loss=torch.tensor(0.25).item(), epoch=1)
+    assert time.perf_counter() - started < 1.0, "report() must be cheap enough for every step"
+    assert not ctx.files.progress.exists()
+    ctx.report(5001, loss=float("nan"))
+    ctx.close()
+    lines = ctx.files.progress.read_text().splitlines()
+    first = json.loads(lines[0])
+    assert set(first) == {"step", "total", "metrics", "time", "attempt"}
+    assert first["step"] == 1 and first["total"] == 5000 and first["metrics"] == {"loss": 0.25, "epoch": 1.0}
+    assert first["attempt"] == 2 and abs(first["time"] - time.time()) < 60
+    assert json.loads(lines[-1]) == {**json.loads(lines[-1]), "total": None, "metrics": {"loss": None}}
+    assert all(parse_progress_line(line) is not None for line in lines)
+
+
+def test_other_ranks_write_nothing(tmp_path: Path) -> None:
+    ctx = make(tmp_path, rank=1)
+    ctx.report(1, loss=1.0)
+    path = ctx.save_checkpoint({"w": torch.ones(2)}, 3)
+    ctx.close()
+    assert path.name == "ckpt-00000003.pt" and not path.exists()
+    assert not ctx.files.progress.exists()
+
+
+def test_checkpoint_is_atomic_recorded_at_once_and_resumed_from(tmp_path: Path) -> None:
+    ctx = make(tmp_path)
+    assert ctx.resume_from is None and ctx.load_checkpoint() is None
+    ctx.report(1, loss=1.0)  # queued before the checkpoint: must land before its line
+    first = ctx.save_checkpoint({"w": torch.ones(2), "epoch": 0}, 8)
+    second = ctx.save_checkpoint({"w": torch.full((2,), 2.0), "epoch": 1}, 16)
+    records = [parse_progress_line(line) for line in ctx.files.progress.read_text().splitlines()]
+    assert [getattr(record, "checkpoint", None) for record in records] == [None, str(first), str(second)]
+    assert records[2] is not None and records[2].step == 16
+    assert sorted(path.name for path in ctx.checkpoint_dir.iterdir()) == [first.name, second.name]
+    ctx.close()
+
+    resumed = make(tmp_path)
+    assert resumed.resume_from == second
+    state = resumed.load_checkpoint()
+    assert state is not None and state["epoch"] == 1 and torch.equal(state["w"], torch.full((2,), 2.0))
+
+    pinned = make(tmp_path, resume_from=str(first))  # the ledger's word wins
+    assert pinned.resume_from == first

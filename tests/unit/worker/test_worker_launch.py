@@ -1,0 +1,129 @@
+"""RankLauncher in this process (a single rank, no scheduler): result, error file, requeue, env, logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+from submitit.helpers import DelayedSubmission
+
+from worker import launch
+from worker.launch import RankLauncher, apply_env, setup_logging, watch_preemption
+from worker.spec import RunSpec
+
+
+def make_spec(tmp_path: Path, **fields: Any) -> RunSpec:
+    # A job id from our PID keeps the rendezvous port apart from other test processes on this machine.
+    return RunSpec.model_validate({"job_id": os.getpid(), "name": "unit", "folder": str(tmp_path),
+                                   "rendezvous_timeout_s": 30, **fields})
+
+
+@pytest.fixture
+def bare_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No scheduler variables, and the signal handler and root handlers put back afterwards."""
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "SUBMITIT_")) or name in launch.RANK_ENV_NAMES:
+            monkeypatch.delenv(name)
+    previous = signal.getsignal(signal.SIGUSR2)
+    handlers = list(logging.getLogger().handlers)
+    environ = dict(os.environ)  # apply_env writes os.environ directly (OMP_NUM_THREADS, the job's env)
+    yield
+    signal.signal(signal.SIGUSR2, previous)
+    logging.getLogger().handlers[:] = handlers
+    os.environ.clear()
+    os.environ.update(environ)
+
+
+def test_launcher_pickles_as_plain_json(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, entrypoint="worker.tasks.faults:hostnames")
+    launcher = RankLauncher(spec)
+    for dumps, loads in ((pickle.dumps, pickle.loads), (cloudpickle.dumps, pickle.loads)):
+        again = loads(dumps(launcher))
+        assert again.spec == spec and again.spec_json == RankLauncher(spec.model_dump_json()).spec_json
+
+
+def test_checkpoint_requeues_a_fresh_launcher_resuming_from_the_newest(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, entrypoint="worker.tasks.train:train")
+    assert RankLauncher(spec).checkpoint().function.spec.resume_from is None
+    spec.files.checkpoints.mkdir()
+    for step in (4, 12):
+        spec.files.checkpoint_file(step).write_bytes(b"")
+    delayed = RankLauncher(spec).checkpoint()
+    assert isinstance(delayed, DelayedSubmission)
+    fresh = delayed.function
+    assert isinstance(fresh, RankLauncher) and delayed.args == () and delayed.kwargs == {}
+    assert fresh.spec.resume_from == str(spec.files.checkpoint_file(12))
+    assert fresh.spec.attempt == spec.attempt
+
+
+def test_function_mode_writes_rank0_result(tmp_path: Path, bare_process: None) -> None:
+    spec = make_spec(tmp_path, entrypoint="worker.tasks.faults:hostnames", attempt=3)
+    value = RankLauncher(spec)()
+    assert value["ok"] and value["world_size"] == 1
+    assert json.loads(spec.files.result.read_text()) == {"attempt": 3, "value": value}
+    import torch.distributed as dist
+
+    assert not dist.is_initialized(), "the process group is always destroyed"
+
+
+def test_a_raising_entrypoint_leaves_its_traceback(tmp_path: Path, bare_process: None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.runner
+
+    armed: list[float] = []
+    monkeypatch.setattr(worker.runner, "_arm_exit_watchdog", armed.append)  # it would end pytest
+    spec = make_spec(tmp_path, entrypoint="worker.tasks.faults:raise_on_rank", kwargs={"rank": 0})
+    with pytest.raises(RuntimeError, match="deliberate failure"):
+        RankLauncher(spec)()
+    text = spec.files.error(0).read_text()
+    assert text.startswith("Traceback") and "RuntimeError: deliberate failure (rank 0)" in text
+    assert armed == [worker.runner.EXIT_GRACE_S] and not spec.files.result.exists()
+
+
+def test_a_bad_entrypoint_fails_before_any_rendezvous(tmp_path: Path, bare_process: None,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.runner
+
+    monkeypatch.setattr(worker.runner, "_arm_exit_watchdog", lambda grace_s: None)
+    monkeypatch.setattr(worker.runner, "init_process_group", pytest.fail)
+    with pytest.raises(ModuleNotFoundError):
+        RankLauncher(make_spec(tmp_path, entrypoint="no_such_module:f"))()
+    assert "ModuleNotFoundError" in make_spec(tmp_path, entrypoint="m:f").files.error(0).read_text()
+
+
+def test_apply_env_sets_the_jobs_env_but_not_the_rank_variables(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TORCHYARD_TEST_VAR", "RANK", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    spec = make_spec(tmp_path, entrypoint="m:f", env={"TORCHYARD_TEST_VAR": "yes", "RANK": "9"},
+                     resources={"cpus_per_task": 3})
+    apply_env(spec)
+    assert os.environ["TORCHYARD_TEST_VAR"] == "yes" and "RANK" not in os.environ
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+
+
+def test_log_lines_carry_the_rank(bare_process: None) -> None:
+    setup_logging(3)
+    setup_logging(3)  # idempotent: one handler
+    ours = [h for h in logging.getLogger().handlers if getattr(h, "_torchyard_rank", None) is not None]
+    assert len(ours) == 1
+    record = logging.LogRecord("worker", logging.INFO, __file__, 1, "hello", None, None)
+    assert ours[0].format(record).startswith("[rank 3] ") and ours[0].filter(record)
+    assert not ours[0].filter(logging.LogRecord("submitit", logging.INFO, __file__, 1, "x", None, None))
+
+
+def test_preemption_signal_is_noticed_and_passed_on(bare_process: None) -> None:
+    seen: list[int] = []
+    signal.signal(signal.SIGUSR2, lambda number, frame: seen.append(number))  # submitit's handler
+    event = watch_preemption()
+    assert not event.is_set()
+    os.kill(os.getpid(), signal.SIGUSR2)
+    assert event.wait(5) and seen == [signal.SIGUSR2]

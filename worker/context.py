@@ -1,0 +1,137 @@
+"""JobContext: what a function entrypoint receives as its first argument, on every rank.
+
+It carries the rank's place in the job and the device, and the only ways a task talks to the
+service: progress lines (report), checkpoints (save_checkpoint) and the return value.
+Rank 0 alone writes files; on the other ranks the writing methods do nothing, so a task may call
+them unconditionally.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from worker.distributed import RankEnv
+from worker.files import ProgressWriter
+from worker.spec import RunSpec
+
+log = logging.getLogger(__name__)
+
+
+class JobContext:
+    """One rank's view of the job attempt it runs in."""
+
+    def __init__(self, spec: RunSpec, env: RankEnv, *, backend: str = "gloo",
+                 progress_interval_s: float = 0.5) -> None:
+        self.rank = env.rank
+        self.world_size = env.world_size
+        self.local_rank = env.local_rank
+        self.local_world_size = env.local_world_size
+        self.node_rank = env.node_rank
+        self.is_main = env.is_main
+        self.backend = backend
+        self.device = torch.device(env.device if backend == "nccl" else "cpu")
+        self.job_id = spec.job_id  # the service's id; the scheduler's is scheduler_job_id
+        self.scheduler_job_id = env.job_id
+        self.attempt = spec.attempt
+        self.files = spec.files
+        self.folder = self.files.folder
+        self.checkpoint_dir = self.files.checkpoints
+        if self.is_main:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        # Read once, at start, so every rank resumes from the same file even while rank 0 saves new ones.
+        self.resume_from: Path | None = (Path(spec.resume_from) if spec.resume_from
+                                         else self.files.latest_checkpoint())
+        self._progress = ProgressWriter(self.files.progress, interval_s=progress_interval_s)
+
+    @property
+    def device_ids(self) -> list[int] | None:
+        """What DistributedDataParallel wants as device_ids: [this GPU] under NCCL, None on CPU."""
+        return [self.device.index or 0] if self.device.type == "cuda" else None
+
+    def report(self, step: int, total: int | None = None, **metrics: float) -> None:
+        """Rank 0: queue a progress line {"step","total","metrics","time","attempt"}; others: nothing.
+
+        Cheap enough for every step: no disk access here, a background thread appends the queued
+        lines at most every 0.5 s, and close() writes the rest. Non-finite metrics are written as null.
+        """
+        if not self.is_main:
+            return
+        values = {name: _finite_or_none(float(value)) for name, value in metrics.items()}
+        self._progress.append({"step": int(step), "total": None if total is None else int(total),
+                               "metrics": values, "time": time.time(), "attempt": self.attempt})
+
+    def save_checkpoint(self, state: dict[str, Any], epoch_or_step: int) -> Path:
+        """Rank 0: torch.save `state` to checkpoints/ckpt-<n>.pt atomically and record it in progress.
+
+        The progress line {"checkpoint": path, "step": n, "time", "attempt"} is written at once (not
+        buffered), after the file is complete, so the ledger never names a half-written checkpoint.
+        Other ranks save nothing and get the same path back.
+        """
+        path = self.files.checkpoint_file(epoch_or_step).resolve()
+        if not self.is_main:
+            return path
+        temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(temp, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+        self._progress.append({"checkpoint": str(path), "step": int(epoch_or_step), "time": time.time(),
+                               "attempt": self.attempt})
+        self._progress.flush()
+        log.info("saved checkpoint %s", path)
+        return path
+
+    def load_checkpoint(self, *, weights_only: bool = True) -> dict[str, Any] | None:
+        """The state saved at resume_from (on CPU), or None when this attempt starts from scratch."""
+        if self.resume_from is None:
+            return None
+        log.info("loading checkpoint %s", self.resume_from)
+        state: dict[str, Any] = torch.load(self.resume_from, map_location="cpu", weights_only=weights_only)
+        return state
+
+    def barrier(self) -> None:
+        """Wait for every rank (bounded by the process group's timeout)."""
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            return
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index or 0])
+        else:
+            dist.barrier()
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank (pickled; move tensors to CPU first)."""
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            return [obj]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank `src`'s `obj` on every rank (the others' argument is ignored)."""
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def close(self) -> None:
+        """Write the progress lines still queued (the launcher calls this on the way out)."""
+        self._progress.close()
+
+    def __repr__(self) -> str:
+        return (f"JobContext(job_id={self.job_id}, attempt={self.attempt}, "
+                f"rank={self.rank}/{self.world_size}, local_rank={self.local_rank}, "
+                f"node_rank={self.node_rank}, device={self.device})")
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None

@@ -1,0 +1,138 @@
+"""RankLauncher: the callable the service hands to submitit, which calls it once on every rank.
+
+Importing this module must stay cheap and torch-free: the service imports it to pickle launchers,
+and never imports torch. Everything heavy (torch, the runner, submitit's helpers) is imported
+inside the methods, after the rank's environment (spec.env, OMP_NUM_THREADS) is in place.
+
+Construct it from the attempt's RunSpec (or its JSON): `RankLauncher(spec)`. Only the JSON text is
+kept, so the pickle does not depend on pydantic's or torch's internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from types import FrameType
+from typing import Any
+
+from worker.distributed import RANK_ENV_NAMES, derive_rank_env, guess_rank, scheduler_job_id
+from worker.files import atomic_write_text
+from worker.spec import RunSpec
+
+log = logging.getLogger("worker")
+
+
+class RankLauncher:
+    """Runs one rank of one job attempt; submitit's Checkpointable protocol (checkpoint()) for requeue."""
+
+    def __init__(self, spec: RunSpec | str) -> None:
+        self.spec_json = spec if isinstance(spec, str) else spec.model_dump_json()
+
+    @property
+    def spec(self) -> RunSpec:
+        return RunSpec.model_validate_json(self.spec_json)
+
+    def __call__(self) -> Any:
+        """Run this rank; returns the entrypoint's value (rank 0's is also written to result.json)."""
+        spec = self.spec
+        try:
+            job_id = scheduler_job_id(os.environ, fallback=spec.job_id)
+            env = derive_rank_env(os.environ, job_id=job_id, gpus_per_node=spec.resources.gpus_per_node)
+        except Exception:
+            # Without a rank we cannot do anything sensible; leave the reason where the service looks.
+            rank = guess_rank(os.environ)
+            setup_logging(rank)
+            log.exception("cannot derive this rank's environment")
+            atomic_write_text(spec.files.error(rank), traceback.format_exc())
+            raise
+        setup_logging(env.rank)
+        log.info("job %s attempt %d: %s rank %d/%d (local %d/%d, node %d) device=%s master=%s:%d",
+                 spec.job_id, spec.attempt, env.source, env.rank, env.world_size, env.local_rank,
+                 env.local_world_size, env.node_rank, env.device, env.master_addr, env.master_port)
+        apply_env(spec)
+        preempted = watch_preemption()
+
+        from worker.runner import run_rank  # torch arrives here, after apply_env
+
+        return run_rank(spec, env, preempted=preempted)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called by submitit on rank 0 when the job is preempted or times out: what to requeue.
+
+        A fresh launcher for the same attempt, told to resume from the newest checkpoint in the job
+        folder (the entrypoint saved it; nothing is saved here, inside a signal handler).
+        """
+        from submitit.helpers import DelayedSubmission
+
+        spec = self.spec
+        latest = spec.files.latest_checkpoint()
+        if latest is not None:
+            spec = spec.model_copy(update={"resume_from": str(latest)})
+        log.info("requeueing job %s attempt %d, resume_from=%s", spec.job_id, spec.attempt, spec.resume_from)
+        return DelayedSubmission(RankLauncher(spec))
+
+    def __repr__(self) -> str:
+        spec = self.spec
+        return f"RankLauncher(job_id={spec.job_id}, attempt={spec.attempt}, name={spec.name!r})"
+
+
+class _RankFilter(logging.Filter):
+    """Drops submitit's own records (it has its handlers) so they are not printed twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith("submitit")
+
+
+def setup_logging(rank: int, level: int = logging.INFO) -> None:
+    """One stderr handler on the root logger whose lines start with `[rank N]`; idempotent."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_torchyard_rank", None) is not None:
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_RankFilter())
+    handler._torchyard_rank = rank  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    if root.level == logging.NOTSET or root.level > level:
+        root.setLevel(level)
+
+
+def apply_env(spec: RunSpec) -> None:
+    """spec.env into os.environ, before torch is imported, so OMP_*/NCCL_* settings take effect.
+
+    The rank variables are ours to set (script mode) and are refused here. OMP_NUM_THREADS defaults
+    to the cpus the job asked for per rank, as torchrun does, so ranks do not fight over cores.
+    """
+    for name, value in spec.env.items():
+        if name in RANK_ENV_NAMES:
+            log.warning("ignoring %s from the job's env: the launcher sets the rank variables", name)
+            continue
+        os.environ[name] = value
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec.resources.cpus_per_task))
+
+
+def watch_preemption() -> threading.Event:
+    """An Event set when the scheduler's preemption signal arrives, chaining submitit's own handler.
+
+    When rank 0 requeues, the other ranks' collectives fail as it exits; the event tells them this
+    was a preemption, not an error worth an error file.
+    """
+    event = threading.Event()
+    name = "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
+    signum = getattr(signal, name, None)
+    if signum is None or threading.current_thread() is not threading.main_thread():
+        return event
+    previous = signal.getsignal(signum)
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        event.set()
+        if callable(previous):
+            previous(number, frame)
+
+    signal.signal(signum, handler)
+    return event

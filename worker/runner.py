@@ -1,0 +1,129 @@
+"""One rank's run: the entrypoint (function or torchrun-style script), its result and its failure.
+
+Failure policy, so that no rank waits forever for a dead peer:
+- names and paths are resolved before the rendezvous, so a typo fails every rank at once;
+- the process group has a bounded timeout (spec.rendezvous_timeout_s);
+- a rank that raises writes error-rank{r}.txt, then leaves the group and exits non-zero; its closed
+  sockets make the peers' pending gloo collectives fail at once, and a watchdog ends the process if
+  teardown itself hangs (NCCL with work in flight).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import runpy
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from worker.context import JobContext
+from worker.distributed import RankEnv, ensure_master_port_free, init_process_group, teardown
+from worker.files import atomic_write_text, write_result
+from worker.spec import RunSpec
+
+log = logging.getLogger("worker")
+
+EXIT_GRACE_S = 20.0  # how long a failed rank may take to leave before it is ended with os._exit(1)
+
+
+def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None = None) -> Any:
+    """Run the attempt's entrypoint on this rank; rank 0 writes result.json when it returns."""
+    files = spec.files
+    files.error(env.rank).unlink(missing_ok=True)  # a requeued run starts clean
+    contexts: list[JobContext] = []
+    try:
+        value = _run_function(spec, env, contexts) if spec.entrypoint is not None else _run_script(spec, env)
+        for ctx in contexts:
+            ctx.close()  # progress lines land before the result does
+        if env.is_main:
+            write_result(files.result, spec.attempt, value)
+            log.info("result written to %s", files.result)
+        return value
+    except BaseException as error:
+        _on_failure(spec, env, error, preempted is not None and preempted.is_set())
+        raise
+    finally:
+        for ctx in contexts:
+            ctx.close()
+        teardown()
+
+
+def resolve_entrypoint(entrypoint: str) -> Callable[..., Any]:
+    """`package.module:function` -> the function (imported now, before any rendezvous)."""
+    module_name, _, attribute = entrypoint.partition(":")
+    function = getattr(importlib.import_module(module_name), attribute)
+    if not callable(function):
+        raise TypeError(f"entrypoint {entrypoint!r} is not callable")
+    return function  # type: ignore[no-any-return]
+
+
+def _run_function(spec: RunSpec, env: RankEnv, contexts: list[JobContext]) -> Any:
+    assert spec.entrypoint is not None
+    function = resolve_entrypoint(spec.entrypoint)
+    ensure_master_port_free(env)
+    backend = init_process_group(env, timeout_s=spec.rendezvous_timeout_s)
+    ctx = JobContext(spec, env, backend=backend)
+    contexts.append(ctx)
+    log.info("calling %s with %s", spec.entrypoint, ctx)
+    return function(ctx, **spec.kwargs)
+
+
+def _run_script(spec: RunSpec, env: RankEnv) -> Any:
+    """Run a torchrun-style script as `python script args...` would, with torchrun's variables set."""
+    assert spec.script is not None
+    script = Path(spec.script).resolve()
+    if not script.is_file():
+        raise FileNotFoundError(f"script {script} does not exist")
+    ensure_master_port_free(env)
+    os.environ.update(env.torchrun_vars())  # the script calls init_process_group("env://") itself
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(script), *spec.args]
+    sys.path.insert(0, str(script.parent))
+    log.info("running script %s %s", script, " ".join(spec.args))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code not in (None, 0):
+            raise
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return None  # a script has no return value; result.json records that it finished
+
+
+def _on_failure(spec: RunSpec, env: RankEnv, error: BaseException, preempted: bool) -> None:
+    """Leave the traceback where the service looks, unless this was a preemption or a cancel."""
+    if preempted:
+        # submitit requeues with sys.exit() from its signal handler; peers fail as rank 0 leaves.
+        log.warning("stopped by preemption or requeue: %s", _one_line(error))
+        return
+    if isinstance(error, KeyboardInterrupt):  # the local executor cancels with SIGINT
+        log.warning("cancelled (KeyboardInterrupt)")
+        return
+    text = traceback.format_exc()
+    try:
+        atomic_write_text(spec.files.error(env.rank), text)
+    except OSError:
+        log.exception("could not write %s", spec.files.error(env.rank))
+    log.error("rank %d failed:\n%s", env.rank, text)
+    _arm_exit_watchdog(EXIT_GRACE_S)
+
+
+def _arm_exit_watchdog(grace_s: float) -> None:
+    """End this process with status 1 if it has not exited `grace_s` from now (a hung teardown)."""
+    def _exit() -> None:
+        log.error("still alive %.0fs after failing; exiting hard", grace_s)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(grace_s, _exit)
+    timer.daemon = True
+    timer.start()
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0]
