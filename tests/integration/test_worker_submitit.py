@@ -1,0 +1,193 @@
+"""RankLauncher through submitit's REAL local executor: real processes, real gloo, real signals.
+
+Each job pays for torch's import on every rank (a few seconds on 2 cores), so the file runs few,
+small jobs and shares the uninterrupted training run between the tests that compare against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import submitit
+
+from worker.launch import RankLauncher
+from worker.spec import CheckpointRecord, ProgressRecord, RunSpec, parse_progress_line
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = "worker.tasks.train:train"
+TRAIN_KWARGS: dict[str, Any] = {"epochs": 4, "samples": 256, "batch_size": 32, "seed": 3}
+
+
+def make_spec(folder: Path, *, tasks: int, entrypoint: str | None = None, **fields: Any) -> RunSpec:
+    return RunSpec.model_validate({
+        "job_id": 1, "name": folder.name, "entrypoint": entrypoint, "folder": str(folder),
+        "resources": {"tasks_per_node": tasks, "timeout_min": 3}, "rendezvous_timeout_s": 120, **fields,
+    })
+
+
+def submit(spec: RunSpec) -> submitit.Job[Any]:
+    """Submit as the service's local backend does: AutoExecutor(cluster="local") on JobFiles.submitit."""
+    executor = submitit.AutoExecutor(folder=spec.files.submitit, cluster="local")
+    executor.update_parameters(timeout_min=spec.resources.timeout_min,  # an int: submitit refuses floats
+                               tasks_per_node=spec.resources.tasks_per_node)
+    return executor.submit(RankLauncher(spec))
+
+
+def wait(job: submitit.Job[Any], limit_s: float) -> float:
+    """Seconds until every rank of `job` has exited; fails the test past `limit_s`."""
+    started = time.monotonic()
+    while not job.done():
+        assert time.monotonic() - started < limit_s, f"job {job.job_id} still running after {limit_s}s"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def result_of(spec: RunSpec) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(spec.files.result.read_text())
+    assert data["attempt"] == spec.attempt
+    return data["value"]  # type: ignore[no-any-return]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains `text` (the submitit folder names a job's processes)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def children_of(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry.name))
+    return kids
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_train(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The reference: one uninterrupted 2-rank training run of TRAIN_KWARGS."""
+    spec = make_spec(tmp_path_factory.mktemp("train-ref"), tasks=2, entrypoint=TRAIN, kwargs=TRAIN_KWARGS)
+    job = submit(spec)
+    wait(job, 90)
+    return result_of(spec)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes(tmp_path: Path) -> Iterator[None]:
+    yield
+    deadline = time.monotonic() + 10
+    while (left := processes_mentioning(str(tmp_path))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes left behind: {left}"
+
+
+def test_ddp_parameters_on_three_ranks(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, tasks=3, entrypoint="worker.tasks.seed:ddp_parameters", kwargs={"seed": 1})
+    job = submit(spec)
+    values = job.results()
+    value = result_of(spec)
+    assert value["ok"], value
+    assert value["world_size"] == 3
+    assert value["initial_params_differed_before_ddp"] and value["initial_params_match_rank0"]
+    assert value["params_identical_after_step"] and value["matches_averaged_gradient_step"]
+    assert value["max_abs_diff"] < 1e-5
+    assert values == [value] * 3  # every rank returns rank 0's verdict
+
+
+def test_sampler_shards_on_four_ranks(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, tasks=4, entrypoint="worker.tasks.seed:sampler_shards")
+    submit(spec).results()
+    value = result_of(spec)
+    assert value["ok"], value
+    assert value["shards"] == {"0": [0, 4], "1": [1, 5], "2": [2, 6], "3": [3, 7]}
+    assert value["dataset_identical_on_all_ranks"]
+    assert value["shards_disjoint"] and value["shards_cover_dataset"]
+
+
+def test_train_loss_falls_and_a_second_launch_resumes(tmp_path: Path,
+                                                      uninterrupted_train: dict[str, Any]) -> None:
+    assert uninterrupted_train["ok"] and uninterrupted_train["final_loss"] < uninterrupted_train["first_loss"]
+    assert uninterrupted_train["epochs_run"] == 4 and uninterrupted_train["resumed_from_epoch"] is None
+
+    first = make_spec(tmp_path, tasks=2, entrypoint=TRAIN, kwargs={**TRAIN_KWARGS, "epochs": 2})
+    submit(first).results()
+    records = [parse_progress_line(line) for line in first.files.progress.read_text().splitlines()]
+    checkpoints = [record.checkpoint for record in records if isinstance(record, CheckpointRecord)]
+    assert len(checkpoints) == 2 and all(Path(path).is_file() for path in checkpoints)
+    progress = [record for record in records if isinstance(record, ProgressRecord)]
+    assert progress and all(record.total == 8 and "loss" in record.metrics for record in progress)
+
+    # A new attempt in the same folder (as the service would send after a failure) picks up the newest.
+    second = first.model_copy(update={"attempt": 2, "kwargs": TRAIN_KWARGS})
+    submit(second).results()
+    value = result_of(second)
+    assert value["resumed_from_epoch"] == 1 and value["epochs_run"] == 2
+    assert value["first_loss"] == uninterrupted_train["first_loss"]
+    assert value["param_checksum"] == uninterrupted_train["param_checksum"]
+
+
+def test_preempted_train_requeues_and_matches_uninterrupted_bit_for_bit(
+        tmp_path: Path, uninterrupted_train: dict[str, Any]) -> None:
+    spec = make_spec(tmp_path, tasks=2, entrypoint=TRAIN, kwargs={**TRAIN_KWARGS, "sleep_per_step": 0.25})
+    job = submit(spec)
+    deadline = time.monotonic() + 60
+    while not (spec.files.progress.exists() and '"checkpoint"' in spec.files.progress.read_text()):
+        assert time.monotonic() < deadline and not job.done(), "no checkpoint before the deadline"
+        time.sleep(0.1)
+    ranks = children_of(int(job.job_id))
+    assert len(ranks) == 2
+    for pid in ranks:  # what SLURM does on preemption: the signal to every task
+        os.kill(pid, signal.SIGUSR2)
+    wait(job, 90)
+
+    value = result_of(spec)
+    resumed = value["resumed_from_epoch"]
+    assert resumed is not None and resumed < TRAIN_KWARGS["epochs"] - 1, "it must have stopped mid-run"
+    assert value["param_checksum"] == uninterrupted_train["param_checksum"]
+    assert not spec.files.errors(), "a preemption is not an error"
+    assert "Requeued job" in (job.stdout() or "")
+
+
+def test_script_mode_runs_an_unmodified_torchrun_script(tmp_path: Path) -> None:
+    out = tmp_path / "sum.json"
+    spec = make_spec(tmp_path, tasks=2, script=str(REPO / "examples/scripts/torchrun_style.py"),
+                     args=["--out", str(out), "--value", "2"])
+    submit(spec).results()
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2 and report["sum"] == report["expected"] == 6.0
+    assert report["master"].startswith("127.0.0.1:2")
+    assert result_of(spec) is None
+
+
+def test_a_raising_rank_fails_the_job_promptly_with_its_traceback(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, tasks=2, entrypoint="worker.tasks.faults:raise_on_rank",
+                     kwargs={"rank": 1, "message": "boom on purpose"}, rendezvous_timeout_s=300)
+    job = submit(spec)
+    elapsed = wait(job, 60)  # far less than the 300 s group timeout: rank 0 did not wait it out
+    assert elapsed < 60
+    error = spec.files.error(1).read_text()
+    assert "Traceback" in error and "RuntimeError: boom on purpose (rank 1)" in error
+    assert "Connection closed by peer" in spec.files.error(0).read_text()
+    assert not spec.files.result.exists()
+    with pytest.raises(submitit.core.utils.FailedJobError):
+        job.results()
