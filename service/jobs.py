@@ -25,6 +25,7 @@ from service.transitions import record_transition
 from worker.spec import JobFiles
 
 MAX_PAGE = 500
+MAX_ID = 2**63 - 1  # the largest id a ledger can hold: beyond it SQLite's driver raises, not answers
 
 
 # ---------------------------------------------------------------- creation
@@ -92,9 +93,12 @@ def job_stamp(session: Session, job_id: int) -> datetime:
 
 def _decode_cursor(cursor: str) -> int:
     try:
-        return int(base64.urlsafe_b64decode(cursor.encode()).decode())
+        job_id = int(base64.urlsafe_b64decode(cursor.encode()).decode())
     except (ValueError, binascii.Error, UnicodeDecodeError) as error:
         raise InvalidRequest("is not a cursor this service handed out", field="cursor") from error
+    if not 1 <= job_id <= MAX_ID:
+        raise InvalidRequest("is not a cursor this service handed out", field="cursor")
+    return job_id
 
 
 def _encode_cursor(job_id: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from typing import Any
 
@@ -66,8 +67,36 @@ class JobCreate(JobBase):
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint_shape(cls, value: str | None) -> str | None:
-        if value is not None and not ENTRYPOINT_PATTERN.match(value):
+        if value is not None and not ENTRYPOINT_PATTERN.fullmatch(value):  # match() lets "...\n" by
             raise ValueError("must look like 'package.module:function'")
+        return value
+
+    @field_validator("name", "script")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:  # PostgreSQL text and the OS's paths cannot hold it
+            raise ValueError("must not contain a NUL character")
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _no_nul_in_args(cls, value: list[str]) -> list[str]:
+        if any("\x00" in arg for arg in value):  # no process can be given such an argument
+            raise ValueError("must not contain a NUL character")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _no_nul_in_env(cls, value: dict[str, str]) -> dict[str, str]:
+        if any("\x00" in key + item for key, item in value.items()):
+            raise ValueError("must not contain a NUL character")
+        return value
+
+    @field_validator("kwargs")
+    @classmethod
+    def _json_numbers_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not _finite(value):  # Python's parser takes NaN and Infinity; JSON (and PostgreSQL) cannot
+            raise ValueError("must hold finite numbers only (NaN and Infinity are not JSON)")
         return value
 
     @field_validator("backend")
@@ -82,6 +111,16 @@ class JobCreate(JobBase):
         if (self.entrypoint is None) == (self.script is None):
             raise ValueError("give exactly one of 'entrypoint' or 'script'")
         return self
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(item) for item in value.values())
+    if isinstance(value, list):
+        return all(_finite(item) for item in value)
+    return True
 
 
 class Job(JobBase, table=True):

@@ -27,7 +27,7 @@ class Resources(BaseModel):
     tasks_per_node: int = Field(1, ge=1, description="Ranks per node.")
     cpus_per_task: int = Field(1, ge=1, description="CPU cores per rank.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node; 0 runs on CPU with gloo.")
-    mem_gb: float | None = Field(None, gt=0, description="Memory per node in GiB.")
+    mem_gb: float | None = Field(None, gt=0, allow_inf_nan=False, description="Memory per node in GiB.")
     timeout_min: int = Field(60, ge=1, le=60 * 24 * 30, description="Wall-clock limit in minutes.")
     partition: str | None = Field(None, max_length=128, pattern=SLURM_NAME_PATTERN)
 

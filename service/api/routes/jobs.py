@@ -17,7 +17,8 @@ from worker.spec import RunSpec
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
-JobId = Annotated[int, Path(ge=1, description="The job's id.")]
+JobId = Annotated[int, Path(ge=1, le=jobs.MAX_ID, description="The job's id.")]
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL: refuse it here rather than fail the query
 JSON = "application/json"
 IfNoneMatch = Annotated[
     str | None, Header(description="An ETag from an earlier answer: 304 when nothing changed.")
@@ -47,7 +48,9 @@ async def create_job(payload: JobCreate, runtime: RuntimeDep) -> Response:
 def list_jobs(
     session: SessionDep,
     state: Annotated[list[JobState] | None, Query(description="Keep only these states.")] = None,
-    name: Annotated[str | None, Query(max_length=200, description="Substring of the name.")] = None,
+    name: Annotated[
+        str | None, Query(max_length=200, pattern=NO_NUL, description="Substring of the name.")
+    ] = None,
     cursor: Annotated[
         str | None, Query(max_length=100, description="next_cursor of the page before.")
     ] = None,
@@ -91,8 +94,10 @@ def get_events(job_id: JobId, session: SessionDep, if_none_match: IfNoneMatch = 
 def get_metrics(
     job_id: JobId,
     session: SessionDep,
-    name: Annotated[str | None, Query(max_length=100)] = None,
-    after_step: Annotated[int | None, Query(ge=-1, description="Only steps after this one.")] = None,
+    name: Annotated[str | None, Query(max_length=100, pattern=NO_NUL)] = None,
+    after_step: Annotated[
+        int | None, Query(ge=-1, le=2**31 - 1, description="Only steps after this one.")
+    ] = None,
     if_none_match: IfNoneMatch = None,
 ) -> Response:
     tag = _job_tag(session, job_id)

@@ -1,0 +1,176 @@
+"""How the CLI draws jobs: state colours, the jobs table, one job's details. Plain dicts in, rich out."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.markup import escape
+from rich.pretty import Pretty
+from rich.table import Table
+from rich.text import Text
+
+Job = dict[str, Any]
+
+STATE_STYLE = {
+    "queued": "dim",
+    "submitted": "cyan",
+    "pending": "yellow",
+    "running": "bold blue",
+    "succeeded": "bold green",
+    "failed": "bold red",
+    "cancelled": "magenta",
+    "timeout": "bold red",
+    "preempted": "yellow",
+    "requeued": "yellow",
+}
+
+
+def state_text(state: str) -> Text:
+    return Text(state, style=STATE_STYLE.get(state, ""))
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def human_seconds(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours < 48 else f"{hours // 24}d{hours % 24:02d}h"
+
+
+def age(job: Job, now: datetime | None = None) -> str:
+    created = parse_time(job.get("created_at"))
+    if created is None:
+        return ""
+    return human_seconds(((now or datetime.now(timezone.utc)) - created).total_seconds())
+
+
+def duration(job: Job) -> str:
+    """Run time: started -> finished (or -> now while it runs); empty before it starts."""
+    started = parse_time(job.get("started_at")) or parse_time(job.get("submitted_at"))
+    if started is None:
+        return ""
+    finished = parse_time(job.get("finished_at")) or datetime.now(timezone.utc)
+    return human_seconds((finished - started).total_seconds())
+
+
+def ranks(job: Job) -> str:
+    resources = (job.get("spec") or {}).get("resources") or {}
+    return f"{resources.get('nodes', 1)}x{resources.get('tasks_per_node', 1)}"
+
+
+def format_metric(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def progress_text(job: Job, metrics: int = 2) -> str:
+    """'step 40/100 loss 0.1234' from the job's latest progress line; '' before the first one."""
+    progress = job.get("progress") or {}
+    if progress.get("step") is None:
+        return ""
+    total = progress.get("total")
+    parts = [f"step {progress['step']}" + (f"/{total}" if total else "")]
+    values = progress.get("metrics") or {}
+    # loss first: it is what a person watching training looks for
+    names = sorted(values, key=lambda name: (name != "loss", name))[:metrics]
+    parts += [f"{name} {format_metric(values[name])}" for name in names]
+    return " ".join(parts)
+
+
+def first_line(text: str | None, width: int = 60) -> str:
+    if not text:
+        return ""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    line = lines[-1] if lines else ""  # a traceback's last line says what broke
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def jobs_table(jobs: list[Job], width: int = 80) -> Table:
+    """One row per job; the reason column gets what is left of `width` (`show ID` prints it whole)."""
+    headers = ("ID", "NAME", "STATE", "BACKEND", "RANKS", "PROGRESS", "AGE", "RAN")
+    rows = [
+        (
+            str(job["id"]),
+            str(job.get("name", "")),
+            str(job.get("state", "")),
+            str(job.get("backend", "")),
+            ranks(job),
+            progress_text(job, metrics=1),
+            age(job),
+            duration(job),
+        )
+        for job in jobs
+    ]
+    used = sum(max([len(h), *(len(row[i]) for row in rows)]) + 3 for i, h in enumerate(headers))
+    table = Table(show_edge=False, header_style="bold", padding=(0, 1), pad_edge=False)
+    for header in headers:
+        table.add_column(header, no_wrap=True, justify="right" if header == "ID" else "left")
+    table.add_column("REASON", overflow="ellipsis", no_wrap=True, max_width=max(8, width - used))
+    for job, row in zip(jobs, rows, strict=True):
+        # A succeeded job's reason ("completed") says nothing the state does not.
+        reason = "" if row[2] == "succeeded" else first_line(job.get("reason"))
+        table.add_row(*(escape(cell) for cell in row[:2]), state_text(row[2]), *row[3:], escape(reason))
+    return table
+
+
+def job_details(job: Job, events: list[Job] | None = None) -> RenderableType:
+    """Everything a person asks about one job, top to bottom: what, where, how it went, history."""
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    target = (job.get("spec") or {}).get("entrypoint") or (job.get("spec") or {}).get("script")
+    rows: list[tuple[str, RenderableType]] = [
+        ("job", Text(f"{job['id']}  {job.get('name', '')}")),
+        ("state", state_text(str(job.get("state")))),
+        ("runs", Text(f"{target}  on {ranks(job)} ranks, backend {job.get('backend')}")),
+        ("owner", Text(str(job.get("owner", "")))),
+        ("attempt", Text(str(job.get("attempt", 1)))),
+        ("external id", Text(str(job.get("external_id") or "-"))),
+        ("folder", Text(str(job.get("folder") or "-"))),
+        ("created", Text(f"{job.get('created_at')} ({age(job)} ago)")),
+        ("ran", Text(duration(job) or "-")),
+        ("progress", Text(progress_text(job, metrics=5) or "-")),
+    ]
+    if job.get("exit_code") is not None:
+        rows.append(("exit code", Text(str(job["exit_code"]))))
+    if job.get("latest_checkpoint"):
+        rows.append(("checkpoint", Text(str(job["latest_checkpoint"]))))
+    for label, value in rows:
+        facts.add_row(label, value)
+    parts: list[RenderableType] = [facts]
+    # Long text below the facts, unwrapped into a column: a traceback reads best at full width.
+    if job.get("reason"):
+        parts += [Text("\nreason", style="bold"), Text(str(job["reason"]).strip())]
+    if job.get("result") is not None:
+        parts += [Text("\nresult", style="bold"), Pretty(job["result"])]
+    if not events:
+        return Group(*parts)
+    history = Table(title="history", title_justify="left", show_edge=False, header_style="bold")
+    for column in ("TIME", "FROM", "TO", "REASON"):
+        history.add_column(column)
+    for event in events:
+        history.add_row(
+            str(event.get("time", "")),
+            str(event.get("from_state") or ""),
+            state_text(str(event.get("to_state", ""))),
+            escape(first_line(event.get("reason"), 80)),
+        )
+    return Group(*parts, Text(""), history)
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)

@@ -1,0 +1,159 @@
+"""The `torchyard` command against a real `torchyard serve` (subprocess, local backend, real ranks).
+
+Three real jobs in all (each costs seconds of torch imports): a training run and a failing job,
+shared by the tests through a module fixture, and one job cancelled as soon as it is submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from service.client import TorchyardClient
+from tests.cli_service import clean_env, serving, torchyard_command
+from tests.serving import free_port
+from tests.support import ROOT, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def both(self) -> str:
+        return self.out + self.err
+
+
+@dataclass
+class Service:
+    url: str
+    env: dict[str, str]
+
+    def cli(self, *args: str, timeout: float = 180) -> Run:
+        done = subprocess.run(
+            [*torchyard_command(), *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return Run(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    tmp = tmp_path_factory.mktemp("cli")
+    url = f"http://127.0.0.1:{free_port()}"
+    env = clean_env(
+        TORCHYARD_URL=url,
+        TORCHYARD_DATA_DIR=str(tmp / "data"),
+        XDG_CONFIG_HOME=str(tmp / "config"),
+        NO_COLOR="1",
+    )
+    port = url.rsplit(":", 1)[1]
+    with serving([*torchyard_command(), "serve", "--port", port], env, tmp / "serve.log"):
+        yield Service(url, env)
+
+
+def submitted_id(run: Run) -> int:
+    found = re.search(r"submitted job (\d+)", run.out)
+    assert found, run.both
+    return int(found.group(1))
+
+
+@pytest.fixture(scope="module")
+def train(service: Service) -> tuple[int, Run]:
+    run = service.cli("submit", "examples/train.yaml", "--wait")
+    return submitted_id(run), run
+
+
+@pytest.fixture(scope="module")
+def failing(service: Service) -> tuple[int, Run]:
+    run = service.cli("submit", "examples/failing.yaml", "--wait")
+    return submitted_id(run), run
+
+
+def test_submit_wait_shows_progress_and_exits_0_on_success(train: tuple[int, Run]) -> None:
+    job_id, run = train
+    assert run.code == 0, run.both
+    assert f"job {job_id} train-small: running" in run.out
+    assert re.search(r"step \d+/40 loss \d", run.out), run.out  # progress as rank 0 reported it
+    assert f"succeeded  job {job_id} train-small" in run.out
+    assert '"ok": true' in run.out  # the result is printed
+
+
+def test_submit_wait_exits_nonzero_with_the_reason_when_the_job_fails(failing: tuple[int, Run]) -> None:
+    job_id, run = failing
+    assert run.code == 1, run.both
+    assert f"failed  job {job_id} fails-on-rank-1" in run.out
+    assert "reason: rank 1 raised" in run.out and "deliberate failure (rank 1)" in run.out
+    assert f"torchyard logs {job_id} --rank 0" in run.out
+
+
+def test_list_filters_by_state_and_name(
+    service: Service, train: tuple[int, Run], failing: tuple[int, Run]
+) -> None:
+    everything = service.cli("list")
+    assert everything.code == 0 and "train-small" in everything.out and "fails-on-rank-1" in everything.out
+    only_failed = service.cli("list", "--state", "failed")
+    assert "fails-on-rank-1" in only_failed.out and "train-small" not in only_failed.out
+    by_name = json.loads(service.cli("list", "--name", "train", "--json").out)
+    assert [job["id"] for job in by_name["items"]] == [train[0]]
+
+
+def test_show_prints_the_job_its_result_and_history(service: Service, train: tuple[int, Run]) -> None:
+    run = service.cli("show", str(train[0]))
+    assert run.code == 0, run.both
+    assert "succeeded" in run.out and "final_loss" in run.out and "history" in run.out
+    assert "worker.tasks.train:train  on 1x2 ranks" in run.out
+    assert json.loads(service.cli("show", str(train[0]), "--json").out)["result"]["ok"] is True
+
+
+def test_logs_per_rank_and_stream(service: Service, train: tuple[int, Run], failing: tuple[int, Run]) -> None:
+    rank1 = service.cli("logs", str(failing[0]), "--rank", "1", "--stream", "err")
+    assert rank1.code == 0 and "RuntimeError: deliberate failure (rank 1)" in rank1.err
+    assert rank1.out == ""  # --stream err: nothing on stdout
+    both = service.cli("logs", str(train[0]), "--rank", "1")
+    assert "global_rank=1" in both.out  # submitit's stdout lines for rank 1
+    assert "[rank 1]" in both.err  # the worker's log lines go to stderr
+    tail = service.cli("logs", str(train[0]), "--stream", "out", "--tail", "2")
+    assert len(tail.out.splitlines()) == 2
+    followed = service.cli("logs", str(train[0]), "--follow", "--stream", "out", timeout=60)
+    assert followed.code == 0 and "global_rank=0" in followed.out  # an ended job: print it all, return
+    bad_rank = service.cli("logs", str(train[0]), "--rank", "5")
+    assert bad_rank.code == 2 and "rank: must be between 0 and 1" in bad_rank.err
+
+
+def test_cancel_stops_a_job_and_is_idempotent(service: Service, tmp_path: Path) -> None:
+    spec = tmp_path / "sleep.yaml"
+    spec.write_text("name: sleeper\nentrypoint: worker.tasks.faults:sleep\nkwargs: {seconds: 120}\n")
+    job_id = submitted_id(service.cli("submit", str(spec)))
+    first = service.cli("cancel", str(job_id))
+    assert first.code == 0 and f"job {job_id}" in first.out, first.both
+    with TorchyardClient(service.url, token="") as client:
+        wait_for(lambda: client.get(job_id)["state"] == "cancelled", 30, "the job to be cancelled")
+    again = service.cli("cancel", str(job_id))
+    assert again.code == 0 and f"job {job_id} cancelled" in again.out
+    assert "cancelled" in service.cli("show", str(job_id)).out
+
+
+def test_refusals_exit_2_and_name_the_problem(service: Service, tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: bad\nentrypoint: worker.tasks.train:train\nresources: {tasks_per_node: 0}\n")
+    bad = service.cli("submit", str(spec))
+    assert bad.code == 2 and "422: resources.tasks_per_node" in bad.err, bad.both
+    missing = service.cli("show", "99999")
+    assert missing.code == 2 and "404" in missing.err and "not found" in missing.err
+    elsewhere = service.cli("--url", f"http://127.0.0.1:{free_port()}", "list")
+    assert elsewhere.code == 2 and "cannot reach torchyard" in elsewhere.err
