@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import math
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
@@ -45,6 +49,23 @@ async def _service_error(request: Request, error: Exception) -> JSONResponse:
     return JSONResponse(error_body(text, error.field), status_code=status)
 
 
+async def _invalid_input(request: Request, error: Exception) -> JSONResponse:
+    """FastAPI's own 422, except that it echoes NaN / Infinity inputs as text: JSON cannot hold them,
+    and the stock handler fails to render them (a 500 in place of the 422)."""
+    assert isinstance(error, RequestValidationError)
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(error.errors()))}, status_code=422)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
+    return value
+
+
 async def _illegal_transition(request: Request, error: Exception) -> JSONResponse:
     return JSONResponse(error_body(str(error)), status_code=409)
 
@@ -60,5 +81,6 @@ async def _database_down(request: Request, error: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _invalid_input)
     app.add_exception_handler(IllegalTransition, _illegal_transition)
     app.add_exception_handler(OperationalError, _database_down)

@@ -1,0 +1,80 @@
+"""`torchyard demo` for real: its own service on a free port, the two seed jobs over REST, checked.
+
+The demo runs in a subprocess through the CLI's main(), with a final line saying whether torch was
+imported in that process: the service (the demo's parent) must never import it, only the ranks do.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli_service import clean_env
+from tests.serving import free_port
+from tests.support import ROOT
+
+pytestmark = pytest.mark.integration
+
+RUN_DEMO = """
+import sys
+from service.cli import main
+try:
+    main()
+finally:
+    print("torch imported by the demo process:", "torch" in sys.modules)
+"""
+
+
+def test_demo_runs_both_demonstrations_and_checks_them(tmp_path: Path) -> None:
+    port = free_port()
+    data = tmp_path / "yard"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_DEMO, "demo", "--port", str(port), "--data-dir", str(data)],
+        cwd=tmp_path,  # not the repository: the demo must not depend on files next to it
+        env=clean_env(NO_COLOR="1", XDG_CONFIG_HOME=str(tmp_path / "config")),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    wall = time.monotonic() - started
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert f"service on http://127.0.0.1:{port}" in out
+    assert str(data.resolve()) in out  # where the data went is said
+    assert re.search(r"submitted over REST: job 1 demo-ddp-parameters, job 2 demo-sampler-shards", out)
+    for rank in range(4):  # the sampler's table: rank r -> samples [r, r+4]
+        assert re.search(rf"^ {rank} +│ \[{rank}, {rank + 4}\] +│ \[{rank}, {rank + 4}\] +│ ✓", out, re.M), (
+            out
+        )
+    assert "✓ after the step, all ranks hold identical parameters" in out
+    assert "✓ every rank built the same seeded dataset" in out
+    assert "both demonstrations check out" in out
+    assert f"API docs:  http://127.0.0.1:{port}/docs" in out
+    assert "torch imported by the demo process: False" in out
+    assert (data / "torchyard.db").exists() and (data / "jobs" / "1").is_dir()
+    print(f"demo wall time {wall:.1f}s")
+
+
+def test_demo_refuses_a_taken_port_clearly(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [*[sys.executable, "-c", RUN_DEMO], "demo", "--port", str(port), "--data-dir", str(tmp_path)],
+            cwd=ROOT,
+            env=clean_env(NO_COLOR="1"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stdout and "--port" in done.stdout
