@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 ENTRYPOINT_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 SLURM_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"
+# A node feature expression for sbatch --constraint: names joined by & | , with counts and brackets.
+SLURM_CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.\-&|,*\[\]()]+$"
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch or step, 8 digits>.pt
 
 
@@ -30,6 +32,10 @@ class Resources(BaseModel):
     mem_gb: float | None = Field(None, gt=0, allow_inf_nan=False, description="Memory per node in GiB.")
     timeout_min: int = Field(60, ge=1, le=60 * 24 * 30, description="Wall-clock limit in minutes.")
     partition: str | None = Field(None, max_length=128, pattern=SLURM_NAME_PATTERN)
+    # SLURM only (sbatch --account/--qos/--constraint); other backends ignore them.
+    account: str | None = Field(None, max_length=128, pattern=SLURM_NAME_PATTERN)
+    qos: str | None = Field(None, max_length=128, pattern=SLURM_NAME_PATTERN)
+    constraint: str | None = Field(None, max_length=256, pattern=SLURM_CONSTRAINT_PATTERN)
 
     @property
     def world_size(self) -> int:

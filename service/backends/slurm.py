@@ -1,0 +1,348 @@
+"""The SLURM backend: sbatch through submitit, one batched status query per interval, scancel.
+
+Every scheduler command goes through one injectable runner (argv list, never a shell) and is counted in
+`scheduler_calls`, so tests can fake the command line with recorded output and check "one query per
+interval". Nothing talks to the scheduler before the first call: building the backend is free.
+
+Status (poll): one `squeue` for all ids (chunks of POLL_CHUNK); a `sacct` only for ids squeue no longer
+knows (ended more than MinJobAge ago, e.g. while the service was down). After squeue fails, or takes
+longer than SLOW_CALL_S, poll raises BackendError at once, without a call, until the backoff (2 s,
+doubling to 60 s; a slow call holds off for as long as it took) has passed. Raising rather than
+returning {} keeps the reconciler from reading silence as "the scheduler forgot these jobs". A failing
+sacct (accounting down) only leaves those ids out, under a backoff of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.backends import slurm_parse as parse
+from service.backends.base import BackendStatus, SubmitOutcome
+from service.backends.slurm_states import UnknownSlurmState
+from service.backends.slurm_submit import (
+    check_folder,
+    group_key,
+    link_array_folders,
+    sbatch_parameters,
+    submit_group,
+    test_only_argv,
+)
+from service.config import Settings
+from service.errors import BackendError, InvalidRequest
+from worker.spec import JobFiles, RunSpec
+
+log = logging.getLogger(__name__)
+
+POLL_CHUNK = 500  # ids per squeue/sacct/scancel call; a command line stays far below ARG_MAX
+COMMAND_TIMEOUT_S = 30.0
+SUBMIT_TIMEOUT_S = 120.0  # generous: a timed-out sbatch may still have queued the job
+SLOW_CALL_S = 10.0
+VERDICT_TTL_S = 60.0  # how long validate() trusts an `sbatch --test-only` answer for one shape
+_VERDICT_CACHE_SIZE = 256
+_GONE = ("invalid job id specified", "already completing or completed", "job has already finished")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str], float], CommandResult]  # (argv, timeout_s) -> result
+
+
+def run_command(argv: Sequence[str], timeout_s: float) -> CommandResult:
+    """The real runner. Raises OSError (no such command) or subprocess.TimeoutExpired."""
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+    return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+class Backoff:
+    """After a failure, refuse calls for base_s, then twice that, ... up to cap_s."""
+
+    def __init__(self, clock: Callable[[], float], base_s: float = 2.0, cap_s: float = 60.0) -> None:
+        self._clock, self._base, self._cap = clock, base_s, cap_s
+        self._delay = 0.0
+        self._until = 0.0
+        self.last_error: str | None = None
+
+    def remaining(self) -> float:
+        return max(0.0, self._until - self._clock())
+
+    def failed(self, error: str) -> None:
+        self._delay = min(self._cap, max(self._base, self._delay * 2))
+        self._until = self._clock() + self._delay
+        self.last_error = error
+
+    def slow(self, seconds: float) -> None:
+        self._until = self._clock() + min(self._cap, seconds)
+        self.last_error = f"the last call took {seconds:.1f} s"
+
+    def succeeded(self) -> None:
+        self._delay = self._until = 0.0
+        self.last_error = None
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.transient = transient
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+class SlurmBackend:
+    name = "slurm"
+
+    def __init__(
+        self,
+        settings: Settings,
+        runner: Runner = run_command,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._runner = runner
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.scheduler_calls = 0
+        self.controller_backoff = Backoff(clock)
+        self.accounting_backoff = Backoff(clock)
+        self._max_array_size: int | None = None
+        self._verdicts: dict[tuple[tuple[str, Any], ...], tuple[float, str | None]] = {}
+        self._wakeup: Callable[[], None] = lambda: None
+
+    # ---------------------------------------------------------------- protocol
+
+    def validate(self, spec: RunSpec) -> None:
+        """Ask `sbatch --test-only` (cached per resource shape); raise InvalidRequest with its reason."""
+        params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
+        refusal = self._verdict(params)
+        if refusal is not None:
+            field = parse.error_field(refusal, spec.resources.cpus_per_task)
+            raise InvalidRequest(f"SLURM refuses this request: {refusal}", field=field)
+
+    def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
+        """Equal parameters -> one job array per MaxArraySize jobs. A refused array is retried job by job
+        to isolate the refusal. BackendError only while nothing was accepted (the batch can be retried)."""
+        if not specs:
+            return []
+        try:
+            return self._submit(specs)
+        except BackendError:
+            raise
+        except Exception as error:  # before any sbatch ran: nothing to lose track of
+            raise BackendError(f"SLURM submission failed: {error}") from error
+
+    def poll(self, external_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        wanted = list(dict.fromkeys(str(one) for one in external_ids))
+        if not wanted:
+            return {}
+        waiting = self.controller_backoff.remaining()
+        if waiting > 0:
+            raise BackendError(
+                f"not asking SLURM for {waiting:.0f} s more, after: {self.controller_backoff.last_error}"
+            )
+        records: dict[str, parse.SchedulerRecord] = {}
+        for chunk in _chunks(wanted, POLL_CHUNK):
+            records.update(self._squeue(chunk))
+        missing = [one for one in wanted if one not in records]
+        if missing and self.accounting_backoff.remaining() == 0:
+            try:
+                records.update(self._sacct(missing))
+            except BackendError as error:
+                log.warning("sacct failed, %d job(s) left for the next poll: %s", len(missing), error)
+        return self._statuses(wanted, records)
+
+    def cancel(self, external_ids: Sequence[str]) -> None:
+        """One scancel per POLL_CHUNK ids. Unknown and finished jobs are not an error."""
+        for chunk in _chunks(list(dict.fromkeys(str(one) for one in external_ids)), POLL_CHUNK):
+            result = self._call(["scancel", *chunk], COMMAND_TIMEOUT_S)
+            if result.returncode == 0:
+                continue
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+            if lines and all(any(word in line.lower() for word in _GONE) for line in lines):
+                continue
+            raise BackendError(f"scancel failed: {parse.sbatch_error(result.stderr)}")
+
+    def log_path(self, folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
+        """submitit's `<id>_<rank>_log.out|err`; an array element's id is `<array>_<index>`, and its
+        files lie in its own job folder too (see slurm_submit)."""
+        return JobFiles(folder).submitit / f"{external_id}_{rank}_log.{stream}"
+
+    def set_wakeup(self, callback: Callable[[], None]) -> None:
+        # SLURM tells us nothing by itself; kept for the protocol, the reconciler's interval rules.
+        self._wakeup = callback
+
+    def close(self) -> None:
+        with self._lock:
+            self._verdicts.clear()
+
+    # ---------------------------------------------------------------- commands
+
+    def _call(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+        with self._lock:
+            self.scheduler_calls += 1
+        try:
+            return self._runner(argv, timeout_s)
+        except subprocess.TimeoutExpired as error:
+            raise BackendError(f"{argv[0]} did not answer in {timeout_s:.0f} s") from error
+        except OSError as error:
+            raise BackendError(f"cannot run {argv[0]}: {error}") from error
+
+    def _query(self, argv: list[str], backoff: Backoff) -> CommandResult:
+        """A status command under a backoff; an unknown id is an empty answer, not an error."""
+        started = self._clock()
+        try:
+            result = self._call(argv, COMMAND_TIMEOUT_S)
+        except BackendError as error:
+            backoff.failed(str(error))
+            raise
+        if result.returncode != 0 and "invalid job id" not in result.stderr.lower():
+            message = f"{argv[0]} failed: {parse.sbatch_error(result.stderr)}"
+            backoff.failed(message)
+            raise BackendError(message)
+        elapsed = self._clock() - started
+        if elapsed > SLOW_CALL_S:
+            backoff.slow(elapsed)
+        else:
+            backoff.succeeded()
+        return result
+
+    def _squeue(self, ids: list[str]) -> dict[str, parse.SchedulerRecord]:
+        argv = ["squeue", "-h", "-t", "all", "-r", "-O", parse.SQUEUE_FORMAT, "-j", ",".join(ids)]
+        result = self._query(argv, self.controller_backoff)
+        return parse.parse_squeue(result.stdout) if result.returncode == 0 else {}
+
+    def _sacct(self, ids: list[str]) -> dict[str, parse.SchedulerRecord]:
+        # An array whose elements never started is one row "35_[0-3]": ask for the array's own id.
+        queried = list(dict.fromkeys(one.split("_", 1)[0] for one in ids))
+        records: dict[str, parse.SchedulerRecord] = {}
+        for chunk in _chunks(queried, POLL_CHUNK):
+            argv = ["sacct", "-n", "-P", "-X", "-o", parse.SACCT_FORMAT, "-j", ",".join(chunk)]
+            records.update(parse.parse_sacct(self._query(argv, self.accounting_backoff).stdout))
+        return records
+
+    @staticmethod
+    def _statuses(wanted: list[str], records: dict[str, parse.SchedulerRecord]) -> dict[str, BackendStatus]:
+        statuses: dict[str, BackendStatus] = {}
+        for one in wanted:
+            record = records.get(one)
+            if record is None:
+                continue
+            try:
+                statuses[one] = parse.to_status(record)
+            except UnknownSlurmState as error:
+                log.warning("job %s: %s; leaving it as it was", one, error)
+        return statuses
+
+    def _verdict(self, params: dict[str, Any]) -> str | None:
+        key = group_key(params)
+        now = self._clock()
+        with self._lock:
+            cached = self._verdicts.get(key)
+        if cached is not None and now - cached[0] < VERDICT_TTL_S:
+            return cached[1]
+        result = self._call(test_only_argv(params), COMMAND_TIMEOUT_S)
+        refusal = None if result.returncode == 0 else parse.sbatch_error(result.stderr)
+        if refusal is not None and parse.is_transient(refusal):
+            raise BackendError(f"cannot reach SLURM to check the request: {refusal}")
+        with self._lock:
+            if len(self._verdicts) >= _VERDICT_CACHE_SIZE:
+                self._verdicts.pop(next(iter(self._verdicts)))
+            self._verdicts[key] = (now, refusal)
+        return refusal
+
+    def max_array_size(self) -> int:
+        """MaxArraySize from `scontrol show config`, read once; an array holds at most this many jobs."""
+        if self._max_array_size is None:
+            result = self._call(["scontrol", "show", "config"], COMMAND_TIMEOUT_S)
+            if result.returncode != 0:
+                raise BackendError(f"scontrol show config failed: {parse.sbatch_error(result.stderr)}")
+            value = parse.parse_config_value(result.stdout, "MaxArraySize")
+            self._max_array_size = max(1, int(value)) if value and value.isdigit() else 1
+        return self._max_array_size
+
+    def _sbatch(self, script: Path) -> str:
+        try:
+            result = self._call(["sbatch", "--parsable", str(script)], SUBMIT_TIMEOUT_S)
+        except BackendError as error:
+            raise _Refused(str(error), transient=True) from error
+        if result.returncode != 0:
+            message = parse.sbatch_error(result.stderr)
+            raise _Refused(message, transient=parse.is_transient(message))
+        job_id = parse.parse_sbatch_job_id(result.stdout)
+        if job_id is None:
+            raise _Refused(f"sbatch printed no job id: {result.stdout.strip()!r}", transient=False)
+        return job_id
+
+    # ---------------------------------------------------------------- submission
+
+    def _submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
+        outcomes: list[SubmitOutcome | None] = [None] * len(specs)
+        groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+        for index, spec in enumerate(specs):
+            try:
+                params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
+                check_folder(spec.files.submitit)
+                spec.files.submitit.mkdir(parents=True, exist_ok=True)
+            except (OSError, ValueError) as error:
+                outcomes[index] = SubmitOutcome(spec.job_id, error=f"cannot prepare the job: {error}")
+                continue
+            groups.setdefault(group_key(params), []).append(index)
+        size = self.max_array_size()
+        unreachable: str | None = None
+        for key, members in groups.items():
+            for start in range(0, len(members), size):
+                chunk = members[start : start + size]
+                if unreachable is None:
+                    try:
+                        results = self._submit_chunk([specs[i] for i in chunk], dict(key))
+                    except _Refused as error:
+                        if not any(o is not None and o.accepted for o in outcomes):
+                            raise BackendError(f"SLURM is unreachable: {error.message}") from error
+                        unreachable = error.message
+                if unreachable is not None:
+                    # Some jobs of this batch are queued already: raising would lose track of them.
+                    text = f"not submitted, SLURM became unreachable: {unreachable}"
+                    results = [SubmitOutcome(specs[i].job_id, error=text) for i in chunk]
+                for index, outcome in zip(chunk, results, strict=True):
+                    outcomes[index] = outcome
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _submit_chunk(self, specs: list[RunSpec], params: dict[str, Any]) -> list[SubmitOutcome]:
+        """Outcomes for jobs sharing params; raises _Refused only when SLURM cannot be reached."""
+        try:
+            ids = self._sbatch_group(specs, params)
+            return [SubmitOutcome(spec.job_id, external_id=one) for spec, one in zip(specs, ids, strict=True)]
+        except _Refused as refusal:
+            if refusal.transient:
+                raise
+            if len(specs) == 1:
+                return [SubmitOutcome(specs[0].job_id, error=refusal.message)]
+            log.info("an array of %d was refused (%s); submitting them one by one", len(specs), refusal)
+            first = self._submit_chunk(specs[:1], params)
+            if first[0].error == refusal.message:  # same parameters, same verdict: spare the calls
+                return first + [SubmitOutcome(spec.job_id, error=refusal.message) for spec in specs[1:]]
+            return first + [self._submit_chunk([spec], params)[0] for spec in specs[1:]]
+        except Exception as error:  # submitit or the filesystem, not the scheduler
+            log.exception("submitting %d job(s) failed", len(specs))
+            return [SubmitOutcome(spec.job_id, error=f"submission failed: {error}") for spec in specs]
+
+    def _sbatch_group(self, specs: list[RunSpec], params: dict[str, Any]) -> list[str]:
+        folders = [spec.files.submitit for spec in specs]
+        arrays_dir = self._settings.data_dir / "slurm-arrays"
+        folder = folders[0] if len(specs) == 1 else link_array_folders(arrays_dir, folders)
+        python = self._settings.slurm_python
+        return submit_group(specs, params, folder=folder, sbatch=self._sbatch, python=python)

@@ -1,0 +1,210 @@
+"""Reading what squeue, sacct, sbatch and scontrol print. Pure functions over text, tested on real output
+recorded from the test cluster (tests/data/slurm/).
+
+Why two status commands: squeue answers from slurmctld's memory, so it knows every queued and running
+job at once, and ended jobs for MinJobAge (300 s by default) with their raw exit status. sacct answers
+from the accounting database, which learns of a pending job late (not before it is eligible and the
+controller has sent it over), but keeps ended jobs forever. The backend asks squeue first and sacct only
+for what squeue no longer knows.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+
+from service.backends.base import BackendStatus
+from service.backends.slurm_states import map_slurm_state
+from service.states import JobState, is_terminal
+
+# squeue -O "name:|": no width means no padding and no truncation, and "|" follows the field.
+SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "exit_code", "RestartCnt", "NodeList")
+SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "NodeList")
+SACCT_FORMAT = ",".join(SACCT_FIELDS)
+
+_ARRAY_RANGE = re.compile(r"^(?P<base>\d+)_\[(?P<ranges>[0-9,\-]+)(%\d+)?\]$")
+_NO_NODES = {"", "None assigned", "(null)", "None"}
+_WAITING = {JobState.pending, JobState.requeued, JobState.preempted}
+
+
+@dataclass(frozen=True)
+class SchedulerRecord:
+    """One job as the scheduler printed it, before mapping."""
+
+    state: str  # SLURM's word, e.g. "RUNNING", "CANCELLED by 0"
+    reason: str | None = None  # the scheduler's reason ("Resources", "Priority"); None for "None"
+    exit_code: int | None = None
+    signal: int | None = None
+    restarts: int = 0  # times SLURM requeued the job (squeue only)
+    nodes: str | None = None  # SLURM's compact host list, e.g. "n[1-2]"
+
+
+def expand_job_ids(job_id: str) -> list[str]:
+    """One id as printed -> the ids it stands for: "7" -> ["7"], "35_[0-2,5%4]" -> ["35_0", ..., "35_5"]."""
+    match = _ARRAY_RANGE.match(job_id)
+    if match is None:
+        return [job_id]
+    ids: list[str] = []
+    for part in match["ranges"].split(","):
+        low, _, high = part.partition("-")
+        ids.extend(f"{match['base']}_{index}" for index in range(int(low), int(high or low) + 1))
+    return ids
+
+
+def _reason(value: str) -> str | None:
+    value = value.strip()
+    return None if value in ("", "None", "(null)") else value
+
+
+def _nodes(value: str) -> str | None:
+    value = value.strip()
+    return None if value in _NO_NODES else value
+
+
+def parse_squeue(text: str) -> dict[str, SchedulerRecord]:
+    """Rows of `squeue -h -t all -r -O SQUEUE_FORMAT`; exit_code there is the raw wait status."""
+    records: dict[str, SchedulerRecord] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < len(SQUEUE_FIELDS):
+            continue
+        job_id, state, reason, raw_exit, restarts, nodes = (field.strip() for field in fields[:6])
+        status = int(raw_exit) if raw_exit.isdigit() else 0
+        record = SchedulerRecord(
+            state=state,
+            reason=_reason(reason),
+            exit_code=(status >> 8) & 0xFF,
+            signal=(status & 0x7F) or None,
+            restarts=int(restarts) if restarts.isdigit() else 0,
+            nodes=_nodes(nodes),
+        )
+        for one in expand_job_ids(job_id):  # only a pending array without -r prints a range
+            records[one] = record
+    return records
+
+
+def parse_sacct(text: str) -> dict[str, SchedulerRecord]:
+    """Rows of `sacct -n -P -X -o SACCT_FORMAT`; ExitCode there is "code:signal"."""
+    records: dict[str, SchedulerRecord] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < len(SACCT_FIELDS) or "." in fields[0]:  # a step, not a job
+            continue
+        job_id, state, exit_pair, reason, nodes = (field.strip() for field in fields[:5])
+        code, _, sig = exit_pair.partition(":")
+        record = SchedulerRecord(
+            state=state,
+            reason=_reason(reason),
+            exit_code=int(code) if code.isdigit() else None,
+            signal=int(sig) if sig.isdigit() and int(sig) else None,
+            nodes=_nodes(nodes),
+        )
+        for one in expand_job_ids(job_id):  # a pending or cancelled-while-pending array: "35_[0-3]"
+            records[one] = record
+    return records
+
+
+def _signal_text(number: int) -> str:
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
+def to_status(record: SchedulerRecord) -> BackendStatus:
+    """Our view of one record. Raises UnknownSlurmState for a word the table does not know."""
+    state, state_reason = map_slurm_state(record.state)
+    if state is JobState.pending and record.restarts > 0:
+        # Back in the queue after a requeue (preemption, node failure, submitit's checkpoint): squeue
+        # shows PENDING again, and only the restart count tells it apart from a first wait.
+        state, state_reason = JobState.requeued, f"requeued (restart {record.restarts})"
+    parts = [state_reason]
+    if state in _WAITING:
+        parts.append(record.reason)  # why it waits: Resources, Priority, JobHeldUser, BeginTime ...
+    terminal = is_terminal(state)
+    if terminal and record.signal:
+        parts.append(_signal_text(record.signal))
+    reason = "; ".join(part for part in parts if part) or None
+    return BackendStatus(
+        state=state,
+        reason=reason,
+        exit_code=record.exit_code if terminal else None,
+        nodes=record.nodes,
+    )
+
+
+# ---------------------------------------------------------------- sbatch and scontrol
+
+_TRANSIENT = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "temporarily unable",
+    "connection refused",
+    "connection timed out",
+    "zero bytes were transmitted",
+    "not responding",
+    "communication connection failure",
+    "slurm_persist_conn_open",
+    "slurmctld is down",
+)
+_PREFIXES = ("sbatch: error: ", "batch job submission failed: ", "allocation failure: ", "sbatch: ")
+
+
+def parse_sbatch_job_id(stdout: str) -> str | None:
+    """`sbatch --parsable` prints "<id>" or "<id>;<cluster>"; plain sbatch "Submitted batch job <id>"."""
+    match = re.search(r"^(?:Submitted batch job )?(\d+)(?:;\S+)?\s*$", stdout.strip(), re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def sbatch_error(stderr: str) -> str:
+    """SLURM's own words from sbatch's stderr, without the prefixes, one clause per distinct line."""
+    clauses: list[str] = []
+    for line in stderr.splitlines():
+        text = line.strip()
+        changed = True
+        while changed:
+            changed = False
+            for prefix in _PREFIXES:
+                if text.lower().startswith(prefix):
+                    text, changed = text[len(prefix) :].strip(), True
+        if text and text not in clauses:
+            clauses.append(text)
+    return "; ".join(clauses) or "sbatch failed without saying why"
+
+
+def is_transient(message: str) -> bool:
+    """True for "the scheduler could not be reached", as opposed to "the scheduler says no"."""
+    lowered = message.lower()
+    return any(needle in lowered for needle in _TRANSIENT)
+
+
+def parse_config_value(config_text: str, key: str) -> str | None:
+    """One value of `scontrol show config` ("MaxArraySize            = 1001")."""
+    match = re.search(rf"^{re.escape(key)}\s*=\s*(\S+)", config_text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+# First match wins: "Invalid account or account/partition combination" is about the account.
+_FIELDS_BY_WORDS = (
+    (("account",), "resources.account"),
+    (("qos",), "resources.qos"),
+    (("feature", "constraint"), "resources.constraint"),
+    (("node count", "nodes"), "resources.nodes"),
+    (("partition",), "resources.partition"),
+    (("time limit",), "resources.timeout_min"),
+    (("memory", "mem"), "resources.mem_gb"),
+    (("gres", "gpu", "generic resource"), "resources.gpus_per_node"),
+)
+
+
+def error_field(message: str, cpus_per_task: int = 1) -> str:
+    """The request field SLURM's refusal is about, for InvalidRequest(field=...)."""
+    lowered = message.lower()
+    for words, field in _FIELDS_BY_WORDS:
+        if any(word in lowered for word in words):
+            return field
+    if "processors" in lowered or "cpu" in lowered:
+        return "resources.cpus_per_task" if cpus_per_task > 1 else "resources.tasks_per_node"
+    return "resources"

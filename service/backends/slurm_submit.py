@@ -1,0 +1,180 @@
+"""Turning RunSpecs into sbatch submissions through submitit: parameters, groups, job arrays.
+
+Jobs with equal parameters go out as ONE job array (one sbatch for up to MaxArraySize jobs). submitit's
+own array path puts every element's files in one shared folder; ours must land in each job's own
+`<job folder>/submitit` (the logs, the pickle whose name tells the dispatcher the job's id after a
+restart). So the array's folder is `<array dir>/%a`, where `<array dir>/<index>` is a symlink to that
+job's folder: SLURM expands %a in the log paths, and submitit's runtime (`_submit <folder>`) formats
+it from SLURM_ARRAY_TASK_ID, so every element reads and writes inside its own job's folder.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import site
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from submitit.core import core, utils
+from submitit.slurm import slurm as submitit_slurm
+
+from worker.spec import Resources, RunSpec
+
+# The only Resources fields that reach sbatch as options of their own (the allow-list): each value is
+# checked against a pattern in worker.spec, and goes into the script as one shell-quoted #SBATCH line.
+ALLOWED_SBATCH_OPTIONS = ("partition", "account", "qos", "constraint")
+SRUN_ARGS = ("--kill-on-bad-exit=1",)  # one rank that fails ends the job, not a hang at rendezvous
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+SbatchRunner = Callable[[Path], str]  # runs sbatch on a script, returns the job id or raises
+
+
+def sbatch_parameters(resources: Resources, default_partition: str | None) -> dict[str, Any]:
+    """The SLURM side of Resources, in submitit's SlurmExecutor names (its _make_sbatch_string)."""
+    params: dict[str, Any] = {
+        "nodes": resources.nodes,
+        "ntasks_per_node": resources.tasks_per_node,
+        "cpus_per_task": resources.cpus_per_task,
+        "time": int(resources.timeout_min),
+    }
+    if resources.gpus_per_node:
+        params["gpus_per_node"] = resources.gpus_per_node
+    if resources.mem_gb is not None:
+        params["mem"] = f"{math.ceil(resources.mem_gb * 1024)}M"
+    for option in ALLOWED_SBATCH_OPTIONS:
+        value = getattr(resources, option)
+        if option == "partition":
+            value = value or default_partition
+        if value:
+            params[option] = value
+    return params
+
+
+def test_only_argv(params: dict[str, Any]) -> list[str]:
+    """`sbatch --test-only` for these parameters: the scheduler's verdict without a job. No shell."""
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in sorted(params.items())]
+    return ["sbatch", "--test-only", "--output=/dev/null", *flags, "--wrap=true"]
+
+
+def group_key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
+
+
+def job_name(specs: Sequence[RunSpec]) -> str:
+    """One sbatch job name; a newline in it would end the #SBATCH line, so only safe characters."""
+    names = {spec.name for spec in specs}
+    name = names.pop() if len(names) == 1 else "torchyard"
+    return _UNSAFE_NAME.sub("_", name)[:128] or "torchyard"
+
+
+def check_folder(folder: Path) -> None:
+    """Paths go into the script shell-quoted, which does not make a newline safe: refuse those."""
+    if _CONTROL.search(str(folder)):
+        raise ValueError(f"job folder has a control character: {str(folder)!r}")
+
+
+def link_array_folders(arrays_dir: Path, folders: Sequence[Path]) -> Path:
+    """`<arrays_dir>/<uuid>/<index>` -> each job's submitit folder; returns the `.../%a` template."""
+    root = arrays_dir.resolve() / uuid.uuid4().hex
+    root.mkdir(parents=True)
+    for index, folder in enumerate(folders):
+        (root / str(index)).symlink_to(folder.resolve(), target_is_directory=True)
+    return root / "%a"
+
+
+def pythonpath_setup() -> list[str]:
+    """Make `worker` importable in the job when it is run from a checkout rather than installed."""
+    import worker
+
+    top = Path(worker.__file__).resolve().parent.parent
+    installed = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if top in installed:
+        return []
+    return [f"export PYTHONPATH={shlex.quote(str(top))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+
+
+class _SubmittedJob(submitit_slurm.SlurmJob[Any]):
+    """A handle that only carries the id: we poll with our own batched queries, so the job does not
+    register with submitit's class-wide watcher (which would keep every id of a long-lived service)."""
+
+    def _register_in_watcher(self) -> None:
+        pass
+
+
+class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
+    """submitit's SlurmExecutor with per-job folders for arrays and sbatch run through our runner."""
+
+    def __init__(self, folder: Path, *, sbatch: SbatchRunner, python: str | None = None) -> None:
+        self._sbatch = sbatch
+        super().__init__(folder, python=python)
+
+    @classmethod
+    def affinity(cls) -> int:
+        # submitit looks for srun; the service host needs only sbatch (srun runs on the nodes).
+        return 2
+
+    def _internal_process_submissions(
+        self, delayed_submissions: list[utils.DelayedSubmission]
+    ) -> list[core.Job[Any]]:
+        count = len(delayed_submissions)
+        root = utils.JobPaths.get_first_id_independent_folder(self.folder)
+        root.mkdir(parents=True, exist_ok=True)
+        # Pickles first, under temporary names inside each job's own folder (same filesystem, so the
+        # rename after sbatch is atomic); submitit's runtime waits up to 60 s for the final name.
+        staged: list[Path] = []
+        for index, delayed in enumerate(delayed_submissions):
+            delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+            target = root / str(index) if count > 1 else root
+            staged.append(target / f".{uuid.uuid4().hex}.pkl")
+            delayed.dump(staged[-1])
+        params = dict(self.parameters)
+        if count > 1:
+            params.update(map_count=count, array_parallelism=count)  # no throttle: independent jobs
+        script = root / f".submission_file_{uuid.uuid4().hex}.sh"
+        text = submitit_slurm._make_sbatch_string(
+            command=self._submitit_command_str, folder=self.folder, **params
+        )
+        script.write_text(text)
+        try:
+            job_id = self._sbatch(script)
+        except BaseException:
+            for path in [script, *staged]:
+                path.unlink(missing_ok=True)
+            raise
+        ids = [f"{job_id}_{index}" for index in range(count)] if count > 1 else [job_id]
+        tasks = list(range(self._num_tasks()))
+        jobs: list[core.Job[Any]] = [
+            _SubmittedJob(folder=self.folder, job_id=one, tasks=tasks) for one in ids
+        ]
+        for job, path in zip(jobs, staged, strict=True):
+            path.rename(job.paths.submitted_pickle)
+        script.rename(root / f"{job_id}_submission.sh")
+        return jobs
+
+
+def submit_group(
+    specs: Sequence[RunSpec],
+    params: dict[str, Any],
+    *,
+    folder: Path,
+    sbatch: SbatchRunner,
+    python: str | None,
+) -> list[str]:
+    """Submit jobs that share `params` in one sbatch (an array when there are several); their ids."""
+    from worker.launch import RankLauncher
+
+    executor = TorchyardSlurmExecutor(folder, sbatch=sbatch, python=python)
+    executor.update_parameters(
+        **params,
+        job_name=job_name(specs),
+        srun_args=list(SRUN_ARGS),
+        setup=pythonpath_setup(),
+    )
+    with executor.batch():
+        jobs = [executor.submit(RankLauncher(spec.model_dump_json())) for spec in specs]
+    return [str(job.job_id) for job in jobs]

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Records what the real scheduler prints, for the parsing tests (tests/unit/backends/test_slurm_parsing.py).
+# Needs the cluster from deploy/slurm/up.sh (two nodes with 4 CPUs each) and nothing else running;
+# takes about two minutes (one job must run into its time limit). Rewrites the *.txt beside it.
+#
+#   tests/data/slurm/capture.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+SQUEUE_FMT='JobArrayID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,NodeList:'  # as the backend asks
+SACCT_FMT='JobID,State,ExitCode,Reason,NodeList'  # as the backend asks
+submit() { sbatch --parsable -o /dev/null -e /dev/null "$@"; }
+state_of() { sacct -n -P -X -j "$1" -o State | head -n1; }
+wait_state() {  # wait_state ID WORD: until sacct shows WORD for ID (60 s at most)
+  for _ in $(seq 300); do [[ $(state_of "$1") == "$2"* ]] && return 0; sleep 0.2; done
+  echo "job $1 never reached $2 (is $(state_of "$1"))" >&2; return 1
+}
+
+[ -z "$(squeue -h)" ] || { echo "the queue must be empty first" >&2; exit 1; }
+
+# Finished jobs: completed, failed, a running and a pending job cancelled, a small array.
+done_ok=$(submit -n1 --wrap true)
+failed=$(submit -n1 --wrap 'exit 3')
+killed=$(submit -n1 --wrap 'sleep 300')
+array_done=$(submit -n1 --array=0-2 --wrap 'exit $SLURM_ARRAY_TASK_ID')
+timeout=$(submit -n1 -t 1 --wrap 'sleep 300')
+wait_state "$killed" RUNNING
+scancel "$killed"
+
+# Fill both nodes (8 CPUs), so that what follows must wait.
+sleep 2
+full=$(submit -N2 --ntasks-per-node=3 --wrap 'sleep 300')
+wait_state "$full" RUNNING
+resources=$(submit -N2 --ntasks-per-node=2 --wrap 'sleep 1')
+priority=$(submit -N2 --ntasks-per-node=2 --wrap 'sleep 1')
+held=$(submit -n1 --hold --wrap 'sleep 1')
+dependent=$(submit -n1 --dependency="afterok:$full" --wrap 'sleep 1')
+array_pending=$(submit -N2 --ntasks-per-node=2 --array=0-3 --wrap 'sleep 1')
+cancelled_pending=$(submit -n1 --hold --wrap 'sleep 1')
+scancel "$cancelled_pending"
+sleep 4  # one scheduler pass (sched_interval=2) to set the pending reasons
+
+ids="$done_ok,$failed,$killed,$array_done,$timeout,$full,$resources,$priority,$held,$dependent,$array_pending,$cancelled_pending"
+squeue -h -t all -O "$SQUEUE_FMT" -j "$ids" >squeue_mixed.txt
+squeue -h -t all -r -O "$SQUEUE_FMT" -j "$ids" >squeue_mixed_array_expanded.txt
+sacct -n -P -X -o "$SACCT_FMT" -j "$ids" >sacct_mixed.txt
+
+# A suspended job and a requeued one.
+scontrol suspend "$full"
+sleep 1
+sacct -n -P -X -o "$SACCT_FMT" -j "$full" >sacct_suspended.txt
+squeue -h -t all -r -O "$SQUEUE_FMT" -j "$full" >squeue_suspended.txt
+scontrol resume "$full"
+scontrol requeue "$full"
+squeue -h -t all -r -O "$SQUEUE_FMT" -j "$full" >squeue_requeuing.txt
+sleep 1
+sacct -n -P -X -o "$SACCT_FMT" -j "$full" >sacct_requeued.txt
+sacct -n -P -X -D -o "$SACCT_FMT" -j "$full" >sacct_requeued_duplicates.txt
+squeue -h -t all -r -O "$SQUEUE_FMT" -j "$full" >squeue_requeued.txt
+scancel "$full" "$held" "$dependent" "$resources" "$priority" "$array_pending"
+
+# A node that fails under a running job.
+node_fail=$(submit -N2 --ntasks-per-node=1 --no-requeue --wrap 'sleep 300')
+wait_state "$node_fail" RUNNING
+scontrol update nodename=n2 state=down reason=capture
+wait_state "$node_fail" NODE_FAIL
+# ReturnToService=2 may have brought it back already; then resume is refused.
+scontrol update nodename=n2 state=resume 2>/dev/null || true
+
+wait_state "$timeout" TIMEOUT
+sleep 1
+sacct -n -P -X -o "$SACCT_FMT" -j "$ids,$node_fail" >sacct_final.txt
+# Ended jobs stay in squeue for MinJobAge (300 s), with their raw exit status; an id it never knew.
+squeue -h -t all -r -O "$SQUEUE_FMT" -j "$ids,$node_fail" >squeue_final.txt
+{ squeue -h -t all -r -O "$SQUEUE_FMT" -j 999999 2>&1 || echo "exit=$?"; } >squeue_unknown.txt
+
+# What the controller says about limits and refusals.
+scontrol show config | grep -E '^(MaxArraySize|MaxJobCount|ClusterName|SLURM_VERSION) ' >scontrol_show_config.txt
+scontrol show partition -o >scontrol_show_partition.txt
+{ sbatch --test-only -N3 -o /dev/null --wrap true 2>&1 || echo "exit=$?"; } >sbatch_too_many_nodes.txt
+{ sbatch --test-only -p nosuch -o /dev/null --wrap true 2>&1 || echo "exit=$?"; } >sbatch_bad_partition.txt
+{ sbatch --test-only -t 2000 -o /dev/null --wrap true 2>&1 || echo "exit=$?"; } >sbatch_time_over_limit.txt
+{ sbatch --test-only -N1 --ntasks-per-node=9 -o /dev/null --wrap true 2>&1 || echo "exit=$?"; } \
+  >sbatch_too_many_tasks.txt
+{ sbatch --test-only -N2 --ntasks-per-node=2 -o /dev/null --wrap true 2>&1 || echo "exit=$?"; } >sbatch_test_ok.txt
+{ sbatch -N3 -o /dev/null --wrap true 2>&1 || echo "exit=$?"; } >sbatch_submit_too_many_nodes.txt
+{ scancel "$done_ok" 999999 2>&1 || echo "exit=$?"; } >scancel_finished_and_unknown.txt
+echo "recorded: $(ls ./*.txt | wc -l) files"

@@ -1,0 +1,214 @@
+"""SlurmBackend.submit against a fake sbatch: the real submitit script and pickles, our arrays and
+per-job folders, grouping, chunking under MaxArraySize, and how refusals are isolated."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.backends.slurm import CommandResult, SlurmBackend
+from service.config import Settings
+from service.errors import BackendError
+from tests.unit.backends.slurm_fakes import FakeCommands, fail, ok, recorded
+from worker.launch import RankLauncher
+from worker.spec import RunSpec
+
+REFUSED = (
+    "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit)\n"
+)
+UNREACHABLE = (
+    "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)\n"
+)
+
+
+class FakeSbatch:
+    """Accepts scripts with ids 100, 101, ...; keeps each script's text."""
+
+    def __init__(self) -> None:
+        self.ids = itertools.count(100)
+        self.scripts: list[str] = []
+
+    def __call__(self, argv: Sequence[str]) -> CommandResult:
+        assert argv[:2] == ["sbatch", "--parsable"]
+        self.scripts.append(Path(argv[2]).read_text())
+        return ok(f"{next(self.ids)};torchyard\n")
+
+
+def config(max_array_size: int = 1001) -> CommandResult:
+    text = recorded("scontrol_show_config.txt").replace("= 1001", f"= {max_array_size}")
+    return ok(text)
+
+
+def make(tmp_path: Path, job_id: int, **resources: Any) -> RunSpec:
+    return RunSpec.model_validate(
+        {
+            "job_id": job_id,
+            "name": f"job-{job_id}",
+            "entrypoint": "worker.tasks.faults:hostnames",
+            "folder": str(tmp_path / "jobs" / str(job_id)),
+            "resources": {"timeout_min": 5, **resources},
+        }
+    )
+
+
+@pytest.fixture
+def sbatch(commands: FakeCommands) -> FakeSbatch:
+    fake = FakeSbatch()
+    commands.on("scontrol", config())
+    commands.on("sbatch", fake)
+    return fake
+
+
+def backend(commands: FakeCommands, tmp_path: Path) -> SlurmBackend:
+    return SlurmBackend(Settings(data_dir=tmp_path / "data"), runner=commands, clock=commands.now)
+
+
+def test_equal_jobs_go_out_as_one_array_with_per_job_folders(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    specs = [make(tmp_path, n) for n in (1, 2, 3)] + [make(tmp_path, 4, nodes=2, tasks_per_node=2)]
+    outcomes = backend(commands, tmp_path).submit(specs)
+    assert [(o.job_id, o.external_id, o.error) for o in outcomes] == [
+        (1, "100_0", None),
+        (2, "100_1", None),
+        (3, "100_2", None),
+        (4, "101", None),
+    ]
+    assert [argv[0] for argv in commands.calls] == ["scontrol", "sbatch", "sbatch"]
+    array, single = sbatch.scripts
+    assert "#SBATCH --array=0-2%3" in array  # no throttle: the elements are independent jobs
+    assert "--kill-on-bad-exit=1" in array and "--kill-on-bad-exit=1" in single
+    assert "#SBATCH --nodes=2" in single and "#SBATCH --ntasks-per-node=2" in single
+    (output,) = [line for line in array.splitlines() if line.startswith("#SBATCH --output=")]
+    assert output.endswith("/%a/%A_%a_0_log.out")
+    links = Path(output.split("=", 1)[1]).parent.parent
+    for index, spec in enumerate(specs[:3]):
+        assert (links / str(index)).resolve() == spec.files.submitit.resolve()
+        pickled = spec.files.submitit / f"100_{index}_submitted.pkl"
+        assert sorted(p.name for p in spec.files.submitit.iterdir()) == [pickled.name]  # its own only
+        with pickled.open("rb") as handle:
+            delayed = pickle.load(handle)
+        assert isinstance(delayed.function, RankLauncher) and delayed.function.spec == spec
+    assert (specs[3].files.submitit / "101_submitted.pkl").exists()
+    assert (specs[3].files.submitit / "101_submission.sh").exists()
+
+
+def test_arrays_are_cut_under_max_array_size(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    commands.on("scontrol", config(max_array_size=2))
+    slurm = backend(commands, tmp_path)
+    outcomes = slurm.submit([make(tmp_path, n) for n in range(5)])
+    assert [o.external_id for o in outcomes] == ["100_0", "100_1", "101_0", "101_1", "102"]
+    slurm.submit([make(tmp_path, 9)])
+    assert len(commands.named("scontrol")) == 1  # read once
+
+
+def test_a_refused_array_is_retried_one_by_one(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    # The QOS lets one more job in: the array of three is refused, the first alone passes, then no more.
+    commands.on("sbatch", fail(REFUSED), sbatch, fail(REFUSED))
+    outcomes = backend(commands, tmp_path).submit([make(tmp_path, n) for n in (1, 2, 3)])
+    message = "Job violates accounting/QOS policy (job submit limit)"
+    assert [(o.external_id, o.error) for o in outcomes] == [("100", None), (None, message), (None, message)]
+    assert len(commands.named("sbatch")) == 4  # the array, then each job alone
+
+
+def test_same_refusal_alone_spares_the_other_calls(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    too_many = fail(recorded("sbatch_submit_too_many_nodes.txt"))
+    commands.on("sbatch", too_many, too_many, sbatch)
+    specs = [make(tmp_path, n, nodes=3) for n in range(10)] + [make(tmp_path, 99)]
+    outcomes = backend(commands, tmp_path).submit(specs)
+    assert {o.error for o in outcomes[:10]} == {"Node count specification invalid"}
+    assert outcomes[10].external_id == "100"  # the good job of the same batch is not held back
+    assert len(commands.named("sbatch")) == 3  # the array, its first job alone, the good one
+    assert not list(specs[0].files.submitit.iterdir())  # the refused pickles are cleaned up
+
+
+def test_unreachable_before_anything_was_accepted_fails_the_batch(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    commands.on("sbatch", fail(UNREACHABLE))
+    specs = [make(tmp_path, 1), make(tmp_path, 2, nodes=2)]
+    with pytest.raises(BackendError, match="unreachable"):
+        backend(commands, tmp_path).submit(specs)
+    assert len(commands.named("sbatch")) == 1  # not retried one by one: nobody can get through
+
+
+def test_unreachable_after_some_were_accepted_keeps_them(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    commands.on("sbatch", sbatch, fail(UNREACHABLE))
+    specs = [make(tmp_path, 1), make(tmp_path, 2, nodes=2), make(tmp_path, 3, nodes=3)]
+    outcomes = backend(commands, tmp_path).submit(specs)
+    assert outcomes[0].external_id == "100"
+    assert all("SLURM became unreachable" in (o.error or "") for o in outcomes[1:])
+    assert len(commands.named("sbatch")) == 2  # the third is not even tried
+
+
+def test_scontrol_down_is_a_backend_error(commands: FakeCommands, tmp_path: Path) -> None:
+    commands.on("scontrol", fail("slurm_load_ctl_conf error: Unable to contact slurm controller\n"))
+    with pytest.raises(BackendError, match="scontrol show config failed"):
+        backend(commands, tmp_path).submit([make(tmp_path, 1)])
+
+
+def test_names_cannot_break_out_of_the_script(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    spec = make(tmp_path, 1).model_copy(update={"name": "x\nrm -rf / #"})
+    backend(commands, tmp_path).submit([spec])
+    (script,) = sbatch.scripts
+    assert "#SBATCH --job-name=x_rm_-rf_" in script
+    assert not [line for line in script.splitlines() if line.startswith("rm ")]
+
+
+def test_a_folder_with_a_newline_is_refused_alone(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    bad = make(tmp_path, 1).model_copy(update={"folder": str(tmp_path / "a\nb")})
+    outcomes = backend(commands, tmp_path).submit([bad, make(tmp_path, 2)])
+    assert "control character" in (outcomes[0].error or "")
+    assert outcomes[1].external_id == "100"
+
+
+def test_allow_listed_options_reach_the_script(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    spec = make(
+        tmp_path, 1, partition="debug", account="physics", qos="high", constraint="a100|h100", mem_gb=2
+    )
+    backend(commands, tmp_path).submit([spec])
+    (script,) = sbatch.scripts
+    for line in (
+        "--partition=debug",
+        "--account=physics",
+        "--qos=high",
+        "--constraint='a100|h100'",
+        "--mem=2048M",
+        "--time=5",
+        "--job-name=job-1",
+    ):
+        assert f"#SBATCH {line}" in script
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [
+        {"account": "a b"},
+        {"qos": "x;y"},
+        {"constraint": "a$(id)"},
+        {"partition": "p\nq"},
+        {"account": "x" * 129},
+    ],
+)
+def test_free_form_values_are_refused_by_the_spec(tmp_path: Path, resources: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="resources"):
+        make(tmp_path, 1, **resources)
