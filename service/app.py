@@ -9,9 +9,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.api.errors import install_error_handlers
-from service.api.routes import health, jobs
+from service.api.routes import dashboard, health, jobs
+from service.api.routes import metrics as metrics_routes
 from service.backends.base import Backend
 from service.config import Settings, get_settings
+from service.metrics import LatencyMiddleware, ServiceMetrics
 from service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,10 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.state.metrics = ServiceMetrics(lambda: getattr(app.state, "runtime", None))
+    app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(metrics_routes.router)
+    dashboard.mount(app)
     return app

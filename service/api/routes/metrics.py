@@ -1,0 +1,15 @@
+"""GET /metrics: Prometheus text format (service.metrics builds it)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from service.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+
+router = APIRouter(tags=["monitoring"])
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+def prometheus(request: Request) -> Response:
+    metrics: ServiceMetrics = request.app.state.metrics
+    return Response(metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,88 @@
+// Every request the dashboard makes goes through request(): one place for headers, errors and ETags.
+
+const API = "/api/v1";
+
+export class ApiError extends Error {
+  constructor(message, status) {
+    super(message);
+    this.status = status;
+  }
+}
+
+// The server's clock minus ours (ms), from the Date header: ages and durations shown in the page do
+// not depend on the browser's clock being right.
+let clockSkewMs = 0;
+export function serverNow() {
+  return Date.now() + clockSkewMs;
+}
+
+function noteServerDate(response) {
+  const date = Date.parse(response.headers.get("Date") || "");
+  if (!Number.isNaN(date)) clockSkewMs = Math.round(0.8 * clockSkewMs + 0.2 * (date - Date.now()));
+}
+
+function headers(extra) {
+  const out = { Accept: "application/json", ...extra };
+  // Issue 5 (API tokens) plugs in here: this is the only place a request gets its headers.
+  const token = localStorage.getItem("torchyard.token");
+  if (token) out.Authorization = `Bearer ${token}`;
+  return out;
+}
+
+async function errorText(response) {
+  const fallback = `${response.status} ${response.statusText || "error"}`;
+  try {
+    const body = await response.json();
+    if (Array.isArray(body.detail)) return body.detail.map((d) => d.msg).join("; ") || fallback;
+    if (typeof body.detail === "string") return body.detail;
+  } catch {
+    // not JSON: the status line says enough
+  }
+  return fallback;
+}
+
+// Last answer per URL, revalidated with If-None-Match: a 304 hands back the body we already have.
+const cache = new Map();
+const CACHE_SIZE = 200; // URLs; pages of a long browse are dropped oldest first
+
+function remember(url, etag, data) {
+  cache.delete(url); // re-inserted at the end: Map keeps insertion order
+  cache.set(url, { etag, data });
+  if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value);
+}
+
+// GET/POST `path` under /api/v1. Returns {data, changed}: changed is false when the server said 304.
+export async function request(path, { method = "GET", body, text = false } = {}) {
+  const url = API + path;
+  const cached = method === "GET" ? cache.get(url) : undefined;
+  const extra = cached ? { "If-None-Match": cached.etag } : {};
+  if (body !== undefined) extra["Content-Type"] = "application/json";
+  let response;
+  try {
+    response = await fetch(url, {
+      method,
+      headers: headers(extra),
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: "no-store", // we revalidate ourselves, so a 304 reaches this code instead of the cache
+    });
+  } catch (error) {
+    throw new ApiError(`cannot reach the torchyard service (${error.message})`, 0);
+  }
+  noteServerDate(response);
+  if (response.status === 304 && cached) return { data: cached.data, changed: false };
+  if (!response.ok) throw new ApiError(await errorText(response), response.status);
+  const data = text ? await response.text() : await response.json();
+  const etag = response.headers.get("ETag");
+  if (method === "GET" && etag) remember(url, etag, data);
+  return { data, changed: true };
+}
+
+export const api = {
+  listJobs: (query) => request(`/jobs?${query}`),
+  job: (id) => request(`/jobs/${id}`),
+  events: (id) => request(`/jobs/${id}/events`),
+  metrics: (id, afterStep) => request(`/jobs/${id}/metrics${afterStep == null ? "" : `?after_step=${afterStep}`}`),
+  logs: (id, rank, stream, tail) =>
+    request(`/jobs/${id}/logs?rank=${rank}&stream=${stream}${tail ? `&tail=${tail}` : ""}`, { text: true }),
+  cancel: (id) => request(`/jobs/${id}/cancel`, { method: "POST" }),
+};

@@ -1,0 +1,232 @@
+// One job: facts, state history, metrics chart, result, spec, per-rank logs, and Cancel.
+
+import { api } from "./api.js";
+import { MetricChart } from "./chart.js";
+import {
+  TERMINAL, badge, duration, el, formatNumber, localTime, progressBar, resources, runTime, shortTime, worldSize,
+} from "./format.js";
+
+const TAILS = [200, 1000, 5000];
+
+export class JobView {
+  constructor(id, showError) {
+    this.id = id;
+    this.showError = showError;
+    this.job = null;
+    this.attempt = null;
+    this.log = { rank: 0, stream: "out", tail: 200, follow: true, text: null };
+  }
+
+  mount(root) {
+    this.head = el("div", { class: "job-head" });
+    this.reason = el("div", { class: "reason-box", hidden: true });
+    this.progress = el("div", { class: "card progress-card" });
+    this.facts = el("dl", { class: "facts" });
+    this.chartBox = el("div", { class: "chart-box" });
+    this.events = el("tbody");
+    this.result = el("pre", { class: "json result" }, "—");
+    this.spec = el("pre", { class: "json" });
+    this.logText = el("pre", { class: "log", tabindex: "0", "aria-label": "log" });
+    this.logControls = el("div", { class: "log-controls" });
+    this.dialog = this.cancelDialog();
+    root.replaceChildren(
+      el("a", { href: "#/", class: "back" }, "← All jobs"),
+      this.head,
+      this.reason,
+      this.progress,
+      el("div", { class: "grid-2" },
+        el("section", { class: "card" }, el("h2", {}, "Details"), this.facts),
+        el("section", { class: "card" }, el("h2", {}, "Metrics"), this.chartBox)),
+      el("div", { class: "grid-2 wide-first" },
+        el("section", { class: "card" }, el("h2", {}, "State history"),
+          el("table", { class: "events" },
+            el("thead", {}, el("tr", {}, ["Time", "Change", "Reason", "Attempt"].map((h) => el("th", {}, h)))),
+            this.events)),
+        el("section", { class: "card" }, el("h2", {}, "Result"), this.result,
+          el("details", { class: "spec" }, el("summary", {}, "Spec"), this.spec))),
+      el("section", { class: "card logs" }, el("div", { class: "logs-head" }, el("h2", {}, "Logs"), this.logControls),
+        this.logText),
+      this.dialog,
+    );
+    this.chart = new MetricChart(this.chartBox);
+    document.title = `Job ${this.id} · torchyard`;
+  }
+
+  unmount() {
+    this.chart?.destroy();
+  }
+
+  // ---------------------------------------------------------------- polling
+
+  async refresh() {
+    const { data: job, changed } = await api.job(this.id);
+    if (changed || !this.job) {
+      const first = !this.job;
+      this.job = job;
+      this.renderHead(job);
+      this.renderFacts(job);
+      this.progress.hidden = !job.progress; // nothing reported (yet): no empty bar to stare at
+      this.progress.replaceChildren(progressBar(job), this.latestMetrics(job));
+      this.result.textContent = job.result == null ? (TERMINAL.has(job.state) ? "no result" : "not finished yet") : pretty(job.result);
+      this.spec.textContent = pretty(job.spec);
+      if (first) this.renderLogControls(job);
+      // Events and metrics restamp the job, so they can only have changed when the job did.
+      await Promise.all([this.refreshEvents(), this.refreshMetrics(job)]);
+    }
+    this.renderDuration(job);
+    if (this.log.follow || this.log.text === null) await this.refreshLog();
+    if (TERMINAL.has(job.state) && this.log.follow && this.log.sawTerminal) this.setFollow(false);
+    this.log.sawTerminal = TERMINAL.has(job.state); // one more read after the end, then stop following
+  }
+
+  async refreshEvents() {
+    const { data, changed } = await api.events(this.id);
+    if (!changed && this.events.children.length) return;
+    this.events.replaceChildren(...data.map((e) => el("tr", { dataset: { to: e.to_state } },
+      el("td", { class: "when", title: localTime(e.time) }, shortTime(e.time)),
+      el("td", { class: "change" }, e.from_state ? badge(e.from_state) : el("span", { class: "muted" }, "new"), " → ", badge(e.to_state)),
+      el("td", { class: "reason-cell" }, e.reason ? el("span", { title: e.reason }, e.reason) : el("span", { class: "muted" }, "—")),
+      el("td", { class: "num" }, e.attempt))));
+  }
+
+  async refreshMetrics(job) {
+    // A new attempt may restart its steps: read everything again; otherwise only what is new
+    // (from the last step on: a step can get more metrics in a later line).
+    const full = this.attempt !== job.attempt || this.chart.pointCount === 0;
+    const last = full ? null : this.chart.lastStep();
+    const { data } = await api.metrics(this.id, last == null ? null : last - 1);
+    this.attempt = job.attempt;
+    this.chart.add(data);
+  }
+
+  // ---------------------------------------------------------------- head, facts
+
+  renderHead(job) {
+    const cancellable = !TERMINAL.has(job.state);
+    this.head.replaceChildren(...[
+      el("div", { class: "title" },
+        el("h1", {}, job.name), el("span", { class: "muted id" }, `#${job.id}`), badge(job.state),
+        job.cancel_requested && cancellable ? el("span", { class: "muted" }, "cancelling…") : null),
+      cancellable
+        ? el("button", { type: "button", class: "button danger", dataset: { action: "cancel" }, onclick: () => this.confirmCancel() },
+          "Cancel job")
+        : null,
+    ].filter(Boolean));
+    const loud = job.reason && !["running", "succeeded"].includes(job.state);
+    this.reason.hidden = !loud;
+    if (loud) {
+      this.reason.className = `reason-box reason-${job.state}`;
+      this.reason.replaceChildren(el("strong", {}, headline(job)), el("pre", {}, job.reason));
+    }
+  }
+
+  renderFacts(job) {
+    const target = job.spec.entrypoint || job.spec.script || "—";
+    const rows = [
+      ["Owner", job.owner], ["Backend", job.backend], ["Scheduler id", job.external_id || "—"],
+      ["Nodes × tasks", resources(job)], ["Attempt", job.attempt], ["Target", el("code", {}, target)],
+      ["Created", localTime(job.created_at)], ["Submitted", localTime(job.submitted_at)],
+      ["Started", localTime(job.started_at)], ["Finished", localTime(job.finished_at)],
+      ["Run time", el("span", { class: "run-time" }, duration(runTime(job)))],
+      ["Exit code", job.exit_code ?? "—"], ["Checkpoint", job.latest_checkpoint ? el("code", {}, job.latest_checkpoint) : "—"],
+    ];
+    this.facts.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  }
+
+  renderDuration(job) {
+    const node = this.facts.querySelector(".run-time");
+    if (node) node.textContent = duration(runTime(job));
+  }
+
+  latestMetrics(job) {
+    const metrics = (job.progress && job.progress.metrics) || {};
+    const when = job.progress && job.progress.time ? new Date(job.progress.time * 1000).toLocaleTimeString() : null;
+    return el("div", { class: "latest" },
+      Object.entries(metrics).map(([k, v]) => el("span", { class: "metric" }, el("span", { class: "muted" }, k), " ", formatNumber(v))),
+      when ? el("span", { class: "muted" }, `reported ${when}`) : null);
+  }
+
+  // ---------------------------------------------------------------- logs
+
+  renderLogControls(job) {
+    const ranks = Array.from({ length: worldSize(job) }, (_, r) => r);
+    const rank = el("select", { "aria-label": "rank", name: "rank", onchange: () => { this.log.rank = Number(rank.value); this.reloadLog(); } },
+      ranks.map((r) => el("option", { value: r }, `rank ${r}`)));
+    const stream = el("select", { "aria-label": "stream", name: "stream", onchange: () => { this.log.stream = stream.value; this.reloadLog(); } },
+      el("option", { value: "out" }, "stdout"), el("option", { value: "err" }, "stderr"));
+    const tail = el("select", { "aria-label": "lines", name: "tail", onchange: () => { this.log.tail = Number(tail.value); this.reloadLog(); } },
+      TAILS.map((n) => el("option", { value: n }, `last ${n} lines`)));
+    this.followBox = el("input", { type: "checkbox", name: "follow", checked: this.log.follow,
+      onchange: () => { this.setFollow(this.followBox.checked); if (this.log.follow) this.reloadLog(); } });
+    this.logControls.replaceChildren(rank, stream, tail, el("label", { class: "follow" }, this.followBox, " follow"));
+    if (job.state === "failed") {
+      // The worker logs (and tracebacks) go to stderr; stdout holds what the task printed.
+      this.log.stream = "err";
+      stream.value = "err";
+    }
+    if (TERMINAL.has(job.state)) this.setFollow(false);
+  }
+
+  setFollow(on) {
+    this.log.follow = on;
+    if (this.followBox) this.followBox.checked = on;
+  }
+
+  reloadLog() {
+    this.log.text = null;
+    this.refreshLog().catch((error) => this.showError(error));
+  }
+
+  async refreshLog() {
+    const { rank, stream, tail } = this.log;
+    const { data } = await api.logs(this.id, rank, stream, tail);
+    if (rank !== this.log.rank || stream !== this.log.stream) return; // the user switched meanwhile
+    const box = this.logText;
+    const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 24;
+    if (data !== this.log.text) {
+      this.log.text = data;
+      box.textContent = data || `(rank ${rank} has written nothing to ${stream === "out" ? "stdout" : "stderr"} yet)`;
+      box.classList.toggle("empty", !data);
+      if (this.log.follow || atBottom) box.scrollTop = box.scrollHeight;
+    }
+  }
+
+  // ---------------------------------------------------------------- cancel
+
+  cancelDialog() {
+    this.dialogMessage = el("p", {});
+    const dialog = el("dialog", { class: "confirm", "aria-label": "confirm cancel" },
+      el("h2", {}, "Cancel this job?"), this.dialogMessage,
+      el("form", { method: "dialog", class: "actions" },
+        el("button", { type: "submit", value: "keep", class: "button" }, "Keep running"),
+        el("button", { type: "submit", value: "cancel", class: "button danger", dataset: { action: "confirm-cancel" } }, "Cancel job")));
+    dialog.addEventListener("close", async () => {
+      if (dialog.returnValue !== "cancel") return;
+      try {
+        await api.cancel(this.id);
+        await this.refresh();
+      } catch (error) {
+        this.showError(error);
+      }
+    });
+    return dialog;
+  }
+
+  confirmCancel() {
+    this.dialogMessage.textContent = `"${this.job.name}" (#${this.id}) will be stopped on every rank. This cannot be undone.`;
+    this.dialog.returnValue = "";
+    this.dialog.showModal();
+  }
+}
+
+function pretty(value) {
+  return JSON.stringify(value, null, 2);
+}
+
+function headline(job) {
+  const code = job.exit_code != null ? ` (exit code ${job.exit_code})` : "";
+  return {
+    failed: `Failed${code}`, timeout: "Ran out of time", cancelled: "Cancelled", pending: "Waiting in the scheduler's queue",
+    queued: "Not dispatched yet", submitted: "Submitted", preempted: "Preempted", requeued: "Requeued",
+  }[job.state] || job.state;
+}

@@ -1,0 +1,96 @@
+"""GET /metrics (Prometheus text) and the dashboard's static files."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.config import Settings
+from service.states import JobState
+from tests.fakes import FakeBackend
+from tests.support import wait_for
+
+
+class CountingBackend(FakeBackend):
+    """A backend that counts its scheduler commands, as the SLURM backend does."""
+
+    scheduler_calls = 7
+
+
+@pytest.fixture
+def counted(settings: Settings) -> Iterator[tuple[TestClient, FakeBackend]]:
+    backend = CountingBackend("local")
+    with TestClient(create_app(settings, backends={"local": backend})) as client:
+        yield client, backend
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in Prometheus text, or None when absent."""
+    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    for line in text.splitlines():
+        match = re.fullmatch(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)", line)
+        if not match or match[1] != name:
+            continue
+        found = ",".join(sorted((match[2] or "").split(","))) if match[2] else ""
+        if found == wanted:
+            return float(match[3])
+    return None
+
+
+def test_metrics_count_jobs_by_state_and_backend_from_the_ledger(
+    counted: tuple[TestClient, FakeBackend],
+) -> None:
+    api, backend = counted
+    ids = [
+        api.post("/api/v1/jobs", json={"name": f"m{n}", "entrypoint": "a.b:c"}).json()["id"] for n in range(3)
+    ]
+    wait_for(
+        lambda: all(api.get(f"/api/v1/jobs/{i}").json()["state"] == "running" for i in ids), what="running"
+    )
+    backend.set_status(ids[0], JobState.failed, "boom")
+    wait_for(lambda: api.get(f"/api/v1/jobs/{ids[0]}").json()["state"] == "failed", what="failed")
+
+    response = api.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    text = response.text
+    assert sample(text, "torchyard_jobs", state="running", backend="local") == 2
+    assert sample(text, "torchyard_jobs", state="failed", backend="local") == 1
+    assert sample(text, "torchyard_jobs", state="timeout", backend="local") == 0  # zeros are kept
+    assert sample(text, "torchyard_scheduler_calls_total", backend="local") == 7
+    polls = sample(text, "torchyard_reconcile_polls_total", backend="local")
+    assert polls is not None and polls >= 1
+    assert (sample(text, "torchyard_reconcile_last_duration_seconds", backend="local") or 0) > 0
+    assert sample(text, "torchyard_dispatch_last_duration_seconds") is not None
+    changes = sample(text, "torchyard_ledger_changes_total")
+    assert changes is not None and changes >= 4
+
+
+def test_request_latency_is_labelled_by_route_template(api: TestClient) -> None:
+    job_id = api.post("/api/v1/jobs", json={"name": "x", "entrypoint": "a.b:c"}).json()["id"]
+    api.get(f"/api/v1/jobs/{job_id}")
+    api.get("/api/v1/jobs/424242")
+    api.get("/no/such/page")
+    text = api.get("/metrics").text
+    count = "torchyard_http_request_duration_seconds_count"
+    assert sample(text, count, method="GET", route="/api/v1/jobs/{job_id}", status="200") == 1
+    assert sample(text, count, method="GET", route="/api/v1/jobs/{job_id}", status="404") == 1
+    assert sample(text, count, method="POST", route="/api/v1/jobs", status="201") == 1
+    assert sample(text, count, method="GET", route="unmatched", status="404") == 1
+    assert f'/api/v1/jobs/{job_id}"' not in text  # raw paths would grow the label set without bound
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [("/", "text/html"), ("/dashboard/app.js", "javascript"), ("/dashboard/style.css", "text/css")],
+)
+def test_the_dashboard_is_served_from_the_package(api: TestClient, path: str, kind: str) -> None:
+    response = api.get(path)
+    assert response.status_code == 200 and response.content
+    assert kind in response.headers["content-type"]
+    urls = re.findall(r"https?://[^\s'\"]+", response.text)
+    assert all(url.startswith("http://www.w3.org/") for url in urls), urls  # nothing from the internet

@@ -1,0 +1,56 @@
+"""The real service over real HTTP: uvicorn in a thread on 127.0.0.1 and a free port.
+
+TestClient calls the app in-process; polling clients, a browser and wrk need a socket.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI
+
+from service.runtime import Runtime
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class LiveServer:
+    app: FastAPI
+    url: str
+
+    @property
+    def runtime(self) -> Runtime:
+        runtime: Runtime = self.app.state.runtime
+        return runtime
+
+
+@contextmanager
+def serve(app: FastAPI, timeout: float = 30.0) -> Iterator[LiveServer]:
+    """Run `app` (lifespan included) until the block ends."""
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield LiveServer(app=app, url=f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout)
