@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -312,3 +314,13 @@ def test_outcome_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.outcome(job(3, "cancelled", reason="cancelled by user")) == cli.EXIT_JOB_FAILED
     out = capsys.readouterr().out
     assert "reason: RuntimeError: boom" in out and "torchyard logs 2 --rank 0" in out
+
+
+def test_the_cli_client_and_demo_import_no_torch() -> None:
+    """The demo's process runs the service; only the ranks (other processes) may import torch."""
+    modules = "service.cli, service.client, service.demo, service.embedded"
+    code = f"import sys, {modules}; print('torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "False"
