@@ -141,6 +141,7 @@ class TorchyardClient:
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
+        self._etags: dict[str, tuple[str, Job]] = {}  # path -> (ETag, body) of the last 200
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -196,7 +197,18 @@ class TorchyardClient:
                 return
 
     def get(self, job_id: int) -> Job:
-        return self._object("GET", f"/api/v1/jobs/{job_id}")
+        """One job. Asks with the last ETag seen for it, so an unchanged job costs the service a 304."""
+        path = f"/api/v1/jobs/{job_id}"
+        cached = self._etags.get(path)
+        headers = {"If-None-Match": cached[0]} if cached else None
+        response = self._request("GET", path, headers=headers)
+        if response.status_code == 304 and cached:
+            return dict(cached[1])  # a copy: callers may change what they get
+        job = _as_object(response)
+        etag = response.headers.get("etag")
+        if etag:
+            self._etags[path] = (etag, dict(job))
+        return job
 
     def events(self, job_id: int) -> Jobs:
         """The job's state history, oldest first."""

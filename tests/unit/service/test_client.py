@@ -222,3 +222,19 @@ def test_wait_gives_up_at_its_timeout() -> None:
         client_with(lambda request: httpx.Response(200, json=job(4, "running"))).wait(
             4, poll_s=0.01, timeout_s=0.05
         )
+
+
+def test_get_revalidates_with_the_etag_and_reuses_the_body_on_304() -> None:
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("if-none-match"))
+        if request.headers.get("if-none-match") == '"v1"':
+            return httpx.Response(304, headers={"ETag": '"v1"'})
+        return httpx.Response(200, json=job(5, "running"), headers={"ETag": '"v1"'})
+
+    client = client_with(handler)
+    first = client.get(5)
+    first["state"] = "changed by the caller"
+    assert client.get(5)["state"] == "running"  # from the cache, untouched by the caller's edit
+    assert seen == [None, '"v1"']
