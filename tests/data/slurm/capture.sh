@@ -54,7 +54,6 @@ scontrol requeue "$full"
 squeue -h -t all -r -O "$SQUEUE_FMT" -j "$full" >squeue_requeuing.txt
 sleep 1
 sacct -n -P -X -o "$SACCT_FMT" -j "$full" >sacct_requeued.txt
-sacct -n -P -X -D -o "$SACCT_FMT" -j "$full" >sacct_requeued_duplicates.txt
 squeue -h -t all -r -O "$SQUEUE_FMT" -j "$full" >squeue_requeued.txt
 scancel "$full" "$held" "$dependent" "$resources" "$priority" "$array_pending"
 
