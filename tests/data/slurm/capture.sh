@@ -21,6 +21,7 @@ wait_state() {  # wait_state ID WORD: until sacct shows WORD for ID (60 s at mos
 done_ok=$(submit -n1 --wrap true)
 failed=$(submit -n1 --wrap 'exit 3')
 killed=$(submit -n1 --wrap 'sleep 300')
+# shellcheck disable=SC2016  # expanded by the job, not here
 array_done=$(submit -n1 --array=0-2 --wrap 'exit $SLURM_ARRAY_TASK_ID')
 timeout=$(submit -n1 -t 1 --wrap 'sleep 300')
 wait_state "$killed" RUNNING
@@ -83,4 +84,5 @@ scontrol show partition -o >scontrol_show_partition.txt
 { sbatch --test-only -N2 --ntasks-per-node=2 -o /dev/null --wrap true 2>&1 || echo "exit=$?"; } >sbatch_test_ok.txt
 { sbatch -N3 -o /dev/null --wrap true 2>&1 || echo "exit=$?"; } >sbatch_submit_too_many_nodes.txt
 { scancel "$done_ok" 999999 2>&1 || echo "exit=$?"; } >scancel_finished_and_unknown.txt
-echo "recorded: $(ls ./*.txt | wc -l) files"
+txt=(./*.txt)
+echo "recorded: ${#txt[@]} files"
