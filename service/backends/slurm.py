@@ -27,12 +27,12 @@ from service.backends import slurm_parse as parse
 from service.backends.base import BackendStatus, SubmitOutcome
 from service.backends.slurm_states import UnknownSlurmState
 from service.backends.slurm_submit import (
+    check_argv,
     check_folder,
     group_key,
     link_array_folders,
     sbatch_parameters,
     submit_group,
-    test_only_argv,
 )
 from service.config import Settings
 from service.errors import BackendError, InvalidRequest
@@ -254,7 +254,7 @@ class SlurmBackend:
             cached = self._verdicts.get(key)
         if cached is not None and now - cached[0] < VERDICT_TTL_S:
             return cached[1]
-        result = self._call(test_only_argv(params), COMMAND_TIMEOUT_S)
+        result = self._call(check_argv(params), COMMAND_TIMEOUT_S)
         refusal = None if result.returncode == 0 else parse.sbatch_error(result.stderr)
         if refusal is not None and parse.is_transient(refusal):
             raise BackendError(f"cannot reach SLURM to check the request: {refusal}")

@@ -55,7 +55,7 @@ def sbatch_parameters(resources: Resources, default_partition: str | None) -> di
     return params
 
 
-def test_only_argv(params: dict[str, Any]) -> list[str]:
+def check_argv(params: dict[str, Any]) -> list[str]:
     """`sbatch --test-only` for these parameters: the scheduler's verdict without a job. No shell."""
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in sorted(params.items())]
     return ["sbatch", "--test-only", "--output=/dev/null", *flags, "--wrap=true"]
