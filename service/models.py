@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import ConfigDict, field_validator, model_validator
-from sqlalchemy import JSON, Column, DateTime, Index, String, TypeDecorator
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, String, TypeDecorator
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
@@ -191,7 +191,7 @@ class LedgerClock(SQLModel, table=True):
     """One row, bumped at commit by every transaction that changes a job (service.ledger_clock)."""
 
     id: int = Field(default=1, primary_key=True)
-    seq: int = 0
+    seq: int = Field(default=0, sa_type=BigInteger)  # one per commit: 32 bits run out on a busy cluster
     stamped_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
