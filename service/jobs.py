@@ -85,7 +85,8 @@ def ledger_version(session: Session) -> LedgerVersion:
 
 def job_stamp(session: Session, job_id: int) -> datetime:
     """One job's `updated_at`, restamped by every change to it, its events or its metrics."""
-    stamp = session.exec(select(Job.updated_at).where(Job.id == job_id)).first()
+    query = select(col(Job.updated_at)).where(col(Job.id) == job_id)
+    stamp = session.connection().execute(query).scalar()  # Core: the 304 path of every job poll
     if stamp is None:
         raise NotFound(f"job {job_id} not found", field="job_id")
     return stamp

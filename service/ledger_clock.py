@@ -44,9 +44,12 @@ class LedgerVersion:
 
 def read_version(session: Session) -> LedgerVersion:
     """The clock as last committed. Read it BEFORE the data it describes (see the module docstring)."""
-    row = session.execute(
-        select(col(LedgerClock.seq), col(LedgerClock.stamped_at)).where(col(LedgerClock.id) == 1)
-    ).first()
+    # Core on the session's connection: this runs on every poll, and the ORM layer adds nothing here.
+    row = (
+        session.connection()
+        .execute(select(col(LedgerClock.seq), col(LedgerClock.stamped_at)).where(col(LedgerClock.id) == 1))
+        .first()
+    )
     if row is None:  # a ledger made by create_all that nothing has written to yet
         return LedgerVersion(0, _EPOCH)
     return LedgerVersion(int(row[0]), row[1])
