@@ -1,0 +1,259 @@
+"""The dispatch and reconcile loops, driven through the API against fake backends.
+
+Dispatch: queued -> submitted in batches; a backend failure leaves the job queued with the reason and
+is retried. Reconcile: ONE poll per backend per tick for all its active jobs, and API readers never
+cause a poll; the scheduler's states and words reach the ledger.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.config import Settings
+from service.states import JobState
+from tests.fakes import FakeBackend
+from tests.support import JOBS, get_job, runtime_of, submit, wait_for, wait_state
+
+
+def events(api: TestClient, job_id: int) -> list[dict[str, Any]]:
+    response = api.get(f"{JOBS}/{job_id}/events")
+    assert response.status_code == 200
+    found: list[dict[str, Any]] = response.json()
+    return found
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def test_dispatch_hands_a_queued_job_to_its_backend(api: TestClient, fake: FakeBackend) -> None:
+    job_id = submit(api)["id"]
+
+    job = wait_for(lambda: (j := get_job(api, job_id))["state"] != "queued" and j, what="dispatch")
+
+    assert job["external_id"] == fake.external_id(job_id)
+    assert job["submitted_at"] is not None
+    assert fake.specs[job_id].entrypoint == "worker.tasks.seed:ddp_step"
+    assert fake.specs[job_id].folder == job["folder"]
+    assert [e["to_state"] for e in events(api, job_id)][:2] == ["queued", "submitted"]
+
+
+def test_each_job_goes_to_the_backend_it_names(
+    api: TestClient, fake: FakeBackend, fake_slurm: FakeBackend
+) -> None:
+    local = submit(api)["id"]
+    slurm = submit(api, backend="slurm", resources={"nodes": 2, "tasks_per_node": 2})["id"]
+
+    wait_state(api, local, "running")
+    wait_state(api, slurm, "pending")
+
+    assert set(fake.specs) == {local}
+    assert set(fake_slurm.specs) == {slurm}
+    assert fake_slurm.specs[slurm].resources.world_size == 4
+
+
+def test_a_backend_failure_leaves_the_job_queued_with_the_reason_and_is_retried(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    fake.submit_error = "slurmctld is not responding"
+    job_id = submit(api)["id"]
+    wait_for(lambda: len(fake.submit_calls) >= 2, what="two dispatch attempts")
+
+    waiting = get_job(api, job_id)
+    assert waiting["state"] == "queued"
+    assert waiting["reason"] == "dispatch failed, will retry: slurmctld is not responding"
+    assert waiting["external_id"] is None
+
+    fake.submit_error = None
+    running = wait_state(api, job_id, "running")
+
+    assert running["external_id"] == fake.external_id(job_id)
+    assert [e["to_state"] for e in events(api, job_id)].count("submitted") == 1
+
+
+def test_a_job_the_backend_rejects_fails_at_once_with_its_words(api: TestClient, fake: FakeBackend) -> None:
+    fake.reject["too-big"] = "sbatch: error: Batch job submission failed: Requested node configuration"
+    fake.submit_error = "hold"  # let both jobs land in the same batch
+    bad = submit(api, name="too-big")["id"]
+    good = submit(api, name="fine")["id"]
+    wait_for(lambda: fake.submit_calls and len(fake.submit_calls[-1]) == 2, what="one batch of two")
+    fake.submit_error = None
+
+    failed = wait_state(api, bad, "failed")
+
+    assert failed["reason"] == fake.reject["too-big"]
+    assert wait_state(api, good, "running")["external_id"] == fake.external_id(good)
+
+
+def test_jobs_that_arrive_together_are_submitted_together(api: TestClient, fake: FakeBackend) -> None:
+    fake.submit_error = "hold"
+    created = [submit(api, name=f"b{n}")["id"] for n in range(20)]
+    wait_for(lambda: fake.submit_calls and len(fake.submit_calls[-1]) == 20, what="a claim of all 20")
+
+    fake.submit_error = None
+    for job_id in created:
+        wait_state(api, job_id, "running")
+
+    assert sorted(fake.submit_calls[-1]) == sorted(created)  # one call for the lot
+    assert sorted(fake.specs) == sorted(created)
+    assert all([e["to_state"] for e in events(api, job_id)].count("submitted") == 1 for job_id in created)
+
+
+# ---------------------------------------------------------------- reconcile: one query per tick
+
+
+@pytest.fixture
+def quiet_api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) -> Iterator[TestClient]:
+    """The service with reconcile loops that never tick on their own: the test drives each tick."""
+    slow = settings.model_copy(update={"reconcile_interval_s": 3600.0, "local_reconcile_interval_s": 3600.0})
+    with TestClient(create_app(slow, backends={"local": fake, "slurm": fake_slurm})) as client:
+        yield client
+
+
+def read_everything(api: TestClient, job_id: int, readers: int = 20, rounds: int = 1) -> int:
+    """`readers` threads polling every read endpoint, as dashboards and CLIs do; returns the count."""
+    paths = [
+        JOBS,
+        f"{JOBS}?state=running",
+        *(f"{JOBS}/{job_id}{s}" for s in ("", "/events", "/metrics", "/logs")),
+    ]
+    statuses: list[int] = []
+
+    def reader() -> None:
+        for _ in range(rounds):
+            statuses.extend(api.get(path).status_code for path in paths)
+
+    threads = [threading.Thread(target=reader) for _ in range(readers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(statuses) == {200}
+    return len(statuses)
+
+
+def test_one_poll_per_tick_for_all_active_jobs_and_none_for_readers(
+    quiet_api: TestClient, fake: FakeBackend, fake_slurm: FakeBackend
+) -> None:
+    api = quiet_api
+    reconciler = runtime_of(api).reconciler
+    local = [submit(api, name=f"l{n}")["id"] for n in range(20)]
+    slurm = [submit(api, name=f"s{n}", backend="slurm")["id"] for n in range(5)]
+    for job_id in local + slurm:
+        wait_state(api, job_id, "submitted")
+    polls_before = len(fake.poll_calls)
+
+    assert reconciler.reconcile_once("local") == 20
+
+    assert len(fake.poll_calls) == polls_before + 1
+    assert sorted(fake.poll_calls[-1]) == sorted(fake.external_id(j) for j in local)
+    assert fake_slurm.poll_calls == []  # one backend's tick never queries another
+    assert all(get_job(api, j)["state"] == "running" for j in local)
+
+    assert read_everything(api, local[0]) == 120
+    assert len(fake.poll_calls) == polls_before + 1  # 20 readers, 120 requests: no poll
+    assert fake_slurm.poll_calls == []
+
+    reconciler.reconcile_once("slurm")
+    assert len(fake_slurm.poll_calls) == 1 and len(fake_slurm.poll_calls[0]) == 5
+    assert all(get_job(api, j)["state"] == "pending" for j in slurm)
+
+
+def test_the_loop_polls_once_per_interval_with_every_active_job(api: TestClient, fake: FakeBackend) -> None:
+    created = [submit(api, name=f"j{n}")["id"] for n in range(10)]
+    for job_id in created:
+        wait_state(api, job_id, "running")
+    start = len(fake.poll_calls)
+    wait_for(lambda: len(fake.poll_calls) >= start + 5, what="five more ticks")
+
+    later = fake.poll_calls[start : start + 5]
+    assert all(sorted(call) == sorted(fake.external_id(j) for j in created) for call in later)
+
+
+def test_finished_jobs_are_no_longer_polled(quiet_api: TestClient, fake: FakeBackend) -> None:
+    api = quiet_api
+    reconciler = runtime_of(api).reconciler
+    done, running = submit(api, name="done")["id"], submit(api, name="running")["id"]
+    wait_state(api, done, "submitted")
+    wait_state(api, running, "submitted")
+    fake.finish(done, 1)
+    reconciler.reconcile_once("local")
+
+    reconciler.reconcile_once("local")
+
+    assert fake.poll_calls[-1] == [fake.external_id(running)]
+
+
+# ---------------------------------------------------------------- reconcile: what reaches the ledger
+
+
+def test_the_pending_reason_is_kept(api: TestClient, fake_slurm: FakeBackend) -> None:
+    job_id = submit(api, backend="slurm")["id"]
+    wait_state(api, job_id, "pending")
+
+    fake_slurm.set_status(job_id, JobState.pending, "Resources")
+
+    wait_for(lambda: get_job(api, job_id)["reason"] == "Resources", what="the pending reason")
+
+
+def test_a_failed_job_keeps_its_reason_and_exit_code(api: TestClient, fake: FakeBackend) -> None:
+    job_id = submit(api)["id"]
+    wait_state(api, job_id, "running")
+
+    fake.set_status(job_id, JobState.failed, "NonZeroExitCode", exit_code=3)
+
+    job = wait_state(api, job_id, "failed")
+    assert job["exit_code"] == 3 and job["reason"] == "NonZeroExitCode" and job["result"] is None
+
+
+def test_a_rank_that_raises_fails_the_job_and_stops_the_others(api: TestClient, fake: FakeBackend) -> None:
+    job_id = submit(api, resources={"tasks_per_node": 2})["id"]
+    job = wait_state(api, job_id, "running")
+    traceback = 'Traceback (most recent call last):\n  File "train.py"\nValueError: bad batch\n'
+    (fake.specs[job_id].files.error(1)).write_text(traceback)
+
+    failed = wait_state(api, job_id, "failed")
+
+    assert failed["reason"].startswith("rank 1 raised:")
+    assert "ValueError: bad batch" in failed["reason"]
+    assert [job["external_id"]] in fake.cancel_calls
+
+
+def test_a_job_that_ends_without_a_result_is_failed_not_succeeded(api: TestClient, fake: FakeBackend) -> None:
+    job_id = submit(api)["id"]
+    wait_state(api, job_id, "running")
+
+    fake.set_status(job_id, JobState.succeeded, "process ended", exit_code=0)
+
+    assert wait_state(api, job_id, "failed")["reason"].startswith("ended without a result")
+
+
+def test_a_job_over_its_time_limit_ends_timeout(api: TestClient, fake_slurm: FakeBackend) -> None:
+    job_id = submit(api, backend="slurm")["id"]
+    wait_state(api, job_id, "pending")
+
+    fake_slurm.set_status(job_id, JobState.timeout, "TIMEOUT")
+
+    assert wait_state(api, job_id, "timeout")["reason"] == "TIMEOUT"
+
+
+def test_preemption_and_requeue_start_a_new_attempt(api: TestClient, fake_slurm: FakeBackend) -> None:
+    job_id = submit(api, backend="slurm")["id"]
+    fake_slurm.default = JobState.running
+    wait_state(api, job_id, "running")
+
+    fake_slurm.set_status(job_id, JobState.preempted, "PREEMPTED")
+    wait_state(api, job_id, "preempted")
+    fake_slurm.set_status(job_id, JobState.requeued, "REQUEUED")
+    wait_state(api, job_id, "requeued")
+    fake_slurm.set_status(job_id, JobState.running)
+    job = wait_state(api, job_id, "running")
+
+    assert job["attempt"] == 2
+    history = [(e["to_state"], e["attempt"]) for e in events(api, job_id)]
+    assert history[-3:] == [("preempted", 1), ("requeued", 2), ("running", 2)]

@@ -1,0 +1,137 @@
+"""Shared fixtures for the whole suite.
+
+- `postgres_server` (session): a private PostgreSQL 15 server started by deploy/postgres/start.sh in a
+  temp folder, stopped at the end. Tests share one migrated database, emptied before each test
+  (tests.support.PostgresServer.reset_ledger: quicker than a new database per test).
+- `database_url`: every test that asks for it runs twice, on a fresh SQLite file and on a fresh
+  PostgreSQL database (that run carries the `postgres` marker).
+- `settings`: Settings with data_dir under tmp_path, that database and short loop intervals.
+- `fake` / `fake_slurm`: tests.fakes.FakeBackend instances standing in for the local and SLURM backends.
+- `api`: a TestClient on create_app(settings, backends={"local": fake, "slurm": fake_slurm}), entered as
+  a context manager so the lifespan (migrations, intake, dispatch and reconcile loops) runs.
+
+Missing dependencies: tests that need PostgreSQL, SLURM (marker `slurm`) or Chromium (marker `browser`)
+are skipped when it is missing, and FAIL instead in strict mode (CI=true, or TORCHYARD_TEST_STRICT=1 as
+deploy/test.sh sets). deploy/test.sh tells the suite how SLURM came up in TORCHYARD_TEST_SLURM.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.config import Settings
+from service.db import make_engine, migrate
+from service.states import JobState
+from tests.fakes import FakeBackend
+from tests.support import PostgresServer, missing_dependency
+
+# ---------------------------------------------------------------- real dependencies
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        server.start()
+        server.prepare_ledger(_migrate)
+    except Exception as error:
+        server.stop()
+        missing_dependency(f"PostgreSQL could not start: {error}")
+    yield server
+    server.stop()
+
+
+def _migrate(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        migrate(engine)
+    finally:
+        engine.dispose()
+
+
+@cache
+def _slurm_problem() -> str | None:
+    """Why SLURM is unusable, or None. deploy/test.sh reports how deploy/slurm/up.sh went."""
+    reported = os.environ.get("TORCHYARD_TEST_SLURM")
+    if reported is not None:
+        return None if reported == "up" else f"SLURM cluster not available: {reported}"
+    if shutil.which("sinfo") is None:
+        return "SLURM is not installed (run deploy/slurm/up.sh)"
+    probe = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=15)
+    return None if probe.returncode == 0 else f"SLURM controller not answering: {probe.stderr.strip()}"
+
+
+@cache
+def _browser_problem() -> str | None:
+    if not Path("/usr/bin/chromium").exists():
+        return "no Chromium at /usr/bin/chromium (apt-get install chromium)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("slurm") is not None and (problem := _slurm_problem()):
+        missing_dependency(problem)
+    if item.get_closest_marker("browser") is not None and (problem := _browser_problem()):
+        missing_dependency(problem)
+
+
+# ---------------------------------------------------------------- the ledger and settings
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return server.reset_ledger()
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for name in list(os.environ):  # a developer's TORCHYARD_* must not leak into the tests
+        if name.startswith("TORCHYARD_") and not name.startswith("TORCHYARD_TEST_"):
+            monkeypatch.delenv(name)
+    return Settings(
+        database_url=database_url,
+        data_dir=tmp_path / "data",
+        default_backend="local",
+        reconcile_interval_s=0.05,
+        local_reconcile_interval_s=0.05,
+        dispatch_interval_s=0.05,
+        max_nodes=4,
+        max_tasks_per_node=8,
+        max_gpus_per_node=2,
+    )
+
+
+# ---------------------------------------------------------------- fake backends and the API
+
+
+@pytest.fixture
+def fake() -> FakeBackend:
+    return FakeBackend("local")
+
+
+@pytest.fixture
+def fake_slurm() -> FakeBackend:
+    return FakeBackend("slurm", default=JobState.pending)
+
+
+@pytest.fixture
+def api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) -> Iterator[TestClient]:
+    app = create_app(settings, backends={"local": fake, "slurm": fake_slurm})
+    with TestClient(app) as client:
+        yield client

@@ -1,0 +1,123 @@
+"""An in-memory Backend for tests of the service's own logic (dispatch, reconcile, API).
+
+It implements service.backends.base.Backend without submitit or processes: it records every call,
+answers polls from a script the test sets, and can refuse submissions. It is called from the
+service's loop threads, so every method takes a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from service.backends.base import BackendStatus, SubmitOutcome
+from service.errors import BackendError, InvalidRequest
+from service.states import JobState
+from worker.spec import RunSpec
+
+
+class FakeBackend:
+    """A scriptable backend. External ids are `<name>-<job id>`.
+
+    - `submit_error`: when set, submit() raises BackendError(submit_error) (the whole batch fails).
+    - `reject`: job name -> message; submit() refuses those jobs one by one (outcome with an error).
+    - `refuse_validation`: when set, validate() raises InvalidRequest with it (e.g. too many nodes).
+    - `set_status()` / `finish()`: what poll() answers for a job; unscripted jobs answer `default`.
+    """
+
+    def __init__(self, name: str = "local", default: JobState = JobState.running) -> None:
+        self.name = name
+        self.default = default
+        self.submit_error: str | None = None
+        self.reject: dict[str, str] = {}
+        self.refuse_validation: str | None = None
+        self.submit_calls: list[list[int]] = []
+        self.poll_calls: list[list[str]] = []
+        self.cancel_calls: list[list[str]] = []
+        self.validate_calls = 0
+        self.specs: dict[int, RunSpec] = {}
+        self._statuses: dict[str, BackendStatus] = {}
+        self._lock = threading.Lock()
+        self._wakeup: Callable[[], None] = lambda: None
+        self.closed = False
+
+    # ---------------------------------------------------------------- scripting
+
+    def external_id(self, job_id: int) -> str:
+        return f"{self.name}-{job_id}"
+
+    def set_status(
+        self, job_id: int, state: JobState, reason: str | None = None, exit_code: int | None = None
+    ) -> None:
+        with self._lock:
+            self._statuses[self.external_id(job_id)] = BackendStatus(state, reason, exit_code)
+        self._wakeup()
+
+    def finish(self, job_id: int, value: object) -> None:
+        """Succeed the way a real job does: rank 0 writes result.json, then the scheduler says done."""
+        with self._lock:
+            spec = self.specs[job_id]
+        spec.files.result.write_text(json.dumps({"attempt": spec.attempt, "value": value}))
+        self.set_status(job_id, JobState.succeeded, "completed", 0)
+
+    def write_log(self, job_id: int, rank: int, text: str, stream: str = "out") -> Path:
+        with self._lock:
+            spec = self.specs[job_id]
+        path = self.log_path(Path(spec.folder), self.external_id(job_id), rank, stream)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    @property
+    def polled_ids(self) -> int:
+        with self._lock:
+            return sum(len(call) for call in self.poll_calls)
+
+    # ---------------------------------------------------------------- the Backend protocol
+
+    def validate(self, spec: RunSpec) -> None:
+        with self._lock:
+            self.validate_calls += 1
+        if self.refuse_validation is not None:
+            raise InvalidRequest(self.refuse_validation, field="resources")
+
+    def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
+        with self._lock:
+            self.submit_calls.append([spec.job_id for spec in specs])
+            if self.submit_error is not None:
+                raise BackendError(self.submit_error)
+            outcomes = []
+            for spec in specs:
+                if spec.name in self.reject:
+                    outcomes.append(SubmitOutcome(job_id=spec.job_id, error=self.reject[spec.name]))
+                    continue
+                self.specs[spec.job_id] = spec
+                outcomes.append(SubmitOutcome(job_id=spec.job_id, external_id=self.external_id(spec.job_id)))
+            return outcomes
+
+    def poll(self, external_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        with self._lock:
+            self.poll_calls.append(list(external_ids))
+            return {
+                external_id: self._statuses.get(external_id, BackendStatus(self.default))
+                for external_id in external_ids
+            }
+
+    def cancel(self, external_ids: Sequence[str]) -> None:
+        with self._lock:
+            self.cancel_calls.append(list(external_ids))
+            for external_id in external_ids:
+                current = self._statuses.get(external_id)
+                if current is None or current.state not in (JobState.succeeded, JobState.failed):
+                    self._statuses[external_id] = BackendStatus(JobState.cancelled, "cancelled")
+
+    def log_path(self, folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
+        return folder / "submitit" / f"{external_id}_{rank}_log.{stream}"
+
+    def set_wakeup(self, callback: Callable[[], None]) -> None:
+        self._wakeup = callback
+
+    def close(self) -> None:
+        self.closed = True
