@@ -35,6 +35,9 @@ class JobContext:
         self.local_rank = env.local_rank
         self.local_world_size = env.local_world_size
         self.node_rank = env.node_rank
+        # Where rank 0's store listens: the port the rendezvous got from the kernel (or torchrun's).
+        self.master_addr = env.master_addr
+        self.master_port = env.master_port
         self.is_main = env.is_main
         self.backend = backend
         self.device = torch.device(env.device if backend == "nccl" else "cpu")

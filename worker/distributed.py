@@ -1,38 +1,36 @@
-"""Where this rank sits in the job, which port rank 0 listens on, and the process group's life.
+"""Where this rank sits in the job, and the process group's life.
 
 This module is the ONLY reader of the scheduler's rank variables (SLURM_*, SUBMITIT_*, MASTER_*,
 RANK ...): everything else receives a RankEnv. Deriving one is a pure function of an environment
 mapping, so every source can be unit-tested without a cluster. torch is imported lazily, inside the
 two functions that need it, so the launcher can derive the rank before paying for torch.
+
+The rendezvous port is not derived here: rank 0 gets one from the kernel and tells the other ranks
+through the job folder (worker.rendezvous). Until then RankEnv.master_port is 0 (UNSET_PORT), except
+under torchrun, whose MASTER_PORT is respected as it is.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from worker.hostlist import expand_hostlist
 
+if TYPE_CHECKING:  # torch.distributed re-exports it without telling mypy
+    from torch._C._distributed_c10d import Store
+
 log = logging.getLogger(__name__)
 
-# Rendezvous ports are 20000 + (job id mod 10000): the last four digits of the job id, easy to read
-# in a log. The range stays below Linux's ephemeral range (32768-60999 by default), so an outgoing
-# connection of some other program never holds our port. See master_port() for what is guaranteed.
-MASTER_PORT_BASE = 20000
-MASTER_PORT_SPAN = 10000
+UNSET_PORT = 0  # RankEnv.master_port before the rendezvous has chosen the port
 
 LOCAL_MASTER_ADDR = "127.0.0.1"
 
 # The variables a torchrun-style script reads; spec.env must not override them.
 RANK_ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                   "MASTER_PORT")
-
-
-class PortInUseError(RuntimeError):
-    """Rank 0 cannot listen on the job's rendezvous port."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +43,12 @@ class RankEnv:
     local_world_size: int
     node_rank: int
     master_addr: str
-    master_port: int
+    master_port: int  # UNSET_PORT until the rendezvous (worker.rendezvous) chose it; torchrun's as given
     source: str  # "torchrun" | "slurm" | "local" | "single": where the numbers came from
     job_id: str
     gpu: int | None = None
     visible_gpus: tuple[str, ...] = ()
+    restart: int = 0  # SLURM_RESTART_COUNT, or how often submitit's local controller requeued the job
 
     @property
     def is_main(self) -> bool:
@@ -62,6 +61,8 @@ class RankEnv:
 
     def torchrun_vars(self) -> dict[str, str]:
         """The variables torchrun gives its workers, for scripts that call init_process_group("env://")."""
+        if self.master_port == UNSET_PORT:
+            raise ValueError("MASTER_PORT is not chosen yet: run the rendezvous first")
         return {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),
@@ -99,28 +100,13 @@ def scheduler_job_id(environ: Mapping[str, str], *, fallback: int | str) -> str:
     return str(fallback)
 
 
-def master_port(job_id: int | str) -> int:
-    """The rendezvous port of a job: 20000 + (job id mod 10000), the same on every rank, no talking.
+def derive_rank_env(environ: Mapping[str, str], *, job_id: int | str, gpus_per_node: int,
+                    requeues: int = 0) -> RankEnv:
+    """This rank's RankEnv from the scheduler's variables (see rank_source for which source wins).
 
-    What this guarantees: two jobs get the same port only if their ids are congruent mod 10000, so any
-    jobs whose ids lie within 10000 consecutive numbers never collide.
-    - SLURM job ids are handed out in sequence by one controller; two jobs on a node at the same time
-      collide only if one is still running after 9999 later submissions (or the ids wrapped at
-      MaxJobId). Requeue keeps the id and hence the port; the previous run is dead by then.
-    - Local submitit: the id is the controller's PID. PIDs alive at the same time are unique, but they
-      range up to pid_max (32768 by default, 4194304 on many distributions), more than 10000 ports, so
-      two live controllers whose PIDs differ by a multiple of 10000 do share a port. That is rare (the
-      kernel hands PIDs out in sequence too), and rank 0 checks the port before it listens
-      (ensure_master_port_free) so it fails with a clear message instead of hanging.
-    Non-numeric ids (e.g. submitit's `<array>_<task>`) are hashed with crc32: deterministic, not dense.
+    `requeues`: how many times the launcher was handed back through checkpoint(); it is the restart
+    count everywhere but on SLURM, where SLURM_RESTART_COUNT counts every requeue (whoever asked).
     """
-    text = str(job_id)
-    number = int(text) if text.isdigit() else zlib.crc32(text.encode())
-    return MASTER_PORT_BASE + number % MASTER_PORT_SPAN
-
-
-def derive_rank_env(environ: Mapping[str, str], *, job_id: int | str, gpus_per_node: int) -> RankEnv:
-    """This rank's RankEnv from the scheduler's variables (see rank_source for which source wins)."""
     source = rank_source(environ)
     if source == "torchrun":
         env = _from_torchrun(environ, str(job_id))
@@ -129,7 +115,9 @@ def derive_rank_env(environ: Mapping[str, str], *, job_id: int | str, gpus_per_n
     elif source == "local":
         env = _from_submitit_local(environ, str(job_id))
     else:
-        env = RankEnv(0, 1, 0, 1, 0, LOCAL_MASTER_ADDR, master_port(job_id), "single", str(job_id))
+        env = RankEnv(0, 1, 0, 1, 0, LOCAL_MASTER_ADDR, UNSET_PORT, "single", str(job_id))
+    restart = int(environ.get("SLURM_RESTART_COUNT") or 0) if source == "slurm" else requeues
+    env = replace(env, restart=restart)
     _validate(env)
     gpu, visible = bind_gpu(environ, local_rank=env.local_rank, local_world_size=env.local_world_size,
                             gpus_per_node=gpus_per_node)
@@ -166,8 +154,8 @@ def _from_slurm(environ: Mapping[str, str], job_id: str) -> RankEnv:
     local_rank = int(environ.get("SLURM_LOCALID", rank % local_world_size))
     # Block distribution (SLURM's default, and what submitit asks for) puts rank 0 on the first host.
     master_addr = hosts[0] if hosts else LOCAL_MASTER_ADDR
-    return RankEnv(rank, world_size, local_rank, local_world_size, node_rank, master_addr,
-                   master_port(job_id), "slurm", job_id)
+    return RankEnv(rank, world_size, local_rank, local_world_size, node_rank, master_addr, UNSET_PORT,
+                   "slurm", job_id)
 
 
 def _slurm_local_world_size(environ: Mapping[str, str], node_rank: int, world_size: int,
@@ -195,8 +183,8 @@ def _from_submitit_local(environ: Mapping[str, str], job_id: str) -> RankEnv:
     world_size = int(environ.get("SUBMITIT_LOCAL_NTASKS", "1"))
     local_rank = int(environ.get("SUBMITIT_LOCAL_LOCALID", rank))
     # The local executor runs one node only: every rank is local and rank 0 listens on loopback.
-    return RankEnv(rank, world_size, local_rank, world_size, 0, LOCAL_MASTER_ADDR, master_port(job_id),
-                   "local", job_id)
+    return RankEnv(rank, world_size, local_rank, world_size, 0, LOCAL_MASTER_ADDR, UNSET_PORT, "local",
+                   job_id)
 
 
 def _validate(env: RankEnv) -> None:
@@ -248,29 +236,11 @@ def choose_backend(cuda_available: bool, gpus: int) -> str:
     return "nccl" if cuda_available and gpus > 0 else "gloo"
 
 
-def ensure_master_port_free(env: RankEnv) -> None:
-    """On rank 0, fail at once with a clear message if the rendezvous port is taken.
-
-    Without this, a taken port shows up as a rendezvous timeout minutes later. Under torchrun the
-    agent already listens on MASTER_PORT by design, so there is nothing to check.
-    """
-    if not env.is_main or env.source == "torchrun":
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # TCPStore sets SO_REUSEADDR too: a port in TIME_WAIT from a requeued run is not "taken".
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", env.master_port))
-        except OSError as error:
-            raise PortInUseError(
-                f"rendezvous port {env.master_port} on {socket.gethostname()} is already in use ({error}); "
-                f"it is derived from job id {env.job_id} as {MASTER_PORT_BASE} + id mod {MASTER_PORT_SPAN}: "
-                f"another job whose id is congruent, or another program, holds it"
-            ) from error
-
-
-def init_process_group(env: RankEnv, *, timeout_s: float) -> str:
+def init_process_group(env: RankEnv, *, timeout_s: float, store: Store | None) -> str:
     """Join the job's default process group; returns the backend. The timeout bounds every collective.
+
+    `store` is the rendezvous store (worker.rendezvous.rendezvous_store): hosted by rank 0, joined by
+    the others. None only under torchrun, whose agent hosts the store at MASTER_PORT (env://).
 
     A bounded timeout is what keeps a rank from waiting forever for a peer that died before it
     connected; a peer that dies after connecting closes its sockets, and gloo fails at once.
@@ -286,12 +256,17 @@ def init_process_group(env: RankEnv, *, timeout_s: float) -> str:
         assert env.gpu is not None
         torch.cuda.set_device(env.gpu)
         device_id = torch.device("cuda", env.gpu)
-    # torchrun's agent hosts the store at MASTER_PORT: join it through env://. Otherwise rank 0 hosts it.
-    init_method = "env://" if env.source == "torchrun" else f"tcp://{env.master_addr}:{env.master_port}"
-    log.info("joining process group: backend=%s %s world_size=%d timeout=%.0fs", backend, init_method,
-             env.world_size, timeout_s)
-    dist.init_process_group(backend, init_method=init_method, rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=timeout_s), device_id=device_id)
+    if store is None and env.source != "torchrun":
+        raise ValueError(f"a {env.source} rank needs the rendezvous store to join the process group")
+    log.info("joining process group: backend=%s master=%s:%d world_size=%d timeout=%.0fs", backend,
+             env.master_addr, env.master_port, env.world_size, timeout_s)
+    timeout = timedelta(seconds=timeout_s)
+    if store is None:
+        dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                                timeout=timeout, device_id=device_id)
+    else:
+        dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
+                                timeout=timeout, device_id=device_id)
     return backend
 
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from worker.spec import ERROR_ATTEMPT_PREFIX
+
 log = logging.getLogger(__name__)
 
 
@@ -28,6 +30,15 @@ def atomic_write_text(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temp, path)
+
+
+def write_error(path: Path, attempt: int, text: str) -> None:
+    """A rank's error file, atomically: a first line `attempt: <n>` (ERROR_ATTEMPT_PREFIX), then `text`.
+
+    The attempt line lets a reader tell this attempt's error from one an earlier attempt left in the
+    same folder (see worker.spec.parse_error_text).
+    """
+    atomic_write_text(path, f"{ERROR_ATTEMPT_PREFIX}{attempt}\n{text}")
 
 
 def to_jsonable(value: Any) -> Any:

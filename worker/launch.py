@@ -20,17 +20,24 @@ from types import FrameType
 from typing import Any
 
 from worker.distributed import RANK_ENV_NAMES, derive_rank_env, guess_rank, scheduler_job_id
-from worker.files import atomic_write_text
+from worker.files import write_error
 from worker.spec import RunSpec
 
 log = logging.getLogger("worker")
 
 
 class RankLauncher:
-    """Runs one rank of one job attempt; submitit's Checkpointable protocol (checkpoint()) for requeue."""
+    """Runs one rank of one job attempt; submitit's Checkpointable protocol (checkpoint()) for requeue.
 
-    def __init__(self, spec: RunSpec | str) -> None:
+    `requeues` counts the times checkpoint() handed this attempt back: the restart number of the
+    rendezvous key under submitit's local controller, which restarts tasks with the same job id.
+    """
+
+    requeues: int = 0  # a class default too, so a launcher pickled before the field existed loads
+
+    def __init__(self, spec: RunSpec | str, *, requeues: int = 0) -> None:
         self.spec_json = spec if isinstance(spec, str) else spec.model_dump_json()
+        self.requeues = requeues
 
     @property
     def spec(self) -> RunSpec:
@@ -41,18 +48,20 @@ class RankLauncher:
         spec = self.spec
         try:
             job_id = scheduler_job_id(os.environ, fallback=spec.job_id)
-            env = derive_rank_env(os.environ, job_id=job_id, gpus_per_node=spec.resources.gpus_per_node)
+            env = derive_rank_env(os.environ, job_id=job_id, gpus_per_node=spec.resources.gpus_per_node,
+                                  requeues=self.requeues)
         except Exception:
             # Without a rank we cannot do anything sensible; leave the reason where the service looks.
             rank = guess_rank(os.environ)
             setup_logging(rank)
             log.exception("cannot derive this rank's environment")
-            atomic_write_text(spec.files.error(rank), traceback.format_exc())
+            write_error(spec.files.error(rank), spec.attempt, traceback.format_exc())
             raise
         setup_logging(env.rank)
-        log.info("job %s attempt %d: %s rank %d/%d (local %d/%d, node %d) device=%s master=%s:%d",
-                 spec.job_id, spec.attempt, env.source, env.rank, env.world_size, env.local_rank,
-                 env.local_world_size, env.node_rank, env.device, env.master_addr, env.master_port)
+        log.info("job %s attempt %d (scheduler job %s, restart %d): %s rank %d/%d (local %d/%d, node %d) "
+                 "device=%s master=%s", spec.job_id, spec.attempt, env.job_id, env.restart, env.source,
+                 env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.device,
+                 env.master_addr)
         apply_env(spec)
         preempted = watch_preemption()
 
@@ -73,11 +82,12 @@ class RankLauncher:
         if latest is not None:
             spec = spec.model_copy(update={"resume_from": str(latest)})
         log.info("requeueing job %s attempt %d, resume_from=%s", spec.job_id, spec.attempt, spec.resume_from)
-        return DelayedSubmission(RankLauncher(spec))
+        return DelayedSubmission(RankLauncher(spec, requeues=self.requeues + 1))
 
     def __repr__(self) -> str:
         spec = self.spec
-        return f"RankLauncher(job_id={spec.job_id}, attempt={spec.attempt}, name={spec.name!r})"
+        return (f"RankLauncher(job_id={spec.job_id}, attempt={spec.attempt}, requeues={self.requeues}, "
+                f"name={spec.name!r})")
 
 
 class _RankFilter(logging.Filter):

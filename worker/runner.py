@@ -2,10 +2,11 @@
 
 Failure policy, so that no rank waits forever for a dead peer:
 - names and paths are resolved before the rendezvous, so a typo fails every rank at once;
-- the process group has a bounded timeout (spec.rendezvous_timeout_s);
-- a rank that raises writes error-rank{r}.txt, then leaves the group and exits non-zero; its closed
-  sockets make the peers' pending gloo collectives fail at once, and a watchdog ends the process if
-  teardown itself hangs (NCCL with work in flight).
+- the rendezvous (waiting for rank 0's port file, connecting) and the process group have a bounded
+  timeout (spec.rendezvous_timeout_s);
+- a rank that raises writes error-rank{r}.txt (first line `attempt: <n>`), then leaves the group and
+  exits non-zero; its closed sockets make the peers' pending gloo collectives fail at once, and a
+  watchdog ends the process if teardown itself hangs (NCCL with work in flight).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from worker.context import JobContext
-from worker.distributed import RankEnv, ensure_master_port_free, init_process_group, teardown
-from worker.files import atomic_write_text, write_result
+from worker.distributed import RankEnv, init_process_group, teardown
+from worker.files import write_error, write_result
+from worker.rendezvous import rendezvous_key, rendezvous_port, rendezvous_store
 from worker.spec import RunSpec
 
 log = logging.getLogger("worker")
@@ -65,8 +67,9 @@ def resolve_entrypoint(entrypoint: str) -> Callable[..., Any]:
 def _run_function(spec: RunSpec, env: RankEnv, contexts: list[JobContext]) -> Any:
     assert spec.entrypoint is not None
     function = resolve_entrypoint(spec.entrypoint)
-    ensure_master_port_free(env)
-    backend = init_process_group(env, timeout_s=spec.rendezvous_timeout_s)
+    path = spec.files.rendezvous(rendezvous_key(env, spec.attempt))
+    env, store = rendezvous_store(env, path, timeout_s=spec.rendezvous_timeout_s)
+    backend = init_process_group(env, timeout_s=spec.rendezvous_timeout_s, store=store)
     ctx = JobContext(spec, env, backend=backend)
     contexts.append(ctx)
     log.info("calling %s with %s", spec.entrypoint, ctx)
@@ -79,12 +82,14 @@ def _run_script(spec: RunSpec, env: RankEnv) -> Any:
     script = Path(spec.script).resolve()
     if not script.is_file():
         raise FileNotFoundError(f"script {script} does not exist")
-    ensure_master_port_free(env)
+    path = spec.files.rendezvous(rendezvous_key(env, spec.attempt))
+    env = rendezvous_port(env, path, timeout_s=spec.rendezvous_timeout_s)
     os.environ.update(env.torchrun_vars())  # the script calls init_process_group("env://") itself
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *spec.args]
     sys.path.insert(0, str(script.parent))
-    log.info("running script %s %s", script, " ".join(spec.args))
+    log.info("running script %s %s (master %s:%d)", script, " ".join(spec.args), env.master_addr,
+             env.master_port)
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exit_:
@@ -106,7 +111,7 @@ def _on_failure(spec: RunSpec, env: RankEnv, error: BaseException, preempted: bo
         return
     text = traceback.format_exc()
     try:
-        atomic_write_text(spec.files.error(env.rank), text)
+        write_error(spec.files.error(env.rank), spec.attempt, text)
     except OSError:
         log.exception("could not write %s", spec.files.error(env.rank))
     log.error("rank %d failed:\n%s", env.rank, text)

@@ -18,6 +18,7 @@ SLURM_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"
 # A node feature expression for sbatch --constraint: names joined by & | , with counts and brackets.
 SLURM_CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.\-&|,*\[\]()]+$"
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch or step, 8 digits>.pt
+ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt: <n>`
 
 
 class Resources(BaseModel):
@@ -99,8 +100,20 @@ class JobFiles:
         return self.folder / "result.json"
 
     def error(self, rank: int) -> Path:
-        """Written by a rank that raised: its traceback as text."""
+        """Written atomically by a rank that raised: a first line `attempt: <n>`, then its traceback.
+
+        A rank removes its own when it starts, but a reader may still find one an earlier attempt
+        left behind: parse_error_text() says which attempt wrote it.
+        """
         return self.folder / f"error-rank{rank}.txt"
+
+    def rendezvous(self, key: str) -> Path:
+        """Written atomically by rank 0 before the others connect: {"addr", "port", "host", "pid"}.
+
+        `key` names one run of the ranks (worker.rendezvous.rendezvous_key), so a retried or requeued
+        job never reads an earlier run's port.
+        """
+        return self.folder / "rendezvous" / f"{key}.json"
 
     @property
     def checkpoints(self) -> Path:
@@ -147,6 +160,15 @@ class CheckpointRecord(BaseModel):
     step: int  # the epoch_or_step given to ctx.save_checkpoint
     time: float
     attempt: int
+
+
+def parse_error_text(text: str) -> tuple[int | None, str]:
+    """An error file's (attempt, traceback); attempt is None for a file without the attempt line."""
+    first, newline, rest = text.partition("\n")
+    number = first.removeprefix(ERROR_ATTEMPT_PREFIX).strip()
+    if first.startswith(ERROR_ATTEMPT_PREFIX) and number.isdigit():
+        return int(number), rest if newline else ""
+    return None, text
 
 
 def parse_progress_line(line: str) -> ProgressRecord | CheckpointRecord | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,6 +167,9 @@ def test_preempted_train_requeues_and_matches_uninterrupted_bit_for_bit(
     assert value["param_checksum"] == uninterrupted_train["param_checksum"]
     assert not spec.files.errors(), "a preemption is not an error"
     assert "Requeued job" in (job.stdout() or "")
+    # The requeued run (same controller, same job id) rendezvoused under a new name, not the old port's.
+    names = sorted(path.name for path in (spec.files.folder / "rendezvous").iterdir())
+    assert names == [f"{job.job_id}-a1-r0.json", f"{job.job_id}-a1-r1.json"]
 
 
 def test_script_mode_runs_an_unmodified_torchrun_script(tmp_path: Path) -> None:
@@ -175,8 +179,54 @@ def test_script_mode_runs_an_unmodified_torchrun_script(tmp_path: Path) -> None:
     submit(spec).results()
     report = json.loads(out.read_text())
     assert report["world_size"] == 2 and report["sum"] == report["expected"] == 6.0
-    assert report["master"].startswith("127.0.0.1:2")
+    (published,) = published_ports(spec)  # rank 0 picked a free port and told the other rank
+    assert report["master"] == f"127.0.0.1:{published}"
     assert result_of(spec) is None
+
+
+def published_ports(spec: RunSpec) -> list[int]:
+    """The ports rank 0 published in the job folder, one per run of the ranks."""
+    folder = spec.files.folder / "rendezvous"
+    return [json.loads(path.read_text())["port"] for path in sorted(folder.glob("*.json"))]
+
+
+def test_two_jobs_at_once_get_different_ports_even_where_the_old_ones_collide(tmp_path: Path) -> None:
+    specs = [make_spec(tmp_path / name, tasks=2, entrypoint="worker.tasks.faults:sleep",
+                       kwargs={"seconds": 3}) for name in ("a", "b")]
+    jobs = [submit(spec) for spec in specs]
+    # The old scheme's port (20000 + controller PID mod 10000), held by someone else, as a congruent
+    # job's rank 0 would have held it. The ranks are still importing torch: they bind nothing yet.
+    squatters = []
+    for job in jobs:
+        squatter = socket.socket()
+        try:
+            squatter.bind(("", 20000 + int(job.job_id) % 10000))
+            squatter.listen()
+            squatters.append(squatter)
+        except OSError:
+            squatter.close()  # taken already by something else: the point stands all the more
+    assert squatters, "could hold neither job's old port"
+    try:
+        for job in jobs:
+            wait(job, 120)
+    finally:
+        for squatter in squatters:
+            squatter.close()
+    for job, spec in zip(jobs, specs, strict=True):
+        assert result_of(spec)["ok"], job.stderr()
+    ports = [published_ports(spec) for spec in specs]
+    assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1]
+    for spec, job, (port,) in zip(specs, jobs, ports, strict=True):
+        for rank in (0, 1):  # every rank joined the group on its own job's port
+            log = (spec.files.submitit / f"{job.job_id}_{rank}_log.err").read_text()
+            assert f"master=127.0.0.1:{port} " in log
+    # ... and the two jobs ran at the same time: rank 0's progress lines overlap in time.
+    spans = []
+    for spec in specs:
+        times = [record.time for line in spec.files.progress.read_text().splitlines()
+                 if (record := parse_progress_line(line)) is not None]
+        spans.append((min(times), max(times)))
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans
 
 
 def test_a_raising_rank_fails_the_job_promptly_with_its_traceback(tmp_path: Path) -> None:

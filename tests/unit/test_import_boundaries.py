@@ -24,7 +24,8 @@ def modules_after_import(module: str) -> set[str]:
     return set(json.loads(done.stdout))
 
 
-@pytest.mark.parametrize("module", ["worker.launch", "worker.spec", "worker.distributed"])
+@pytest.mark.parametrize("module", ["worker.launch", "worker.spec", "worker.distributed",
+                                    "worker.rendezvous"])
 def test_worker_entry_modules_do_not_import_torch(module: str) -> None:
     loaded = modules_after_import(module)
     assert module in loaded

@@ -1,22 +1,17 @@
-"""Rank environments from SLURM, submitit-local and torchrun variables; ports; backend choice."""
+"""Rank environments from SLURM, submitit-local and torchrun variables; restart counts; backend choice."""
 
 from __future__ import annotations
 
-import socket
+from dataclasses import replace
 
 import pytest
 
 from worker.distributed import (
-    MASTER_PORT_BASE,
-    MASTER_PORT_SPAN,
-    PortInUseError,
-    RankEnv,
+    UNSET_PORT,
     bind_gpu,
     choose_backend,
     derive_rank_env,
-    ensure_master_port_free,
     expand_tasks_per_node,
-    master_port,
     rank_source,
     scheduler_job_id,
 )
@@ -73,7 +68,8 @@ def test_slurm_rank_env() -> None:
     env = derive_rank_env(SLURM, job_id=scheduler_job_id(SLURM, fallback=9), gpus_per_node=0)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank) == (5, 8, 1, 2, 2)
     assert env.master_addr == "n01" and env.source == "slurm" and env.job_id == "123457"
-    assert env.master_port == MASTER_PORT_BASE + 123457 % MASTER_PORT_SPAN == 23457
+    assert env.master_port == UNSET_PORT, "the rendezvous chooses the port, not the job id"
+    assert env.restart == 0
     assert env.gpu is None and env.device == "cpu"
 
 
@@ -95,7 +91,18 @@ def test_submitit_local_rank_env() -> None:
     job_id = scheduler_job_id(environ, fallback=7)
     env = derive_rank_env(environ, job_id=job_id, gpus_per_node=0)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank) == (2, 4, 2, 4, 0)
-    assert env.master_addr == "127.0.0.1" and env.master_port == 21337 and env.source == "local"
+    assert env.master_addr == "127.0.0.1" and env.master_port == UNSET_PORT and env.source == "local"
+
+
+def test_restart_is_slurms_restart_count_on_slurm_and_the_launchers_requeues_elsewhere() -> None:
+    # On SLURM every requeue bumps SLURM_RESTART_COUNT, whoever asked; the launcher's count is ignored.
+    assert derive_rank_env({**SLURM, "SLURM_RESTART_COUNT": "2"}, job_id=1, gpus_per_node=0,
+                           requeues=5).restart == 2
+    assert derive_rank_env(SLURM, job_id=1, gpus_per_node=0, requeues=5).restart == 0
+    local = {"SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_EXECUTOR": "local",
+             "SLURM_RESTART_COUNT": "7"}  # inherited from the allocation the service runs in
+    assert derive_rank_env(local, job_id=1, gpus_per_node=0, requeues=3).restart == 3
+    assert derive_rank_env({}, job_id=1, gpus_per_node=0, requeues=1).restart == 1
 
 
 def test_local_executor_inside_a_slurm_allocation_ignores_the_inherited_slurm_vars() -> None:
@@ -119,12 +126,12 @@ def test_partial_torchrun_vars_do_not_count() -> None:
     # A lone MASTER_PORT inherited from the submitting shell must not pin every job to one port.
     environ = {**SLURM, "MASTER_PORT": "29500", "MASTER_ADDR": "elsewhere"}
     env = derive_rank_env(environ, job_id=123457, gpus_per_node=0)
-    assert env.source == "slurm" and env.master_port == 23457 and env.master_addr == "n01"
+    assert env.source == "slurm" and env.master_port == UNSET_PORT and env.master_addr == "n01"
 
 
 def test_single_process_without_a_scheduler() -> None:
     env = derive_rank_env({}, job_id=77, gpus_per_node=0)
-    assert (env.rank, env.world_size, env.source, env.master_port) == (0, 1, "single", 20077)
+    assert (env.rank, env.world_size, env.source, env.master_port) == (0, 1, "single", UNSET_PORT)
     assert scheduler_job_id({}, fallback=77) == "77"
 
 
@@ -134,10 +141,15 @@ def test_inconsistent_numbers_are_refused() -> None:
 
 
 def test_torchrun_vars_roundtrip() -> None:
-    env = derive_rank_env(SLURM, job_id=123457, gpus_per_node=0)
+    env = replace(derive_rank_env(SLURM, job_id=123457, gpus_per_node=0), master_port=41234)
     again = derive_rank_env(env.torchrun_vars(), job_id=0, gpus_per_node=0)
     assert (again.rank, again.world_size, again.local_rank, again.node_rank, again.master_port) == (
-        env.rank, env.world_size, env.local_rank, env.node_rank, env.master_port)
+        env.rank, env.world_size, env.local_rank, env.node_rank, 41234)
+
+
+def test_torchrun_vars_refuse_a_port_the_rendezvous_has_not_chosen() -> None:
+    with pytest.raises(ValueError, match="rendezvous first"):
+        derive_rank_env(SLURM, job_id=1, gpus_per_node=0).torchrun_vars()
 
 
 # ------------------------------------------------------------------ GPUs
@@ -172,38 +184,3 @@ def test_slurm_rank_gets_its_gpu() -> None:
                                                        (False, 1, "gloo"), (False, 0, "gloo")])
 def test_choose_backend(cuda: bool, gpus: int, backend: str) -> None:
     assert choose_backend(cuda, gpus) == backend
-
-
-# ------------------------------------------------------------------ ports
-
-
-def test_master_port_is_deterministic_and_in_range() -> None:
-    assert master_port(123457) == master_port("123457") == 23457
-    assert master_port("123_4") == master_port("123_4")  # array ids are hashed, still stable
-    for job_id in (0, 1, 9999, 10000, 4194304, "123_4"):
-        assert MASTER_PORT_BASE <= master_port(job_id) < MASTER_PORT_BASE + MASTER_PORT_SPAN < 32768
-
-
-def test_concurrent_job_ids_never_share_a_port() -> None:
-    # Any MASTER_PORT_SPAN consecutive ids (SLURM's sequence, or PIDs handed out in a row) get distinct ports.
-    for start in (1, 123_456, 4_190_000):
-        ports = {master_port(job_id) for job_id in range(start, start + MASTER_PORT_SPAN)}
-        assert len(ports) == MASTER_PORT_SPAN
-    # ... and the documented limit: ids congruent mod the span collide.
-    assert master_port(5) == master_port(5 + MASTER_PORT_SPAN)
-
-
-def _env_on_port(port: int, rank: int = 0, source: str = "local") -> RankEnv:
-    return RankEnv(rank, 2, rank, 2, 0, "127.0.0.1", port, source, "1")
-
-
-def test_port_check_passes_on_a_free_port_and_fails_clearly_on_a_taken_one() -> None:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
-        with pytest.raises(PortInUseError, match=f"rendezvous port {port}"):
-            ensure_master_port_free(_env_on_port(port))
-        ensure_master_port_free(_env_on_port(port, rank=1))  # only rank 0 listens
-        ensure_master_port_free(_env_on_port(port, source="torchrun"))  # torchrun's agent holds it
-    ensure_master_port_free(_env_on_port(port))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.files import ProgressWriter, atomic_write_text, to_jsonable, write_result
-from worker.spec import CheckpointRecord, JobFiles, ProgressRecord, parse_progress_line
+from worker.files import ProgressWriter, atomic_write_text, to_jsonable, write_error, write_result
+from worker.spec import CheckpointRecord, JobFiles, ProgressRecord, parse_error_text, parse_progress_line
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -32,6 +32,19 @@ def test_atomic_write_never_shows_a_partial_file(tmp_path: Path, monkeypatch: py
     with pytest.raises(OSError):
         atomic_write_text(target, "x" * 1_000_000)
     assert target.read_text() == "complete"  # readers still see the old, whole file
+
+
+def test_error_file_starts_with_its_attempt(tmp_path: Path) -> None:
+    path = JobFiles(tmp_path).error(1)
+    assert path.name == "error-rank1.txt"
+    traceback = "Traceback (most recent call last):\nRuntimeError: boom\n"
+    write_error(path, 3, traceback)
+    assert path.read_text().splitlines()[0] == "attempt: 3"
+    assert parse_error_text(path.read_text()) == (3, traceback)
+    # A file from before the attempt line (or someone else's) is all traceback, of an unknown attempt.
+    assert parse_error_text("Traceback\nattempt: 2\n") == (None, "Traceback\nattempt: 2\n")
+    assert parse_error_text("attempt: x\nboom") == (None, "attempt: x\nboom")
+    assert parse_error_text("attempt: 5") == (5, "")
 
 
 def test_result_format(tmp_path: Path) -> None:

@@ -17,11 +17,10 @@ from submitit.helpers import DelayedSubmission
 
 from worker import launch
 from worker.launch import RankLauncher, apply_env, setup_logging, watch_preemption
-from worker.spec import RunSpec
+from worker.spec import RunSpec, parse_error_text
 
 
 def make_spec(tmp_path: Path, **fields: Any) -> RunSpec:
-    # A job id from our PID keeps the rendezvous port apart from other test processes on this machine.
     return RunSpec.model_validate({"job_id": os.getpid(), "name": "unit", "folder": str(tmp_path),
                                    "rendezvous_timeout_s": 30, **fields})
 
@@ -62,6 +61,15 @@ def test_checkpoint_requeues_a_fresh_launcher_resuming_from_the_newest(tmp_path:
     assert isinstance(fresh, RankLauncher) and delayed.args == () and delayed.kwargs == {}
     assert fresh.spec.resume_from == str(spec.files.checkpoint_file(12))
     assert fresh.spec.attempt == spec.attempt
+    # Each hand-back counts: the requeued run rendezvouses under a new key (submitit-local keeps the id).
+    assert fresh.requeues == 1 and fresh.checkpoint().function.requeues == 2
+    assert pickle.loads(pickle.dumps(fresh)).requeues == 1
+
+
+def test_a_launcher_pickled_before_requeues_existed_still_loads(tmp_path: Path) -> None:
+    launcher = RankLauncher(make_spec(tmp_path, entrypoint="m:f"))
+    del launcher.__dict__["requeues"]  # what unpickling an older launcher leaves
+    assert launcher.requeues == 0
 
 
 def test_function_mode_writes_rank0_result(tmp_path: Path, bare_process: None) -> None:
@@ -69,6 +77,8 @@ def test_function_mode_writes_rank0_result(tmp_path: Path, bare_process: None) -
     value = RankLauncher(spec)()
     assert value["ok"] and value["world_size"] == 1
     assert json.loads(spec.files.result.read_text()) == {"attempt": 3, "value": value}
+    (published,) = (spec.files.folder / "rendezvous").iterdir()
+    assert published.name == f"{spec.job_id}-a3-r0.json"  # no scheduler: the service's id stands in
     import torch.distributed as dist
 
     assert not dist.is_initialized(), "the process group is always destroyed"
@@ -83,7 +93,8 @@ def test_a_raising_entrypoint_leaves_its_traceback(tmp_path: Path, bare_process:
     spec = make_spec(tmp_path, entrypoint="worker.tasks.faults:raise_on_rank", kwargs={"rank": 0})
     with pytest.raises(RuntimeError, match="deliberate failure"):
         RankLauncher(spec)()
-    text = spec.files.error(0).read_text()
+    attempt, text = parse_error_text(spec.files.error(0).read_text())
+    assert attempt == spec.attempt == 1
     assert text.startswith("Traceback") and "RuntimeError: deliberate failure (rank 0)" in text
     assert armed == [worker.runner.EXIT_GRACE_S] and not spec.files.result.exists()
 
@@ -96,7 +107,18 @@ def test_a_bad_entrypoint_fails_before_any_rendezvous(tmp_path: Path, bare_proce
     monkeypatch.setattr(worker.runner, "init_process_group", pytest.fail)
     with pytest.raises(ModuleNotFoundError):
         RankLauncher(make_spec(tmp_path, entrypoint="no_such_module:f"))()
-    assert "ModuleNotFoundError" in make_spec(tmp_path, entrypoint="m:f").files.error(0).read_text()
+    text = make_spec(tmp_path, entrypoint="m:f").files.error(0).read_text()
+    assert text.startswith("attempt: 1\nTraceback") and "ModuleNotFoundError" in text
+
+
+def test_an_underivable_rank_leaves_an_error_file_with_its_attempt(tmp_path: Path, bare_process: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUBMITIT_LOCAL_GLOBALID", "1")
+    monkeypatch.setenv("SUBMITIT_LOCAL_NTASKS", "1")  # rank 1 of 1: refused
+    spec = make_spec(tmp_path, entrypoint="m:f", attempt=4)
+    with pytest.raises(ValueError, match="outside world size"):
+        RankLauncher(spec)()
+    assert parse_error_text(spec.files.error(1).read_text())[0] == 4
 
 
 def test_apply_env_sets_the_jobs_env_but_not_the_rank_variables(tmp_path: Path,
