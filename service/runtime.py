@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 
@@ -13,6 +13,7 @@ from service.db import make_engine, migrate
 from service.dispatch import Dispatcher
 from service.intake import JobIntake
 from service.jobs import job_folder
+from service.page_cache import ClockReader, PageCache
 from service.reconcile import Reconciler
 
 
@@ -24,6 +25,8 @@ class Runtime:
     intake: JobIntake
     dispatcher: Dispatcher
     reconciler: Reconciler
+    clock: ClockReader
+    pages: PageCache = field(default_factory=PageCache)
 
     @classmethod
     def build(cls, settings: Settings, backends: dict[str, Backend] | None = None) -> Runtime:
@@ -34,7 +37,7 @@ class Runtime:
         dispatcher = Dispatcher(engine, backends, settings)
         intake = JobIntake(engine, lambda job_id: str(job_folder(settings, job_id)), dispatcher.wake)
         reconciler = Reconciler(engine, backends, settings)
-        return cls(settings, engine, backends, intake, dispatcher, reconciler)
+        return cls(settings, engine, backends, intake, dispatcher, reconciler, ClockReader(engine))
 
     def start(self) -> None:
         self.intake.start()
@@ -48,4 +51,5 @@ class Runtime:
         self.reconciler.stop()
         for backend in self.backends.values():
             backend.close()
+        self.clock.close()
         self.engine.dispose()

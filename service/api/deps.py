@@ -12,7 +12,8 @@ from service.config import Settings
 from service.runtime import Runtime
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
+    # async: a plain attribute read must not cost a thread-pool hop on every request
     runtime: Runtime = request.app.state.runtime
     return runtime
 
@@ -20,7 +21,7 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_settings_dep(runtime: RuntimeDep) -> Settings:
+async def get_settings_dep(runtime: RuntimeDep) -> Settings:
     return runtime.settings
 
 
