@@ -22,7 +22,7 @@ from service.ledger_clock import LedgerVersion, read_version
 from service.models import Job, JobCreate, JobEvent, JobMetric, JobPage, JobPublic
 from service.states import JobState, is_terminal
 from service.transitions import record_transition
-from worker.spec import JobFiles
+from worker.spec import JobFiles, parse_error_text
 
 MAX_PAGE = 500
 MAX_ID = 2**63 - 1  # the largest id a ledger can hold: beyond it SQLite's driver raises, not answers
@@ -246,7 +246,8 @@ def error_summary(files: JobFiles, limit: int = 4000) -> str | None:
     failed: list[tuple[float, str, str]] = []
     for path in files.errors():
         try:
-            text = path.read_text(errors="replace").strip()
+            _, text = parse_error_text(path.read_text(errors="replace"))
+            text = text.strip()
             written = path.stat().st_mtime
         except FileNotFoundError:
             continue
