@@ -226,10 +226,12 @@ def _tail_text(path: Path, tail: int | None, max_bytes: int) -> str:
         handle.seek(0, 2)
         size = handle.tell()
         start = max(0, size - max_bytes)
-        handle.seek(start)
-        data = handle.read(max_bytes)
+        handle.seek(max(0, start - 1))  # one byte early: does the window begin a line?
+        data = handle.read(max_bytes + 1 if start > 0 else max_bytes)
     if start > 0:
-        data = data.split(b"\n", 1)[-1]  # drop the partial first line
+        before, data = data[:1], data[1:]
+        if before != b"\n":
+            data = data.split(b"\n", 1)[-1]  # drop the partial first line
     text = data.decode("utf-8", errors="replace")
     if tail is not None:
         lines = text.splitlines(keepends=True)
