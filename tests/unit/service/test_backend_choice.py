@@ -1,0 +1,57 @@
+"""service.backends.choose_backend: the job's choice, else the service's default, if it runs here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.backends import choose_backend, make_backends
+from service.backends.base import Backend
+from service.config import BackendName, Settings
+from service.errors import InvalidRequest
+from tests.fakes import FakeBackend
+
+BOTH: dict[str, Backend] = {"local": FakeBackend("local"), "slurm": FakeBackend("slurm")}
+
+
+@pytest.mark.parametrize(
+    ("requested", "default", "expected"),
+    [
+        (None, "local", "local"),
+        (None, "slurm", "slurm"),
+        ("slurm", "local", "slurm"),
+        ("local", "slurm", "local"),
+    ],
+)
+def test_the_job_choice_wins_over_the_default(
+    requested: str | None, default: BackendName, expected: str
+) -> None:
+    settings = Settings(default_backend=default)
+    assert choose_backend(requested, settings, BOTH) == expected
+
+
+@pytest.mark.parametrize(("requested", "default"), [("slurm", "local"), (None, "slurm")])
+def test_a_backend_this_service_does_not_run_is_refused(requested: str | None, default: BackendName) -> None:
+    settings = Settings(default_backend=default)
+
+    with pytest.raises(InvalidRequest) as caught:
+        choose_backend(requested, settings, {"local": FakeBackend("local")})
+
+    assert caught.value.field == "backend"
+    assert caught.value.message == "backend 'slurm' is not available on this service"
+
+
+def test_the_fake_backend_honours_the_protocol() -> None:
+    assert isinstance(FakeBackend(), Backend)
+
+
+def test_make_backends_builds_local_and_slurm_without_calling_a_scheduler(tmp_path: Path) -> None:
+    backends = make_backends(Settings(data_dir=tmp_path))
+    try:
+        assert backends["local"].name == "local"
+        assert set(backends) <= {"local", "slurm"}
+        assert all(isinstance(backend, Backend) for backend in backends.values())
+    finally:
+        for backend in backends.values():
+            backend.close()

@@ -1,0 +1,106 @@
+"""Group commit: many concurrent POSTs become few transactions; a failing batch writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, func, select
+
+from service.db import make_engine, migrate
+from service.intake import MAX_BATCH, JobIntake
+from service.models import Job, JobEvent, JobPublic
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = make_engine(database_url)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+class Commits:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+def make_intake(engine: Engine, commits: Commits) -> JobIntake:
+    return JobIntake(engine, lambda job_id: f"/data/jobs/{job_id}", commits)
+
+
+def row(n: int, key: str | None = None) -> Job:
+    return Job(name=f"job-{n}", backend="local", spec={"entrypoint": "a.b:c"}, idempotency_key=key)
+
+
+def counts(engine: Engine) -> tuple[int, int]:
+    with Session(engine) as session:
+        jobs = session.exec(select(func.count()).select_from(Job)).one()
+        events = session.exec(select(func.count()).select_from(JobEvent)).one()
+    return int(jobs), int(events)
+
+
+async def add_all(intake: JobIntake, rows: list[Job], *, start: bool) -> list[JobPublic | BaseException]:
+    """Queue every add; with start=True only now start the writer, so they all wait together."""
+    tasks = [asyncio.create_task(intake.add(r)) for r in rows]
+    await asyncio.sleep(0)  # every task has put its row on the queue
+    if start:
+        intake.start()
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_waiting_adds_are_written_in_batches_of_at_most_max_batch(engine: Engine) -> None:
+    commits = Commits()
+    intake = make_intake(engine, commits)
+    rows = [row(n) for n in range(2 * MAX_BATCH + 200)]
+    try:
+        results = asyncio.run(add_all(intake, rows, start=True))
+    finally:
+        intake.stop()
+
+    published = [r for r in results if isinstance(r, JobPublic)]
+    assert len(published) == len(rows)
+    assert intake.batches_committed == 3 and commits.count == 3
+    assert sorted(p.id for p in published) == list(range(1, len(rows) + 1))
+    assert [p.name for p in published] == [r.name for r in rows]  # each waiter gets its own job
+    assert all(p.folder == f"/data/jobs/{p.id}" for p in published)
+    assert counts(engine) == (len(rows), len(rows))  # every job with its "accepted" event
+
+
+def test_many_concurrent_adds_need_few_commits(engine: Engine) -> None:
+    intake = make_intake(engine, Commits())
+    intake.start()
+    try:
+        results = asyncio.run(add_all(intake, [row(n) for n in range(300)], start=False))
+    finally:
+        intake.stop()
+
+    assert all(isinstance(r, JobPublic) for r in results)
+    assert intake.batches_committed <= 10  # not 300
+    assert counts(engine) == (300, 300)
+
+
+def test_a_failing_batch_rejects_every_waiter_and_writes_nothing(engine: Engine) -> None:
+    commits = Commits()
+    intake = make_intake(engine, commits)
+    # Two rows with one idempotency key break the unique index: the whole batch's commit fails.
+    rows = [row(0), row(1, key="same"), row(2), row(3, key="same"), row(4)]
+    try:
+        results = asyncio.run(add_all(intake, rows, start=True))
+        assert counts(engine) == (0, 0)
+        assert intake.batches_committed == 0 and commits.count == 0
+        assert all(isinstance(r, IntegrityError) for r in results), results
+
+        # The writer survives and takes the next batch.
+        [after] = asyncio.run(add_all(intake, [row(5)], start=False))
+    finally:
+        intake.stop()
+
+    assert isinstance(after, JobPublic) and after.name == "job-5"
+    assert counts(engine) == (1, 1)

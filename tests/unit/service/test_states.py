@@ -1,0 +1,200 @@
+"""The one job state machine: every allowed transition, refused ones, terminal states, attempts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from service.db import make_engine, migrate
+from service.models import Job, JobEvent
+from service.states import (
+    ACTIVE_STATES,
+    ALLOWED_TRANSITIONS,
+    TERMINAL_STATES,
+    WATCHED_STATES,
+    IllegalTransition,
+    JobState,
+    can_transition,
+    check_transition,
+    is_terminal,
+    starts_new_attempt,
+)
+from service.transitions import record_transition
+
+S = JobState
+ALLOWED = [(a, b) for a, targets in ALLOWED_TRANSITIONS.items() for b in sorted(targets)]
+REFUSED = [(a, b) for a in S for b in S if b not in ALLOWED_TRANSITIONS[a] and a is not b]
+
+
+# ---------------------------------------------------------------- the table
+
+
+def test_every_state_has_a_row() -> None:
+    assert set(ALLOWED_TRANSITIONS) == set(S)
+
+
+@pytest.mark.parametrize(("current", "target"), ALLOWED, ids=lambda s: s.value)
+def test_every_allowed_transition_is_allowed(current: JobState, target: JobState) -> None:
+    assert can_transition(current, target)
+    check_transition(current, target)  # does not raise
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        [S.queued, S.submitted, S.pending, S.running, S.succeeded],
+        [S.queued, S.submitted, S.pending, S.running, S.failed],
+        [S.queued, S.submitted, S.pending, S.running, S.timeout],
+        [S.queued, S.submitted, S.pending, S.cancelled],
+        [S.queued, S.cancelled],
+        [S.queued, S.failed],  # the backend refused it
+        [S.queued, S.submitted, S.running, S.preempted, S.requeued, S.pending, S.running, S.succeeded],
+        [S.queued, S.submitted, S.running, S.requeued, S.running, S.succeeded],
+    ],
+    ids=lambda path: "->".join(s.value for s in path),
+)
+def test_the_lifecycles_the_issue_names_are_allowed(path: list[JobState]) -> None:
+    for current, target in pairwise(path):
+        assert can_transition(current, target), (current, target)
+
+
+@pytest.mark.parametrize(
+    ("current", "target"),
+    [
+        (S.queued, S.running),  # never handed to a backend
+        (S.queued, S.pending),
+        (S.queued, S.succeeded),
+        (S.submitted, S.queued),
+        (S.running, S.queued),
+        (S.running, S.submitted),
+        (S.pending, S.requeued),  # requeue follows a preemption or a run
+        (S.succeeded, S.running),
+        (S.failed, S.queued),
+        (S.cancelled, S.running),
+        (S.timeout, S.succeeded),
+    ],
+    ids=lambda s: s.value,
+)
+def test_a_sample_of_refused_transitions(current: JobState, target: JobState) -> None:
+    assert not can_transition(current, target)
+    with pytest.raises(IllegalTransition, match=f"from {current.value} to {target.value}"):
+        check_transition(current, target)
+
+
+@pytest.mark.parametrize(("current", "target"), REFUSED, ids=lambda s: s.value)
+def test_everything_outside_the_table_is_refused(current: JobState, target: JobState) -> None:
+    with pytest.raises(IllegalTransition):
+        check_transition(current, target)
+
+
+def test_terminal_states_are_final_and_the_rest_active() -> None:
+    assert {S.succeeded, S.failed, S.cancelled, S.timeout} == TERMINAL_STATES
+    assert all(is_terminal(s) for s in TERMINAL_STATES)
+    assert not any(is_terminal(s) for s in ACTIVE_STATES)
+    assert set(S) == ACTIVE_STATES | TERMINAL_STATES and not ACTIVE_STATES & TERMINAL_STATES
+    assert all(ALLOWED_TRANSITIONS[s] == frozenset() for s in TERMINAL_STATES)
+    assert S.queued not in WATCHED_STATES and ACTIVE_STATES - {S.queued} == WATCHED_STATES
+
+
+def test_every_active_state_can_be_cancelled_and_can_fail() -> None:
+    for state in ACTIVE_STATES:
+        assert can_transition(state, S.cancelled) and can_transition(state, S.failed), state
+
+
+def test_only_requeued_starts_a_new_attempt() -> None:
+    assert [s for s in S if starts_new_attempt(s)] == [S.requeued]
+
+
+def test_states_are_plain_strings() -> None:
+    assert S("running") is S.running and S.running == "running"
+
+
+# ---------------------------------------------------------------- record_transition on a real ledger
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def new_job(session: Session) -> Job:
+    job = Job(name="j", backend="local", spec={"entrypoint": "a.b:c"})
+    session.add(job)
+    session.flush()
+    return job
+
+
+def history(session: Session, job: Job) -> list[tuple[str | None, str, int, str | None]]:
+    rows = session.exec(select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id))).all()
+    return [(e.from_state and S(e.from_state).value, S(e.to_state).value, e.attempt, e.reason) for e in rows]
+
+
+def test_record_transition_writes_the_state_event_and_timestamps(engine: Engine) -> None:
+    with Session(engine) as session:
+        job = new_job(session)
+        assert record_transition(session, job, S.submitted, "local id 42")
+        assert record_transition(session, job, S.running)
+        started = job.started_at
+        assert record_transition(session, job, S.failed, "NonZeroExitCode", exit_code=3)
+        session.commit()
+
+        assert S(job.state) is S.failed and job.reason == "NonZeroExitCode" and job.exit_code == 3
+        assert job.submitted_at is not None and started is not None and job.finished_at is not None
+        assert job.submitted_at <= started <= job.finished_at
+        assert history(session, job) == [
+            ("queued", "submitted", 1, "local id 42"),
+            ("submitted", "running", 1, None),
+            ("running", "failed", 1, "NonZeroExitCode"),
+        ]
+
+
+def test_requeued_adds_one_to_the_attempt_and_started_at_is_kept(engine: Engine) -> None:
+    with Session(engine) as session:
+        job = new_job(session)
+        for state in (S.submitted, S.running):
+            record_transition(session, job, state)
+        first_start = job.started_at
+        record_transition(session, job, S.preempted, "PREEMPTED")
+        record_transition(session, job, S.requeued, "REQUEUED")
+        record_transition(session, job, S.running)
+
+        assert job.attempt == 2
+        assert job.started_at == first_start
+        assert history(session, job)[-3:] == [
+            ("running", "preempted", 1, "PREEMPTED"),
+            ("preempted", "requeued", 2, "REQUEUED"),
+            ("requeued", "running", 2, None),
+        ]
+
+
+def test_the_same_state_again_only_updates_the_reason(engine: Engine) -> None:
+    with Session(engine) as session:
+        job = new_job(session)
+        record_transition(session, job, S.submitted)
+        record_transition(session, job, S.pending, "Priority")
+
+        assert not record_transition(session, job, S.pending, "Resources")
+        assert not record_transition(session, job, S.pending)
+
+        assert job.reason == "Resources"
+        assert [to for _, to, _, _ in history(session, job)] == ["submitted", "pending"]
+
+
+def test_a_refused_transition_changes_nothing(engine: Engine) -> None:
+    with Session(engine) as session:
+        job = new_job(session)
+        record_transition(session, job, S.cancelled, "cancelled by user")
+
+        with pytest.raises(IllegalTransition):
+            record_transition(session, job, S.running)
+
+        assert S(job.state) is S.cancelled and job.reason == "cancelled by user"
+        assert len(history(session, job)) == 1
