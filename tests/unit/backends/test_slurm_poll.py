@@ -65,8 +65,8 @@ def test_poll_of_200_jobs_is_one_scheduler_call(commands: FakeCommands, tmp_path
 def test_very_long_id_lists_are_chunked(commands: FakeCommands, tmp_path: Path) -> None:
     commands.on("squeue", running_rows)
     slurm = backend(commands, tmp_path)
-    assert len(slurm.poll([str(n) for n in range(1, 1201)])) == 1200
-    assert slurm.scheduler_calls == 3  # 500 + 500 + 200
+    assert len(slurm.poll([str(n) for n in range(1, 12001)])) == 12000
+    assert slurm.scheduler_calls == 3  # 5000 + 5000 + 2000
 
 
 def test_jobs_squeue_forgot_are_asked_of_sacct_once(commands: FakeCommands, tmp_path: Path) -> None:

@@ -1,0 +1,219 @@
+"""torchyard on the real SLURM cluster of deploy/slurm against plain sbatch and raw submitit, same run.
+
+(a) dispatch rate: 300 trivial jobs POSTed (8 client threads) until all are accepted by SLURM (ledger
+    state submitted or beyond), against a loop of 300 `sbatch --wrap true`. A blocker job holds the
+    whole cluster meanwhile, so that nothing runs on either side; everything is scancelled after.
+    Target: torchyard >= 3x the sbatch loop.
+(b) a tiny 3-rank DDP job (the seed's ddp_parameters): POST -> succeeded, against raw submitit
+    submit -> result() of the same RankLauncher. Target: <= 1.1x.
+(c) scheduler calls per reconcile interval with 1000 active jobs (a held job array entered in the
+    ledger), the reconciler running in this process. Target: 1.
+
+Loopback only. Run: .venv/bin/python -m bench.slurm [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import submitit
+
+from bench.harness import server
+from service.backends.slurm import SlurmBackend
+from service.backends.slurm_submit import SRUN_ARGS, pythonpath_setup
+from service.config import Settings
+from service.db import session_scope
+from service.models import Job
+from service.runtime import Runtime
+from service.states import JobState
+from worker.launch import RankLauncher
+from worker.spec import Resources, RunSpec
+
+TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}
+TRIVIAL = {
+    "name": "bench-trivial",
+    "entrypoint": "worker.tasks.faults:sleep",
+    "kwargs": {"seconds": 0},
+    "resources": {"timeout_min": 1},
+}
+DDP = {
+    "name": "bench-ddp",
+    "entrypoint": "worker.tasks.seed:ddp_parameters",
+    "resources": {"tasks_per_node": 3, "timeout_min": 5},
+}
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+def squeue_ids(name: str) -> list[str]:
+    return sh("squeue", "-h", "-r", "-n", name, "-o", "%i").split()
+
+
+@contextmanager
+def blocker() -> Iterator[None]:
+    """A job holding all 8 CPUs: whatever is submitted meanwhile pends, nothing runs."""
+    job = sh("sbatch", "--parsable", "-J", "bench-blocker", "-N", "2", "--ntasks-per-node", "4",
+             "-o", "/dev/null", "--wrap", "sleep 600").strip()
+    deadline = time.monotonic() + 30
+    while sh("squeue", "-h", "-j", job, "-o", "%T").strip() != "RUNNING":
+        if time.monotonic() > deadline:
+            raise SystemExit("the blocker job did not start")
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        subprocess.run(["scancel", job], check=False)
+
+
+def sbatch_loop(count: int) -> float:
+    started = time.perf_counter()
+    for _ in range(count):
+        sh("sbatch", "--parsable", "-J", "bench-loop", "-o", "/dev/null", "--wrap", "true")
+    elapsed = time.perf_counter() - started
+    subprocess.run(["scancel", "-n", "bench-loop"], check=False)
+    return elapsed
+
+
+def torchyard_dispatch(url: str, ledger: Path, count: int, threads: int = 8) -> float:
+    per_thread = [count // threads + (1 if n < count % threads else 0) for n in range(threads)]
+
+    def post(n: int) -> None:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            for _ in range(n):
+                client.post("/api/v1/jobs", json=TRIVIAL).raise_for_status()
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=post, args=(n,)) for n in per_thread]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    print(f"    (all {count} POSTs answered after {time.perf_counter() - started:.2f} s)")
+    with sqlite3.connect(ledger) as db:
+        while True:
+            accepted = db.execute(
+                "SELECT count(*) FROM job WHERE name = ? AND external_id IS NOT NULL", (TRIVIAL["name"],)
+            ).fetchone()[0]
+            if accepted >= count:
+                break
+            time.sleep(0.01)
+    elapsed = time.perf_counter() - started
+    with sqlite3.connect(ledger) as db:
+        refused = db.execute("SELECT count(*) FROM job WHERE state = 'failed'").fetchone()[0]
+    if refused:
+        raise SystemExit(f"{refused} jobs were refused by SLURM")
+    return elapsed
+
+
+def torchyard_ddp(client: httpx.Client) -> float:
+    started = time.perf_counter()
+    job = client.post("/api/v1/jobs", json=DDP).raise_for_status().json()
+    while job["state"] not in TERMINAL:
+        time.sleep(0.02)
+        job = client.get(f"/api/v1/jobs/{job['id']}").raise_for_status().json()
+    elapsed = time.perf_counter() - started
+    if job["state"] != "succeeded" or not job["result"]["ok"]:
+        raise SystemExit(f"torchyard job did not check out: {job['state']} {job['reason']}")
+    return elapsed
+
+
+def submitit_ddp(folder: Path, n: int) -> float:
+    spec = RunSpec(job_id=n, name="raw-submitit", entrypoint="worker.tasks.seed:ddp_parameters",
+                   resources=Resources(tasks_per_node=3, timeout_min=5), folder=str(folder / f"raw-{n}"))
+    executor = submitit.AutoExecutor(folder=spec.files.submitit, cluster="slurm")
+    executor.update_parameters(nodes=1, tasks_per_node=3, cpus_per_task=1, timeout_min=5,
+                               slurm_srun_args=list(SRUN_ARGS), slurm_setup=pythonpath_setup())
+    started = time.perf_counter()
+    job = executor.submit(RankLauncher(spec.model_dump_json()))
+    result = job.results()[0]  # one value per task; rank 0's first
+    elapsed = time.perf_counter() - started
+    if not result["ok"]:
+        raise SystemExit(f"raw submitit job did not check out: {result}")
+    return elapsed
+
+
+def calls_per_interval(tmp: Path, active: int, seconds: float = 8.0) -> tuple[int, int]:
+    array = sh("sbatch", "--parsable", "--hold", f"--array=0-{active - 1}", "-J", "bench-held",
+               "-o", "/dev/null", "--wrap", "true").strip().split(";")[0]
+    settings = Settings(default_backend="slurm", data_dir=tmp / "calls", reconcile_interval_s=1)
+    runtime = Runtime.build(settings)
+    try:
+        with session_scope(runtime.engine) as session:
+            for index in range(active):
+                session.add(Job(name=f"held-{index}", backend="slurm", state=JobState.submitted,
+                                external_id=f"{array}_{index}", folder=str(tmp / "held" / str(index)),
+                                spec={"entrypoint": "worker.tasks.faults:sleep", "resources": {}}))
+        backend = runtime.backends["slurm"]
+        assert isinstance(backend, SlurmBackend)
+        runtime.reconciler.start()
+        time.sleep(2)  # the first ticks move them submitted -> pending
+        calls, ticks = backend.scheduler_calls, runtime.reconciler.ticks["slurm"]
+        time.sleep(seconds)
+        return backend.scheduler_calls - calls, runtime.reconciler.ticks["slurm"] - ticks
+    finally:
+        runtime.reconciler.stop()
+        runtime.engine.dispose()
+        subprocess.run(["scancel", array], check=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--active", type=int, default=1000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="torchyard-bench-") as name:
+        tmp = Path(name)
+        ledger = tmp / "ledger.db"
+        env = {
+            "TORCHYARD_DATA_DIR": str(tmp / "data"),
+            "TORCHYARD_DATABASE_URL": f"sqlite:///{ledger}",
+            "TORCHYARD_DEFAULT_BACKEND": "slurm",
+            "TORCHYARD_RECONCILE_INTERVAL_S": "1",
+        }
+        with server("service.app:create_app", env) as url, httpx.Client(base_url=url, timeout=60) as client:
+            # (a) dispatch rate, under a blocker so that nothing runs
+            with blocker():
+                client.post("/api/v1/jobs", json=TRIVIAL).raise_for_status()  # warm: validation cache
+                loop_s = sbatch_loop(args.jobs)
+                ours_s = torchyard_dispatch(url, ledger, args.jobs + 1)
+                subprocess.run(["scancel", "-n", str(TRIVIAL["name"])], check=False)
+            loop_rate, ours_rate = args.jobs / loop_s, (args.jobs + 1) / ours_s
+            print(f"(a) sbatch loop: {args.jobs} jobs in {loop_s:.2f} s = {loop_rate:.0f} jobs/s")
+            print(f"    torchyard:   {args.jobs + 1} jobs POSTed -> accepted by SLURM in {ours_s:.2f} s "
+                  f"= {ours_rate:.0f} jobs/s")
+            print(f"    ratio torchyard / sbatch loop = {ours_rate / loop_rate:.2f}x (target >= 3x)")
+            while squeue_ids(str(TRIVIAL["name"])):
+                time.sleep(0.5)
+
+            # (b) a tiny 3-rank DDP job, alternated with raw submitit
+            ours: list[float] = []
+            theirs: list[float] = []
+            torchyard_ddp(client)  # warm the page cache for both alike
+            for n in range(args.rounds):
+                theirs.append(submitit_ddp(tmp, n))
+                ours.append(torchyard_ddp(client))
+                print(f"(b) round {n + 1}: raw submitit {theirs[-1]:.2f} s   torchyard {ours[-1]:.2f} s")
+            ratio = statistics.median(ours) / statistics.median(theirs)
+            print(f"    ratio torchyard / raw submitit = {ratio:.2f}x (target <= 1.1x)")
+
+        # (c) scheduler calls per interval with many active jobs
+        calls, ticks = calls_per_interval(tmp, args.active)
+        print(f"(c) {args.active} active jobs: {calls} scheduler calls in {ticks} reconcile intervals "
+              f"= {calls / max(ticks, 1):.2f} per interval (target 1)")
+
+
+if __name__ == "__main__":
+    main()
