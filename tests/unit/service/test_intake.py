@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pytest
 from sqlalchemy.engine import Engine
@@ -13,6 +15,8 @@ from sqlmodel import Session, func, select
 from service.db import make_engine, migrate
 from service.intake import MAX_BATCH, JobIntake
 from service.models import Job, JobEvent, JobPublic
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -46,6 +50,12 @@ def counts(engine: Engine) -> tuple[int, int]:
     return int(jobs), int(events)
 
 
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run in a thread of its own: the test process may already run a loop (Playwright's)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result(timeout=120)
+
+
 async def add_all(intake: JobIntake, rows: list[Job], *, start: bool) -> list[JobPublic | BaseException]:
     """Queue every add; with start=True only now start the writer, so they all wait together."""
     tasks = [asyncio.create_task(intake.add(r)) for r in rows]
@@ -60,7 +70,7 @@ def test_waiting_adds_are_written_in_batches_of_at_most_max_batch(engine: Engine
     intake = make_intake(engine, commits)
     rows = [row(n) for n in range(2 * MAX_BATCH + 200)]
     try:
-        results = asyncio.run(add_all(intake, rows, start=True))
+        results = run(add_all(intake, rows, start=True))
     finally:
         intake.stop()
 
@@ -77,7 +87,7 @@ def test_many_concurrent_adds_need_few_commits(engine: Engine) -> None:
     intake = make_intake(engine, Commits())
     intake.start()
     try:
-        results = asyncio.run(add_all(intake, [row(n) for n in range(300)], start=False))
+        results = run(add_all(intake, [row(n) for n in range(300)], start=False))
     finally:
         intake.stop()
 
@@ -92,13 +102,13 @@ def test_a_failing_batch_rejects_every_waiter_and_writes_nothing(engine: Engine)
     # Two rows with one idempotency key break the unique index: the whole batch's commit fails.
     rows = [row(0), row(1, key="same"), row(2), row(3, key="same"), row(4)]
     try:
-        results = asyncio.run(add_all(intake, rows, start=True))
+        results = run(add_all(intake, rows, start=True))
         assert counts(engine) == (0, 0)
         assert intake.batches_committed == 0 and commits.count == 0
         assert all(isinstance(r, IntegrityError) for r in results), results
 
         # The writer survives and takes the next batch.
-        [after] = asyncio.run(add_all(intake, [row(5)], start=False))
+        [after] = run(add_all(intake, [row(5)], start=False))
     finally:
         intake.stop()
 
