@@ -242,33 +242,49 @@ def test_service_killed_with_jobs_pending_and_running_settles_them_after_restart
         subprocess.run(["scancel", *[str(v) for v in before.values()]], capture_output=True, check=False)
 
 
-def test_preempted_training_resumes_from_its_checkpoint_bit_for_bit(live: LiveServer) -> None:
-    kwargs = {"epochs": 4, "samples": 256, "seed": 7, "report_every": 2, "sleep_per_step": 0.4}
+def test_preempted_and_requeued_training_resumes_from_its_checkpoint_bit_for_bit(live: LiveServer) -> None:
+    # Long enough after the first checkpoint to outlive KillWait (5 s): a requeue's SIGTERM is ignored
+    # by submitit, so the ranks only stop at the SIGKILL that follows.
+    kwargs = {"epochs": 6, "samples": 256, "seed": 7, "report_every": 2, "sleep_per_step": 0.6}
     resources = {"tasks_per_node": 2, "timeout_min": 5}
-    plain = submit(live.url, name="plain", entrypoint="worker.tasks.train:train", kwargs=kwargs,
-                   resources=resources)
-    hit = submit(live.url, name="hit", entrypoint="worker.tasks.train:train", kwargs=kwargs,
-                 resources=resources)
-    def checkpointed() -> dict[str, Any] | None:
-        j = job(live.url, hit["id"])
-        return j if j["latest_checkpoint"] and j["state"] == "running" else None
+    plain, signalled, requeued = (
+        submit(live.url, name=name, entrypoint="worker.tasks.train:train", kwargs=kwargs, resources=resources)
+        for name in ("plain", "signalled", "requeued")
+    )
 
-    mid = wait_for(checkpointed, 120, "a first checkpoint")
+    def checkpointed(one: dict[str, Any]) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            j = job(live.url, one["id"])
+            return j if j["latest_checkpoint"] and j["state"] == "running" else None
+
+        return wait_for(probe, 120, f"a first checkpoint of {one['name']}")
+
     # What SLURM sends on preemption (and before a time limit): USR2 to every rank. submitit's handler on
     # rank 0 asks RankLauncher.checkpoint() for the resubmission and runs `scontrol requeue` itself.
+    mid = checkpointed(signalled)
     subprocess.run(["scancel", "--signal=USR2", str(mid["external_id"])], check=True, timeout=30)
-    requeued = wait_for(lambda: (j := job(live.url, hit["id"]))["attempt"] == 2 and j, 60, "attempt 2")
-    assert requeued["external_id"] == mid["external_id"]
+    # An operator's (or a node failure's) requeue: no signal, submitit reruns its pickle.
+    mid_requeued = checkpointed(requeued)
+    subprocess.run(["scontrol", "requeue", str(mid_requeued["external_id"])], check=True, timeout=30)
+    for one, before in ((signalled, mid), (requeued, mid_requeued)):
+
+        def second_attempt(job_id: int = one["id"]) -> dict[str, Any] | None:
+            j = job(live.url, job_id)
+            return j if j["attempt"] == 2 else None
+
+        again = wait_for(second_attempt, 60, f"attempt 2 of {one['name']}")
+        assert again["external_id"] == before["external_id"]  # the same SLURM job, requeued
 
     plain_done = finished(live.url, plain["id"], timeout=180)
-    hit_done = finished(live.url, hit["id"], timeout=180)
     assert plain_done["state"] == "succeeded", plain_done["reason"]
-    assert hit_done["state"] == "succeeded", hit_done["reason"]
-    assert hit_done["result"]["resumed_from_epoch"] is not None
     assert plain_done["result"]["resumed_from_epoch"] is None
-    assert hit_done["result"]["param_checksum"] == plain_done["result"]["param_checksum"]
-    assert hit_done["attempt"] == 2
-    history = states(live.url, hit["id"])
-    at = history.index("requeued")
-    assert "running" in history[at:], history
-    assert history[-1] == "succeeded"
+    for one in (signalled, requeued):
+        done = finished(live.url, one["id"], timeout=180)
+        assert done["state"] == "succeeded", (one["name"], done["reason"])
+        assert done["result"]["resumed_from_epoch"] is not None, one["name"]
+        assert done["result"]["param_checksum"] == plain_done["result"]["param_checksum"], one["name"]
+        assert done["attempt"] == 2
+        history = states(live.url, one["id"])
+        at = history.index("requeued")
+        assert "running" in history[at:], history
+        assert history[-1] == "succeeded"
