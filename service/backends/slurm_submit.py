@@ -55,6 +55,15 @@ def sbatch_parameters(resources: Resources, default_partition: str | None) -> di
     return params
 
 
+def warning_signal_delay_s(timeout_min: int) -> int:
+    """How long before the time limit SLURM sends the checkpoint signal (submitit's default is 90 s).
+
+    For a short limit 90 s would arrive at once, and submitit would take it for a time-out and
+    requeue the job over and over; a quarter of the limit, at most 90 s, leaves it time to run.
+    """
+    return max(5, min(90, timeout_min * 60 // 4))
+
+
 def check_argv(params: dict[str, Any]) -> list[str]:
     """`sbatch --test-only` for these parameters: the scheduler's verdict without a job. No shell."""
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in sorted(params.items())]
@@ -174,6 +183,7 @@ def submit_group(
         job_name=job_name(specs),
         srun_args=list(SRUN_ARGS),
         setup=pythonpath_setup(),
+        signal_delay_s=warning_signal_delay_s(int(params["time"])),
     )
     with executor.batch():
         jobs = [executor.submit(RankLauncher(spec.model_dump_json())) for spec in specs]

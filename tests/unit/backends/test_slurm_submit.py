@@ -212,3 +212,11 @@ def test_allow_listed_options_reach_the_script(
 def test_free_form_values_are_refused_by_the_spec(tmp_path: Path, resources: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="resources"):
         make(tmp_path, 1, **resources)
+
+
+def test_the_warning_signal_never_arrives_before_a_quarter_of_the_limit() -> None:
+    from service.backends.slurm_submit import warning_signal_delay_s
+
+    assert warning_signal_delay_s(1) == 15
+    assert warning_signal_delay_s(60) == 90
+    assert warning_signal_delay_s(2) == 30
