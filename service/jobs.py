@@ -182,7 +182,7 @@ def cancel_job(session: Session, job_id: int, backends: Mapping[str, Backend]) -
         return job
     job.cancel_requested = True
     if job.external_id is not None:
-        backends[job.backend].cancel([job.external_id])
+        require_backend(backends, job.backend).cancel([job.external_id])
     if state is not JobState.queued or job.claimed_by is None:
         record_transition(session, job, JobState.cancelled, "cancelled by user")
     session.add(job)
