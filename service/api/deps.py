@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from sqlmodel import Session
 
 from service.config import Settings
+from service.db import session_scope
 from service.runtime import Runtime
 
 
@@ -30,13 +31,8 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 def get_session(runtime: RuntimeDep) -> Iterator[Session]:
     """One transaction per request: committed when the route returns, rolled back when it raises."""
-    with Session(runtime.engine, expire_on_commit=False) as session:
-        try:
-            yield session
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
+    with session_scope(runtime.engine) as session:
+        yield session
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
