@@ -114,3 +114,19 @@ def parse_wrk(out: str) -> WrkResult:
 def post_script(body: str) -> str:
     escaped = body.replace("\\", "\\\\").replace('"', '\\"')
     return f'wrk.method = "POST"\nwrk.body = "{escaped}"\nwrk.headers["Content-Type"] = "application/json"\n'
+
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timeout"})
+
+
+def time_job(client: httpx.Client, body: dict[str, object]) -> float:
+    """Seconds from POST to the job seen succeeded (polled every 20 ms); exits if it did not check out."""
+    started = time.perf_counter()
+    job = client.post("/api/v1/jobs", json=body).raise_for_status().json()
+    while job["state"] not in TERMINAL:
+        time.sleep(0.02)
+        job = client.get(f"/api/v1/jobs/{job['id']}").raise_for_status().json()
+    elapsed = time.perf_counter() - started
+    if job["state"] != "succeeded" or not job["result"]["ok"]:
+        raise SystemExit(f"torchyard job did not check out: {job['state']} {job['reason']}")
+    return elapsed

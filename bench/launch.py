@@ -18,14 +18,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import ROOT, server
+from bench.harness import ROOT, server, time_job
 
 JOB = {
     "name": "bench-ddp",
     "entrypoint": "worker.tasks.seed:ddp_parameters",
     "resources": {"tasks_per_node": 3},
 }
-TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}
 
 
 def time_torchrun(folder: Path) -> float:
@@ -47,15 +46,7 @@ def time_torchrun(folder: Path) -> float:
 
 
 def time_torchyard(client: httpx.Client) -> float:
-    started = time.perf_counter()
-    job = client.post("/api/v1/jobs", json=JOB).raise_for_status().json()
-    while job["state"] not in TERMINAL:
-        time.sleep(0.02)
-        job = client.get(f"/api/v1/jobs/{job['id']}").raise_for_status().json()
-    elapsed = time.perf_counter() - started
-    if job["state"] != "succeeded" or not job["result"]["ok"]:
-        raise SystemExit(f"torchyard job did not check out: {job['state']} {job['reason']}")
-    return elapsed
+    return time_job(client, JOB)
 
 
 def main() -> None:

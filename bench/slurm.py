@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import submitit
 
-from bench.harness import server
+from bench.harness import server, time_job
 from service.backends.slurm import SlurmBackend
 from service.backends.slurm_submit import SRUN_ARGS, pythonpath_setup
 from service.config import Settings
@@ -39,7 +39,6 @@ from service.states import JobState
 from worker.launch import RankLauncher
 from worker.spec import Resources, RunSpec
 
-TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}
 TRIVIAL = {
     "name": "bench-trivial",
     "entrypoint": "worker.tasks.faults:sleep",
@@ -118,15 +117,7 @@ def torchyard_dispatch(url: str, ledger: Path, count: int, threads: int = 8) -> 
 
 
 def torchyard_ddp(client: httpx.Client) -> float:
-    started = time.perf_counter()
-    job = client.post("/api/v1/jobs", json=DDP).raise_for_status().json()
-    while job["state"] not in TERMINAL:
-        time.sleep(0.02)
-        job = client.get(f"/api/v1/jobs/{job['id']}").raise_for_status().json()
-    elapsed = time.perf_counter() - started
-    if job["state"] != "succeeded" or not job["result"]["ok"]:
-        raise SystemExit(f"torchyard job did not check out: {job['state']} {job['reason']}")
-    return elapsed
+    return time_job(client, DDP)
 
 
 def submitit_ddp(folder: Path, n: int) -> float:

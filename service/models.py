@@ -12,7 +12,7 @@ from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
 from service.states import JobState
-from worker.spec import ENTRYPOINT_PATTERN, Resources
+from worker.spec import Resources, check_entrypoint, check_one_target
 
 
 def utcnow() -> datetime:
@@ -67,9 +67,7 @@ class JobCreate(JobBase):
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint_shape(cls, value: str | None) -> str | None:
-        if value is not None and not ENTRYPOINT_PATTERN.fullmatch(value):  # match() lets "...\n" by
-            raise ValueError("must look like 'package.module:function'")
-        return value
+        return check_entrypoint(value)
 
     @field_validator("name", "script")
     @classmethod
@@ -108,8 +106,7 @@ class JobCreate(JobBase):
 
     @model_validator(mode="after")
     def _exactly_one_target(self) -> JobCreate:
-        if (self.entrypoint is None) == (self.script is None):
-            raise ValueError("give exactly one of 'entrypoint' or 'script'")
+        check_one_target(self.entrypoint, self.script)
         return self
 
 

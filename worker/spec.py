@@ -21,6 +21,18 @@ CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch 
 ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt: <n>`
 
 
+def check_entrypoint(value: str | None) -> str | None:
+    """'package.module:function', whole string (match() would let a trailing newline through)."""
+    if value is not None and not ENTRYPOINT_PATTERN.fullmatch(value):
+        raise ValueError("must look like 'package.module:function'")
+    return value
+
+
+def check_one_target(entrypoint: str | None, script: str | None) -> None:
+    if (entrypoint is None) == (script is None):
+        raise ValueError("give exactly one of 'entrypoint' or 'script'")
+
+
 class Resources(BaseModel):
     """What one job asks of the machine or cluster."""
 
@@ -64,14 +76,11 @@ class RunSpec(BaseModel):
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint_shape(cls, value: str | None) -> str | None:
-        if value is not None and not ENTRYPOINT_PATTERN.match(value):
-            raise ValueError("must look like 'package.module:function'")
-        return value
+        return check_entrypoint(value)
 
     @model_validator(mode="after")
     def _exactly_one_target(self) -> RunSpec:
-        if (self.entrypoint is None) == (self.script is None):
-            raise ValueError("exactly one of entrypoint or script must be given")
+        check_one_target(self.entrypoint, self.script)
         return self
 
     @property
