@@ -74,7 +74,9 @@ def test_a_batch_runs_through_rank_launcher(slurm: SlurmBackend, tmp_path: Path)
 
     final = wait_until(slurm, ids, all_ended)
     assert [final[one].state for one in ids] == [JobState.succeeded] * 3 + [JobState.failed]
-    assert final[ids[3]].exit_code == 1
+    # srun reports its worst task: rank 1's 1, or 143 when --kill-on-bad-exit's SIGTERM reached rank 0
+    # while it still ran (a race on 2 cores). The cause itself is checked in rank 1's error file below.
+    assert final[ids[3]].exit_code in (1, 128 + 15)
     result = json.loads(specs[0].files.result.read_text())["value"]
     assert result["hostnames"] == ["n1", "n1", "n2", "n2"]  # rank order: two nodes, two ranks each
     assert final[ids[0]].nodes == "n[1-2]"
