@@ -9,10 +9,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.api.errors import install_error_handlers
-from service.api.routes import dashboard, health, jobs
+from service.api.routes import access, dashboard, health, jobs
 from service.api.routes import metrics as metrics_routes
 from service.backends.base import Backend
 from service.config import Settings, get_settings
+from service.loopback import is_loopback
 from service.metrics import LatencyMiddleware, ServiceMetrics
 from service.runtime import Runtime
 
@@ -21,6 +22,11 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None, backends: dict[str, Backend] | None = None) -> FastAPI:
     settings = settings or get_settings()
+    if settings.dev_mode and not is_loopback(settings.host):
+        raise ValueError(
+            f"dev mode (no tokens) listens on this machine only, not on {settings.host!r}: "
+            "use TORCHYARD_HOST=127.0.0.1, or create tokens and turn dev mode off"
+        )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -28,6 +34,8 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
         app.state.runtime = runtime
         runtime.start()
         log.info("torchyard serving; data in %s", settings.data_dir.resolve())
+        if settings.dev_mode:
+            log.warning("DEV MODE: no tokens are checked; every caller on this machine is admin")
         try:
             yield
         finally:
@@ -44,6 +52,7 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(access.router)
     app.include_router(metrics_routes.router)
     dashboard.mount(app)
     return app

@@ -24,6 +24,7 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
+from service.cli_admin import quota_app, token_app
 from service.cli_logs import STREAMS, print_logs
 from service.cli_progress import watch_jobs
 from service.cli_render import Job, as_json, job_details, jobs_table, state_text
@@ -40,6 +41,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,  # a bug should print a plain traceback, not a page of locals
 )
+app.add_typer(token_app, name="token")
+app.add_typer(quota_app, name="quota")
 
 
 @dataclass
@@ -103,19 +106,31 @@ def serve(
     ] = None,
     port: Annotated[int | None, typer.Option(help="Port.", show_default="TORCHYARD_PORT, 8321")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    dev: Annotated[
+        bool, typer.Option("--dev", help="No tokens: every caller is admin. Only on 127.0.0.1.")
+    ] = False,
 ) -> None:
-    """Run the service (API, dispatch and reconcile loops) in the foreground until Ctrl-C."""
+    """Run the service (API, dispatch and reconcile loops) in the foreground until Ctrl-C.
+
+    Callers need a token (`torchyard token create`) unless --dev (or TORCHYARD_DEV_MODE=true).
+    """
     import uvicorn
 
     from service.app import create_app
     from service.config import Settings
 
     overrides: dict[str, Any] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    if dev:
+        overrides["dev_mode"] = True
     settings = Settings(**overrides)  # TORCHYARD_* from the environment; the flags win
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     base = f"http://{settings.host}:{settings.port}"
     _console().print(f"torchyard on {base}  (API docs {base}/docs, data in {settings.data_dir.resolve()})")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level.lower())
+    try:
+        application = create_app(settings)
+    except ValueError as error:
+        raise _fail(str(error), EXIT_REQUEST) from None
+    uvicorn.run(application, host=settings.host, port=settings.port, log_level=log_level.lower())
 
 
 @app.command()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 BackendName = Literal["local", "slurm"]
+CommaList = Annotated[list[str], NoDecode]  # from the environment as "a,b,c", not as JSON
 
 
 class Settings(BaseSettings):
@@ -33,8 +34,33 @@ class Settings(BaseSettings):
     rendezvous_timeout_s: float = Field(300.0, gt=0)
     max_log_bytes: int = Field(1_000_000, ge=1, description="Most bytes one logs request returns.")
 
+    max_tasks_per_job: int = Field(64, ge=1, description="Default per-user limit: nodes x tasks_per_node.")
+    max_gpus_per_job: int = Field(64, ge=0, description="Default per-user limit: nodes x gpus_per_node.")
+    max_active_jobs_per_user: int = Field(200, ge=1, description="Default per-user limit: unfinished jobs.")
+    max_submissions_per_minute: int = Field(600, ge=1, description="Default per-user limit on POSTs.")
+    min_free_disk_mb: int = Field(64, ge=0, description="Refuse new jobs when data_dir has less free.")
+
+    dev_mode: bool = Field(False, description="No tokens: every caller is admin 'dev'. Loopback only.")
+    token_cache_s: float = Field(2.0, ge=0, description="How long a checked token is remembered.")
+    allowed_entrypoints: CommaList = Field(
+        default_factory=lambda: ["worker.tasks."], description="Module prefixes jobs may call."
+    )
+    allowed_script_dirs: CommaList = Field(
+        default_factory=list, description="Folders whose scripts jobs may run (resolved, no escape)."
+    )
+    allowed_env_keys: CommaList = Field(
+        default_factory=list, description="Environment keys a spec may set although they are reserved."
+    )
+
     slurm_partition: str | None = None
     slurm_python: str | None = Field(None, description="Python on the compute nodes; default: ours.")
+
+    @field_validator("allowed_entrypoints", "allowed_script_dirs", "allowed_env_keys", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -40,8 +40,8 @@ SAMPLER_SPEC: dict[str, Any] = {
 
 
 def demo_settings(port: int | None, data_dir: Path | None) -> Settings:
-    # Loopback only: the demo runs without tokens, so it must not be reachable from elsewhere.
-    overrides: dict[str, Any] = {"host": "127.0.0.1"}
+    # Dev mode, which is loopback only: the demo runs without tokens, so nobody elsewhere may reach it.
+    overrides: dict[str, Any] = {"host": "127.0.0.1", "dev_mode": True}
     if port is not None:
         overrides["port"] = port
     if data_dir is not None:

@@ -34,3 +34,15 @@ class Unavailable(ServiceError):
 
 class BackendError(ServiceError):
     """A backend could not do what was asked (submitit or the scheduler said no)."""
+
+
+class Unauthenticated(ServiceError):
+    """No token, a malformed one, or one the ledger does not know (or has revoked)."""
+
+
+class Forbidden(ServiceError):
+    """The caller is known but may not do this (not an admin, or over a per-job limit)."""
+
+
+class InsufficientStorage(ServiceError):
+    """The data directory is full or not writable: no new job can get a folder."""

@@ -15,8 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
 
+from service import audit
 from service.db import session_scope
+from service.jobs import check_same_request
 from service.models import Job, JobEvent, JobPublic
 
 log = logging.getLogger(__name__)
@@ -24,11 +28,17 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 500
 
 
+@dataclass(frozen=True)
+class Accepted:
+    job: JobPublic
+    replayed: bool  # True: an Idempotency-Key retry, answered with the job the first request made
+
+
 @dataclass
 class _Pending:
     row: Job
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[JobPublic]
+    future: asyncio.Future[Accepted]
 
 
 class JobIntake:
@@ -51,9 +61,10 @@ class JobIntake:
         self._queue.put(None)
         self._thread.join(timeout=10)
 
-    async def add(self, row: Job) -> JobPublic:
+    async def add(self, row: Job) -> Accepted:
+        """Store `row`, or find the job an earlier request with the same (owner, idempotency key) made."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[JobPublic] = loop.create_future()
+        future: asyncio.Future[Accepted] = loop.create_future()
         self._queue.put(_Pending(row=row, loop=loop, future=future))
         return await future
 
@@ -79,41 +90,84 @@ class JobIntake:
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:
-            with session_scope(self._engine) as session:
-                rows = [item.row for item in batch]
-                session.add_all(rows)
-                session.flush()  # assigns ids
-                for row in rows:
-                    assert row.id is not None
-                    row.folder = self._folder_for(row.id)
-                    session.add(
-                        JobEvent(
-                            job_id=row.id,
-                            from_state=None,
-                            to_state=row.state,
-                            reason="accepted",
-                            attempt=row.attempt,
-                            time=row.created_at,
-                        )
-                    )
-                session.flush()
-                published = [JobPublic.model_validate(row, from_attributes=True) for row in rows]
+            try:
+                outcomes = self._store(batch)
+            except IntegrityError:  # another replica stored one of these keys since we looked: look again
+                outcomes = self._store(batch)
         except Exception as error:  # the whole batch failed: every waiter hears it, nothing half-written
             log.warning("could not store %d new jobs: %s", len(batch), error)
             for item in batch:
                 item.loop.call_soon_threadsafe(_set_exception, item.future, error)
             return
         self.batches_committed += 1
-        for item, public in zip(batch, published, strict=True):
-            item.loop.call_soon_threadsafe(_set_result, item.future, public)
+        for item, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                item.loop.call_soon_threadsafe(_set_exception, item.future, outcome)
+            else:
+                item.loop.call_soon_threadsafe(_set_result, item.future, outcome)
         self._on_commit()
 
+    def _store(self, batch: list[_Pending]) -> list[Accepted | Exception]:
+        with session_scope(self._engine) as session:
+            earlier = _jobs_by_key(session, [item.row for item in batch])
+            fresh: list[Job] = []
+            slots: list[Job | tuple[Job, Job]] = []  # a new row, or (earlier job, this request's row)
+            for item in batch:
+                row = item.row
+                key = (row.owner, row.idempotency_key)
+                if row.idempotency_key is not None and key in earlier:
+                    slots.append((earlier[key], row))
+                    continue
+                copy = Job.model_validate(row)  # a copy: a retried batch starts from clean rows
+                if row.idempotency_key is not None:
+                    earlier[key] = copy  # a retry in this same batch answers with this job
+                fresh.append(copy)
+                slots.append(copy)
+            session.add_all(fresh)
+            session.flush()  # assigns ids
+            for row in fresh:
+                assert row.id is not None
+                row.folder = self._folder_for(row.id)
+                session.add(
+                    JobEvent(
+                        job_id=row.id,
+                        from_state=None,
+                        to_state=row.state,
+                        reason="accepted",
+                        attempt=row.attempt,
+                        time=row.created_at,
+                    )
+                )
+                session.add(audit.entry(row.owner, "job.submit", f"job {row.id}", f"name={row.name}"))
+            session.flush()
+            return [_outcome(slot) for slot in slots]
 
-def _set_result(future: asyncio.Future[JobPublic], value: JobPublic) -> None:
+
+def _jobs_by_key(session: Session, rows: list[Job]) -> dict[tuple[str, str | None], Job]:
+    keys = {row.idempotency_key for row in rows if row.idempotency_key is not None}
+    if not keys:
+        return {}
+    owners = {row.owner for row in rows}
+    query = select(Job).where(col(Job.idempotency_key).in_(keys), col(Job.owner).in_(owners))
+    return {(job.owner, job.idempotency_key): job for job in session.exec(query)}
+
+
+def _outcome(slot: Job | tuple[Job, Job]) -> Accepted | Exception:
+    if isinstance(slot, Job):
+        return Accepted(JobPublic.model_validate(slot, from_attributes=True), replayed=False)
+    earlier, row = slot
+    try:
+        check_same_request(earlier, row)
+    except Exception as error:
+        return error
+    return Accepted(JobPublic.model_validate(earlier, from_attributes=True), replayed=True)
+
+
+def _set_result(future: asyncio.Future[Accepted], value: Accepted) -> None:
     if not future.done():
         future.set_result(value)
 
 
-def _set_exception(future: asyncio.Future[JobPublic], error: BaseException) -> None:
+def _set_exception(future: asyncio.Future[Accepted], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ from typing import Any
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from service import audit
+from service.auth import Principal
 from service.backends.base import Backend
 from service.config import Settings
-from service.errors import InvalidRequest, NotFound
+from service.errors import Conflict, InvalidRequest, NotFound
 from service.ledger_clock import LedgerVersion, read_version
 from service.models import Job, JobCreate, JobEvent, JobMetric, JobPage, JobPublic
 from service.states import JobState, is_terminal
@@ -50,18 +53,32 @@ def check_request(payload: JobCreate, settings: Settings) -> str:
         raise InvalidRequest(
             "the local backend runs on one node; use backend 'slurm' for more", field="resources.nodes"
         )
-    if payload.script is not None:
-        script = Path(payload.script)
-        if not script.is_absolute():
-            raise InvalidRequest("must be an absolute path", field="script")
-        if not script.is_file():
-            raise InvalidRequest(f"no such file: {payload.script}", field="script")
     return backend
 
 
-def new_job_row(payload: JobCreate, owner: str, backend: str) -> Job:
+def new_job_row(payload: JobCreate, owner: str, backend: str, idempotency_key: str | None = None) -> Job:
     spec = payload.model_dump(exclude={"name", "backend"}, mode="json")
-    return Job(name=payload.name, owner=owner, backend=backend, spec=spec, state=JobState.queued)
+    return Job(
+        name=payload.name,
+        owner=owner,
+        backend=backend,
+        spec=spec,
+        state=JobState.queued,
+        idempotency_key=idempotency_key,
+    )
+
+
+def find_by_idempotency_key(session: Session, owner: str, key: str) -> Job | None:
+    return session.exec(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).first()
+
+
+def check_same_request(existing: Job, row: Job) -> None:
+    """A retry must be the same request: one key reused for a different job is the caller's bug."""
+    if (existing.name, existing.backend, existing.spec) != (row.name, row.backend, row.spec):
+        raise Conflict(
+            f"this Idempotency-Key was already used for a different request (job {existing.id})",
+            field="Idempotency-Key",
+        )
 
 
 def job_folder(settings: Settings, job_id: int) -> Path:
@@ -71,9 +88,10 @@ def job_folder(settings: Settings, job_id: int) -> Path:
 # ---------------------------------------------------------------- reading
 
 
-def get_job(session: Session, job_id: int) -> Job:
+def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
+    """The job, if it exists and `viewer` may see it; another user's job is as missing as no job."""
     job = session.get(Job, job_id)
-    if job is None:
+    if job is None or not viewer.may_see(job.owner):
         raise NotFound(f"job {job_id} not found", field="job_id")
     return job
 
@@ -83,12 +101,13 @@ def ledger_version(session: Session) -> LedgerVersion:
     return read_version(session)
 
 
-def job_stamp(session: Session, job_id: int) -> datetime:
+def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
     """One job's `updated_at`, restamped by every change to it, its events or its metrics."""
-    query = select(col(Job.updated_at)).where(col(Job.id) == job_id)
-    stamp = session.connection().execute(query).scalar()  # Core: the 304 path of every job poll
-    if stamp is None:
+    query = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == job_id)
+    row = session.connection().execute(query).first()  # Core: the 304 path of every job poll
+    if row is None or not viewer.may_see(row[1]):
         raise NotFound(f"job {job_id} not found", field="job_id")
+    stamp: datetime = row[0]
     return stamp
 
 
@@ -149,16 +168,21 @@ def count_by_state_and_backend(session: Session) -> dict[tuple[str, str], int]:
     return {(JobState(state).value, backend): int(count) for state, backend, count in rows}
 
 
-def list_events(session: Session, job_id: int) -> Sequence[JobEvent]:
-    get_job(session, job_id)
+def list_events(session: Session, job_id: int, viewer: Principal) -> Sequence[JobEvent]:
+    get_job(session, job_id, viewer)
     query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))
     return session.exec(query).all()
 
 
 def list_metrics(
-    session: Session, job_id: int, *, name: str | None = None, after_step: int | None = None
+    session: Session,
+    job_id: int,
+    viewer: Principal,
+    *,
+    name: str | None = None,
+    after_step: int | None = None,
 ) -> Sequence[JobMetric]:
-    get_job(session, job_id)
+    get_job(session, job_id, viewer)
     query = select(JobMetric).where(JobMetric.job_id == job_id)
     if name:
         query = query.where(JobMetric.name == name)
@@ -170,16 +194,17 @@ def list_metrics(
 # ---------------------------------------------------------------- cancel
 
 
-def cancel_job(session: Session, job_id: int, backends: Mapping[str, Backend]) -> Job:
+def cancel_job(session: Session, job_id: int, backends: Mapping[str, Backend], viewer: Principal) -> Job:
     """Idempotent: a terminal job is returned as it is; anything else ends up cancelled.
 
     A job still queued may be in a dispatcher's hands right now: the flag makes the dispatcher
     cancel what it submits instead of letting it run.
     """
-    job = get_job(session, job_id)
+    job = get_job(session, job_id, viewer)
     state = JobState(job.state)
     if is_terminal(state):
         return job
+    audit.record(session, viewer.user, "job.cancel", f"job {job_id}", f"owner={job.owner} was={state.value}")
     job.cancel_requested = True
     if job.external_id is not None:
         require_backend(backends, job.backend).cancel([job.external_id])
@@ -192,20 +217,55 @@ def cancel_job(session: Session, job_id: int, backends: Mapping[str, Backend]) -
 # ---------------------------------------------------------------- logs
 
 
-def read_log(job: Job, backend: Backend, *, rank: int, tail: int | None, stream: str, max_bytes: int) -> str:
-    """The last `tail` lines (or last `max_bytes`) of one rank's log, read from the end of the file."""
+@dataclass(frozen=True)
+class LogWindow:
+    text: str
+    size: int  # the whole file's size in bytes
+    end: int  # the byte after the last one read: where the next read starts
+
+
+def read_log(
+    job: Job,
+    backend: Backend,
+    *,
+    rank: int,
+    tail: int | None,
+    stream: str,
+    max_bytes: int,
+    offset: int | None = None,
+) -> LogWindow:
+    """One rank's log: the last `tail` lines of its last `max_bytes`, or `max_bytes` from `offset` on.
+
+    Only ever one window of the file is read: a log of many gigabytes costs what a small one does.
+    """
     ranks = _world_size(job)
     if not 0 <= rank < ranks:
         raise InvalidRequest(f"must be between 0 and {ranks - 1} for this job", field="rank")
+    if offset is not None and tail is not None:
+        raise InvalidRequest("give either tail or offset, not both", field="offset")
     if job.external_id is None or job.folder is None:
-        return ""
+        return LogWindow("", 0, 0)
     folder = Path(job.folder)
     path = backend.log_path(folder, job.external_id, rank, stream)
     if not _inside(path, folder):
         raise InvalidRequest("log path escapes the job folder", field="rank")
-    if not path.exists():
-        return ""
-    return _tail_text(path, tail, max_bytes)
+    if not path.is_file():
+        return LogWindow("", 0, 0)
+    if offset is not None:
+        return _window_at(path, offset, max_bytes)
+    size = path.stat().st_size
+    return LogWindow(_tail_text(path, tail, max_bytes), size, size)
+
+
+def _window_at(path: Path, offset: int, max_bytes: int) -> LogWindow:
+    with path.open("rb") as handle:
+        size = handle.seek(0, 2)
+        handle.seek(min(offset, size))
+        data = handle.read(max_bytes)
+    start = min(offset, size)
+    if len(data) == max_bytes and b"\n" in data:  # stop at a line's end: never split a character
+        data = data[: data.rindex(b"\n") + 1]
+    return LogWindow(data.decode("utf-8", errors="replace"), size, start + len(data))
 
 
 def _world_size(job: Job) -> int:

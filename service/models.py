@@ -125,6 +125,7 @@ class Job(JobBase, table=True):
         Index("ix_job_state_backend", "state", "backend"),
         Index("ix_job_updated_at_id", "updated_at", "id"),
         Index("ix_job_owner_idempotency", "owner", "idempotency_key", unique=True),
+        Index("ix_job_owner_state", "owner", "state"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -237,3 +238,58 @@ class JobMetricPublic(SQLModel):
     value: float
     attempt: int
     time: datetime
+
+
+# ---------------------------------------------------------------- access: tokens and the audit log
+
+
+class ApiToken(SQLModel, table=True):
+    """One API token. Only its SHA-256 is stored: the ledger never holds a usable secret."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    username: str = Field(max_length=100, index=True)
+    admin: bool = False
+    token_hash: str = Field(max_length=64, unique=True)
+    prefix: str = Field(max_length=16, description="The token's first characters, to tell tokens apart.")
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    revoked_at: datetime | None = _time_column()
+
+
+class ApiTokenPublic(SQLModel):
+    id: int
+    username: str
+    admin: bool
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class AuditEntry(SQLModel, table=True):
+    """Who did what to which job or token, and when. Written in the same transaction as the act."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
+    actor: str = Field(max_length=100, index=True)
+    action: str = Field(max_length=40)
+    target: str = Field(max_length=100)
+    detail: str | None = None
+
+
+class AuditEntryPublic(SQLModel):
+    id: int
+    time: datetime
+    actor: str
+    action: str
+    target: str
+    detail: str | None
+
+
+class UserQuota(SQLModel, table=True):
+    """One user's limits where they differ from the service's defaults (a missing value: the default)."""
+
+    username: str = Field(primary_key=True, max_length=100)
+    max_active_jobs: int | None = None
+    max_submissions_per_minute: int | None = None
+    max_nodes: int | None = None
+    max_tasks: int | None = None
+    max_gpus: int | None = None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 
+from service.auth import TokenCheck
 from service.backends import make_backends
 from service.backends.base import Backend
 from service.config import Settings
@@ -14,6 +15,7 @@ from service.dispatch import Dispatcher
 from service.intake import JobIntake
 from service.jobs import job_folder
 from service.page_cache import ClockReader, PageCache
+from service.quotas import QuotaBook
 from service.reconcile import Reconciler
 
 
@@ -26,6 +28,8 @@ class Runtime:
     dispatcher: Dispatcher
     reconciler: Reconciler
     clock: ClockReader
+    tokens: TokenCheck
+    quotas: QuotaBook
     pages: PageCache = field(default_factory=PageCache)
 
     @classmethod
@@ -37,7 +41,11 @@ class Runtime:
         dispatcher = Dispatcher(engine, backends, settings)
         intake = JobIntake(engine, lambda job_id: str(job_folder(settings, job_id)), dispatcher.wake)
         reconciler = Reconciler(engine, backends, settings)
-        return cls(settings, engine, backends, intake, dispatcher, reconciler, ClockReader(engine))
+        tokens = TokenCheck(engine, settings.token_cache_s)
+        quotas = QuotaBook(engine, settings)
+        return cls(
+            settings, engine, backends, intake, dispatcher, reconciler, ClockReader(engine), tokens, quotas
+        )
 
     def start(self) -> None:
         self.intake.start()

@@ -8,7 +8,8 @@
 - `settings`: Settings with data_dir under tmp_path, that database and short loop intervals.
 - `fake` / `fake_slurm`: tests.fakes.FakeBackend instances standing in for the local and SLURM backends.
 - `api`: a TestClient on create_app(settings, backends={"local": fake, "slurm": fake_slurm}), entered as
-  a context manager so the lifespan (migrations, intake, dispatch and reconcile loops) runs.
+  a context manager so the lifespan (migrations, intake, dispatch and reconcile loops) runs. It sends a
+  real token of the ordinary user `alice`; `login(user, admin=False)` gives headers for anyone else.
 
 Missing dependencies: tests that need PostgreSQL, SLURM (marker `slurm`) or Chromium (marker `browser`)
 are skipped when it is missing, and FAIL instead in strict mode (CI=true, or TORCHYARD_TEST_STRICT=1 as
@@ -20,7 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from service.config import Settings
 from service.db import make_engine, migrate
 from service.states import JobState
 from tests.fakes import FakeBackend
-from tests.support import PostgresServer, missing_dependency
+from tests.support import PostgresServer, bearer, issue_token, missing_dependency
 
 # ---------------------------------------------------------------- real dependencies
 
@@ -114,6 +115,7 @@ def settings(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         max_nodes=4,
         max_tasks_per_node=8,
         max_gpus_per_node=2,
+        allowed_script_dirs=[str(tmp_path)],
     )
 
 
@@ -134,4 +136,19 @@ def fake_slurm() -> FakeBackend:
 def api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) -> Iterator[TestClient]:
     app = create_app(settings, backends={"local": fake, "slurm": fake_slurm})
     with TestClient(app) as client:
+        client.headers.update(bearer(issue_token(app.state.runtime.engine, "alice")))
         yield client
+
+
+Login = Callable[..., dict[str, str]]
+
+
+@pytest.fixture
+def login(api: TestClient) -> Login:
+    """login("bob") or login("root", admin=True): headers carrying a fresh token for that user."""
+    engine = api.app.state.runtime.engine  # type: ignore[attr-defined]
+
+    def headers(user: str, admin: bool = False) -> dict[str, str]:
+        return bearer(issue_token(engine, user, admin=admin))
+
+    return headers

@@ -167,3 +167,28 @@ def wait_state(client: TestClient, job_id: int, state: str, timeout: float = 10.
         return job if job["state"] == state else None
 
     return wait_for(probe, timeout, f"job {job_id} to be {state}")
+
+
+def issue_token(engine: sa.Engine, user: str, admin: bool = False) -> str:
+    """A real API token for `user`, made as `torchyard token create` makes one."""
+    from service import auth
+    from service.db import session_scope
+
+    with session_scope(engine) as session:
+        return auth.create_token(session, user, admin=admin, actor="test")
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def login_headers(app: Any, user: str = "alice", admin: bool = False) -> dict[str, str]:
+    """Headers with a fresh token for `user` on a started app (its lifespan has built the runtime)."""
+    runtime: Runtime = app.state.runtime
+    return bearer(issue_token(runtime.engine, user, admin=admin))
+
+
+def authorize(client: TestClient, user: str = "alice", admin: bool = False) -> TestClient:
+    """Make every request of this entered TestClient carry a token for `user`."""
+    client.headers.update(login_headers(client.app, user, admin))
+    return client

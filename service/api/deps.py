@@ -1,15 +1,19 @@
-"""Annotated dependencies the routes declare: the session, the runtime, the settings."""
+"""Annotated dependencies the routes declare: the caller, the session, the runtime, the settings."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
+from service.auth import DEV_PRINCIPAL, Principal, bearer_token
 from service.config import Settings
 from service.db import session_scope
+from service.errors import Forbidden
+from service.loopback import is_loopback
 from service.runtime import Runtime
 
 
@@ -36,3 +40,35 @@ def get_session(runtime: RuntimeDep) -> Iterator[Session]:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+
+
+async def get_current_user(
+    request: Request,
+    runtime: RuntimeDep,
+    authorization: Annotated[
+        str | None, Header(description="'Bearer <token>' (`torchyard token create`).")
+    ] = None,
+) -> Principal:
+    """Who is asking: from the bearer token, or everyone is admin 'dev' in dev mode (loopback only)."""
+    if runtime.settings.dev_mode:
+        peer = request.client.host if request.client else ""
+        if not is_loopback(peer):
+            raise Forbidden("this service runs in dev mode and answers only this machine")
+        return DEV_PRINCIPAL
+    raw = bearer_token(authorization)
+    principal = runtime.tokens.cached(raw)
+    if principal is None:  # a token not seen lately: one indexed read, off the event loop
+        principal = await run_in_threadpool(runtime.tokens.lookup, raw)
+    return principal
+
+
+CurrentUser = Annotated[Principal, Depends(get_current_user)]
+
+
+async def get_admin(user: CurrentUser) -> Principal:
+    if not user.admin:
+        raise Forbidden("only an admin may do this")
+    return user
+
+
+AdminUser = Annotated[Principal, Depends(get_admin)]

@@ -15,30 +15,38 @@ from sqlalchemy.exc import OperationalError
 from service.errors import (
     BackendError,
     Conflict,
+    Forbidden,
+    InsufficientStorage,
     InvalidRequest,
     LimitExceeded,
     NotFound,
     ServiceError,
+    Unauthenticated,
     Unavailable,
 )
+from service.quotas import RetryLater
 from service.states import IllegalTransition
 
 log = logging.getLogger(__name__)
 
 STATUS_BY_ERROR: dict[type[ServiceError], int] = {
+    Unauthenticated: 401,
+    Forbidden: 403,
     NotFound: 404,
     InvalidRequest: 422,
     Conflict: 409,
     LimitExceeded: 429,
     Unavailable: 503,
     BackendError: 502,
+    InsufficientStorage: 507,
 }
+NOT_BODY_FIELDS = ("job_id", "rank", "cursor", "token_id", "user", "offset", "Idempotency-Key")
 
 
 def error_body(message: str, field: str | None = None) -> dict[str, object]:
     detail: dict[str, object] = {"msg": message, "type": "value_error"}
     if field is not None:
-        detail["loc"] = ["body", *field.split(".")] if field not in ("job_id", "rank", "cursor") else [field]
+        detail["loc"] = ["body", *field.split(".")] if field not in NOT_BODY_FIELDS else [field]
     return {"detail": [detail]}
 
 
@@ -46,7 +54,12 @@ async def _service_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, ServiceError)
     status = next((code for kind, code in STATUS_BY_ERROR.items() if isinstance(error, kind)), 400)
     text = f"{error.field}: {error.message}" if error.field else error.message
-    return JSONResponse(error_body(text, error.field), status_code=status)
+    headers: dict[str, str] = {}
+    if isinstance(error, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(error, RetryLater):
+        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    return JSONResponse(error_body(text, error.field), status_code=status, headers=headers)
 
 
 async def _invalid_input(request: Request, error: Exception) -> JSONResponse:

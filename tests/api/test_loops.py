@@ -18,7 +18,7 @@ from service.app import create_app
 from service.config import Settings
 from service.states import JobState
 from tests.fakes import FakeBackend
-from tests.support import JOBS, get_job, runtime_of, submit, wait_for, wait_state
+from tests.support import JOBS, authorize, get_job, runtime_of, submit, wait_for, wait_state
 
 
 def events(api: TestClient, job_id: int) -> list[dict[str, Any]]:
@@ -112,7 +112,7 @@ def quiet_api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) ->
     """The service with reconcile loops that never tick on their own: the test drives each tick."""
     slow = settings.model_copy(update={"reconcile_interval_s": 3600.0, "local_reconcile_interval_s": 3600.0})
     with TestClient(create_app(slow, backends={"local": fake, "slurm": fake_slurm})) as client:
-        yield client
+        yield authorize(client)
 
 
 def read_everything(api: TestClient, job_id: int, readers: int = 20, rounds: int = 1) -> int:

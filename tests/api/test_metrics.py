@@ -12,7 +12,9 @@ from service.app import create_app
 from service.config import Settings
 from service.states import JobState
 from tests.fakes import FakeBackend
-from tests.support import wait_for
+from tests.support import authorize, wait_for
+
+EP = "worker.tasks.seed:ddp_step"
 
 
 class CountingBackend(FakeBackend):
@@ -25,7 +27,7 @@ class CountingBackend(FakeBackend):
 def counted(settings: Settings) -> Iterator[tuple[TestClient, FakeBackend]]:
     backend = CountingBackend("local")
     with TestClient(create_app(settings, backends={"local": backend})) as client:
-        yield client, backend
+        yield authorize(client), backend
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
@@ -45,9 +47,7 @@ def test_metrics_count_jobs_by_state_and_backend_from_the_ledger(
     counted: tuple[TestClient, FakeBackend],
 ) -> None:
     api, backend = counted
-    ids = [
-        api.post("/api/v1/jobs", json={"name": f"m{n}", "entrypoint": "a.b:c"}).json()["id"] for n in range(3)
-    ]
+    ids = [api.post("/api/v1/jobs", json={"name": f"m{n}", "entrypoint": EP}).json()["id"] for n in range(3)]
     wait_for(
         lambda: all(api.get(f"/api/v1/jobs/{i}").json()["state"] == "running" for i in ids), what="running"
     )
@@ -71,7 +71,7 @@ def test_metrics_count_jobs_by_state_and_backend_from_the_ledger(
 
 
 def test_request_latency_is_labelled_by_route_template(api: TestClient) -> None:
-    job_id = api.post("/api/v1/jobs", json={"name": "x", "entrypoint": "a.b:c"}).json()["id"]
+    job_id = api.post("/api/v1/jobs", json={"name": "x", "entrypoint": EP}).json()["id"]
     api.get(f"/api/v1/jobs/{job_id}")
     api.get("/api/v1/jobs/424242")
     api.get("/no/such/page")

@@ -16,7 +16,7 @@ from service.states import JobState
 from service.transitions import record_transition
 from tests.fakes import FakeBackend
 from tests.serving import serve
-from tests.support import runtime_of, wait_for
+from tests.support import login_headers, runtime_of, wait_for
 
 JOBS = "/api/v1/jobs"
 BODY = {"name": "poll-me", "entrypoint": "worker.tasks.seed:ddp_step"}
@@ -163,11 +163,11 @@ def test_since_never_misses_a_transaction_that_commits_late(api: TestClient) -> 
 # ---------------------------------------------------------------- readers never reach the scheduler
 
 
-async def _poll(base: str, paths: list[str], rounds: int) -> int:
+async def _poll(base: str, paths: list[str], rounds: int, auth: dict[str, str]) -> int:
     """One polling client, like the dashboard: revalidates every path with the tag it last got."""
     tags: dict[str, str] = {}
     answered = 0
-    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=base, timeout=30, headers=auth) as client:
         for _ in range(rounds):
             for path in paths:
                 headers = {"If-None-Match": tags[path]} if path in tags else {}
@@ -185,11 +185,12 @@ def test_fifty_polling_clients_add_zero_scheduler_calls(settings: Settings) -> N
     fake = FakeBackend("local", default=JobState.submitted)
     app = create_app(quiet, backends={"local": fake})
     with serve(app) as server:
-        created = httpx.post(f"{server.url}{JOBS}", json=BODY).json()
+        auth = login_headers(app)
+        created = httpx.post(f"{server.url}{JOBS}", json=BODY, headers=auth).json()
         job_id = created["id"]
 
         def state() -> str:
-            value: str = httpx.get(f"{server.url}{JOBS}/{job_id}").json()["state"]
+            value: str = httpx.get(f"{server.url}{JOBS}/{job_id}", headers=auth).json()["state"]
             return value
 
         wait_for(lambda: state() == "submitted", what="dispatch recorded in the ledger")
@@ -200,11 +201,11 @@ def test_fifty_polling_clients_add_zero_scheduler_calls(settings: Settings) -> N
         paths += [f"{JOBS}?state=running", f"{JOBS}/{job_id}/logs?rank=0&tail=10", "/metrics"]
 
         async def everyone() -> list[int]:
-            return await asyncio.gather(*(_poll(server.url, paths, rounds=3) for _ in range(50)))
+            return await asyncio.gather(*(_poll(server.url, paths, rounds=3, auth=auth) for _ in range(50)))
 
         answered = asyncio.run(everyone())
         assert sum(answered) == 50 * 3 * len(paths)
         assert len(fake.poll_calls) == polls_before
         assert server.runtime.reconciler.ticks == ticks_before
-        scraped = httpx.get(f"{server.url}/metrics").text
+        scraped = httpx.get(f"{server.url}/metrics", headers=auth).text
         assert f'torchyard_reconcile_polls_total{{backend="local"}} {float(polls_before)}' in scraped

@@ -18,7 +18,7 @@ from service.app import create_app
 from service.config import Settings
 from service.models import Job, JobEvent
 from tests.fakes import FakeBackend
-from tests.support import runtime_of
+from tests.support import login_headers, runtime_of
 
 JOBS = "/api/v1/jobs"
 VALID: dict[str, Any] = {"name": "ddp", "entrypoint": "worker.tasks.seed:ddp_step"}
@@ -207,14 +207,14 @@ BAD_BODIES: list[tuple[str, Any, int, list[Any], str]] = [
         "package.module:function",
     ),
     (
-        "missing script",
+        "script outside the allowed folders",
         {"name": "s", "script": "/nonexistent/train.py"},
-        422,
+        403,
         ["body", "script"],
-        "no such file",
+        "outside the folders scripts may run from",
     ),
     ("relative script", {"name": "s", "script": "train.py"}, 422, ["body", "script"], "absolute path"),
-    ("script is a folder", {"name": "s", "script": "/tmp"}, 422, ["body", "script"], "no such file"),
+    ("script with ..", {"name": "s", "script": "/a/../b.py"}, 422, ["body", "script"], "'..'"),
     ("unknown backend", {**VALID, "backend": "kubernetes"}, 422, ["body", "backend"], "'local' or 'slurm'"),
     ("body is a list", [VALID], 422, ["body"], "valid dictionary"),
 ]
@@ -234,6 +234,17 @@ def test_bad_input_is_refused_naming_the_field_and_writes_nothing(
     assert any(where == loc and message in msg for where, msg in found), found
     assert ledger_counts(api) == (0, 0)
     assert fake.submit_calls == []
+
+
+def test_a_missing_script_or_a_folder_inside_an_allowed_folder_is_refused(
+    api: TestClient, tmp_path: Path
+) -> None:
+    for script in (tmp_path / "missing.py", tmp_path):
+        response = api.post(JOBS, json={"name": "s", "script": str(script)})
+
+        assert response.status_code == 422, response.text
+        assert problems(response) == [(["body", "script"], f"script: no such file: {script}")]
+    assert ledger_counts(api) == (0, 0)
 
 
 def test_a_body_that_is_not_json_is_refused(api: TestClient) -> None:
@@ -317,7 +328,7 @@ def test_the_backend_can_refuse_a_request_it_could_never_run(
 def test_a_backend_this_service_does_not_run_is_refused(settings: Settings) -> None:
     app = create_app(settings, backends={"local": FakeBackend("local")})
     with TestClient(app) as api:
-        response = api.post(JOBS, json={**VALID, "backend": "slurm"})
+        response = api.post(JOBS, json={**VALID, "backend": "slurm"}, headers=login_headers(app))
 
         assert response.status_code == 422
         assert problems(response) == [

@@ -10,8 +10,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from sqlmodel import Session
 
-from service import etag, jobs
-from service.api.deps import RuntimeDep, SessionDep
+from service import etag, jobs, policy, storage
+from service.api.deps import CurrentUser, RuntimeDep, SessionDep
+from service.auth import Principal
 from service.ledger_clock import LedgerVersion
 from service.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
 from service.runtime import Runtime
@@ -26,30 +27,72 @@ JSON = "application/json"
 IfNoneMatch = Annotated[
     str | None, Header(description="An ETag from an earlier answer: 304 when nothing changed.")
 ]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description="Retrying with the same key returns the job the first request made, never a second.",
+    ),
+]
+VARY = {"Vary": "Authorization"}  # each caller sees their own jobs: a shared cache must not mix them
 
 
 def _not_modified(tag: str) -> Response:
-    return Response(status_code=304, headers=etag.headers(tag))
+    return Response(status_code=304, headers={**etag.headers(tag), **VARY})
 
 
-def _job_tag(session: SessionDep, job_id: int) -> str:
-    return etag.for_job(job_id, jobs.job_stamp(session, job_id))
+def _job_tag(session: SessionDep, job_id: int, user: Principal) -> str:
+    return etag.for_job(job_id, jobs.job_stamp(session, job_id, user))
 
 
-@router.post("", status_code=201, response_model=JobPublic, summary="Submit a job")
-async def create_job(payload: JobCreate, runtime: RuntimeDep) -> Response:
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobPublic,
+    summary="Submit a job",
+    responses={200: {"model": JobPublic, "description": "A retry: the job this Idempotency-Key made."}},
+)
+async def create_job(
+    payload: JobCreate, runtime: RuntimeDep, user: CurrentUser, idempotency_key: IdempotencyKey = None
+) -> Response:
     """Store the job (state `queued`) and return at once; the dispatch loop hands it to the backend."""
-    backend_name = jobs.check_request(payload, runtime.settings)
+    settings = runtime.settings
+    backend_name = jobs.check_request(payload, settings)
     backend = jobs.require_backend(runtime.backends, backend_name)
-    probe = RunSpec(job_id=0, name=payload.name, folder="", **payload.model_dump(exclude={"name", "backend"}))
-    await run_in_threadpool(backend.validate, probe)
-    public = await runtime.intake.add(jobs.new_job_row(payload, "anonymous", backend_name))
-    return Response(public.model_dump_json(), status_code=201, media_type=JSON)
+    if payload.entrypoint is not None:
+        policy.check_entrypoint_allowed(payload.entrypoint, settings)
+    policy.check_env(payload.env, settings)
+    if payload.script is not None:
+        script = await run_in_threadpool(policy.resolve_allowed_script, payload.script, settings)
+        payload = payload.model_copy(update={"script": script})  # the real path: no symlink swap later
+    row = jobs.new_job_row(payload, user.user, backend_name, idempotency_key)
+    if runtime.quotas.needs_refresh(user.user):
+        await run_in_threadpool(runtime.quotas.refresh, user.user)
+    runtime.quotas.admit(user.user, payload.resources)
+    try:
+        probe = RunSpec(job_id=0, name=payload.name, folder="", **row.spec)
+        await run_in_threadpool(_check_and_validate, runtime, backend, probe)
+        accepted = await runtime.intake.add(row)
+    except BaseException:
+        runtime.quotas.release(user.user)
+        raise
+    if accepted.replayed:
+        runtime.quotas.release(user.user)
+    status = 200 if accepted.replayed else 201
+    return Response(accepted.job.model_dump_json(), status_code=status, media_type=JSON)
+
+
+def _check_and_validate(runtime: Runtime, backend: Any, probe: RunSpec) -> None:
+    storage.check_room(runtime.settings)
+    backend.validate(probe)
 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
 async def list_jobs(
     runtime: RuntimeDep,
+    user: CurrentUser,
     state: Annotated[list[JobState] | None, Query(description="Keep only these states.")] = None,
     name: Annotated[
         str | None, Query(max_length=200, pattern=NO_NUL, description="Substring of the name.")
@@ -68,10 +111,10 @@ async def list_jobs(
     # a page not rendered for this clock value goes to the thread pool.
     version = runtime.clock.read()  # before the rows: the tag may be older, never newer
     tag = etag.for_ledger(version)
-    headers = etag.headers(tag, version.stamped_at)
+    headers = {**etag.headers(tag, version.stamped_at), **VARY}
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    key = (tag, tuple(state or ()), name, cursor, limit, since)
+    key = (tag, user.owner_filter(), tuple(state or ()), name, cursor, limit, since)
     body = runtime.pages.get(key)
     if body is None:
         body = await run_in_threadpool(_render_page, runtime, key, version)
@@ -79,10 +122,17 @@ async def list_jobs(
 
 
 def _render_page(runtime: Runtime, key: tuple[Any, ...], version: LedgerVersion) -> bytes:
-    _, state, name, cursor, limit, since = key
+    _, owner, state, name, cursor, limit, since = key
     with Session(runtime.engine) as session:
         page = jobs.list_jobs(
-            session, state=state, name=name, cursor=cursor, limit=limit, updated_since=since, as_of=version
+            session,
+            state=state,
+            name=name,
+            owner=owner,
+            cursor=cursor,
+            limit=limit,
+            updated_since=since,
+            as_of=version,
         )
     body = page.model_dump_json().encode()
     runtime.pages.put(key, body)
@@ -90,40 +140,45 @@ def _render_page(runtime: Runtime, key: tuple[Any, ...], version: LedgerVersion)
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="One job")
-def get_job(job_id: JobId, session: SessionDep, if_none_match: IfNoneMatch = None) -> Response:
-    tag = _job_tag(session, job_id)
+def get_job(
+    job_id: JobId, session: SessionDep, user: CurrentUser, if_none_match: IfNoneMatch = None
+) -> Response:
+    tag = _job_tag(session, job_id, user)
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    job = JobPublic.model_validate(jobs.get_job(session, job_id), from_attributes=True)
-    return Response(job.model_dump_json(), media_type=JSON, headers=etag.headers(tag))
+    job = JobPublic.model_validate(jobs.get_job(session, job_id, user), from_attributes=True)
+    return Response(job.model_dump_json(), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
 @router.get("/{job_id}/events", response_model=list[JobEventPublic], summary="State history")
-def get_events(job_id: JobId, session: SessionDep, if_none_match: IfNoneMatch = None) -> Response:
-    tag = _job_tag(session, job_id)
+def get_events(
+    job_id: JobId, session: SessionDep, user: CurrentUser, if_none_match: IfNoneMatch = None
+) -> Response:
+    tag = _job_tag(session, job_id, user)
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    rows = jobs.list_events(session, job_id)
+    rows = jobs.list_events(session, job_id, user)
     events = [JobEventPublic.model_validate(row, from_attributes=True) for row in rows]
-    return Response(_dump(events), media_type=JSON, headers=etag.headers(tag))
+    return Response(_dump(events), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
 @router.get("/{job_id}/metrics", response_model=list[JobMetricPublic], summary="Reported metrics")
 def get_metrics(
     job_id: JobId,
     session: SessionDep,
+    user: CurrentUser,
     name: Annotated[str | None, Query(max_length=100, pattern=NO_NUL)] = None,
     after_step: Annotated[
         int | None, Query(ge=-1, le=2**31 - 1, description="Only steps after this one.")
     ] = None,
     if_none_match: IfNoneMatch = None,
 ) -> Response:
-    tag = _job_tag(session, job_id)
+    tag = _job_tag(session, job_id, user)
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    rows = jobs.list_metrics(session, job_id, name=name, after_step=after_step)
+    rows = jobs.list_metrics(session, job_id, user, name=name, after_step=after_step)
     metrics = [JobMetricPublic.model_validate(row, from_attributes=True) for row in rows]
-    return Response(_dump(metrics), media_type=JSON, headers=etag.headers(tag))
+    return Response(_dump(metrics), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
 def _dump(items: list[JobEventPublic] | list[JobMetricPublic]) -> bytes:
@@ -135,20 +190,37 @@ def get_logs(
     job_id: JobId,
     session: SessionDep,
     runtime: RuntimeDep,
+    user: CurrentUser,
     rank: Annotated[int, Query(ge=0, le=100_000)] = 0,
     tail: Annotated[int | None, Query(ge=0, le=100_000, description="Last N lines.")] = None,
     stream: Annotated[str, Query(pattern="^(out|err)$", description="stdout or stderr.")] = "out",
+    offset: Annotated[
+        int | None,
+        Query(ge=0, le=2**62, description="Read from this byte on (X-Log-Next-Offset of the last read)."),
+    ] = None,
 ) -> PlainTextResponse:
-    job = jobs.get_job(session, job_id)
+    """At most `max_log_bytes` of one rank's log: its end, or the bytes from `offset` on.
+
+    X-Log-Size is the file's size and X-Log-Next-Offset where the next read should start: a follower
+    reads from 0 (or from the size) on and never holds more than one window in memory.
+    """
+    job = jobs.get_job(session, job_id, user)
     backend = jobs.require_backend(runtime.backends, job.backend)
-    text = jobs.read_log(
-        job, backend, rank=rank, tail=tail, stream=stream, max_bytes=runtime.settings.max_log_bytes
+    window = jobs.read_log(
+        job,
+        backend,
+        rank=rank,
+        tail=tail,
+        stream=stream,
+        max_bytes=runtime.settings.max_log_bytes,
+        offset=offset,
     )
-    return PlainTextResponse(text)
+    headers = {"X-Log-Size": str(window.size), "X-Log-Next-Offset": str(window.end)}
+    return PlainTextResponse(window.text, headers=headers)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, summary="Cancel (idempotent)")
-def cancel_job(job_id: JobId, session: SessionDep, runtime: RuntimeDep) -> Response:
-    job = jobs.cancel_job(session, job_id, runtime.backends)
+def cancel_job(job_id: JobId, session: SessionDep, runtime: RuntimeDep, user: CurrentUser) -> Response:
+    job = jobs.cancel_job(session, job_id, runtime.backends, user)
     session.commit()
     return Response(JobPublic.model_validate(job, from_attributes=True).model_dump_json(), media_type=JSON)

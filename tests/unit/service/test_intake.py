@@ -1,4 +1,5 @@
-"""Group commit: many concurrent POSTs become few transactions; a failing batch writes nothing."""
+"""Group commit: many concurrent POSTs become few transactions; a failing batch writes nothing;
+a retry with an Idempotency-Key is answered with the first job, in the same batch or a later one."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from typing import Any, TypeVar
 
 import pytest
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import StatementError
 from sqlmodel import Session, func, select
 
 from service.db import make_engine, migrate
-from service.intake import MAX_BATCH, JobIntake
+from service.errors import Conflict
+from service.intake import MAX_BATCH, Accepted, JobIntake
 from service.models import Job, JobEvent, JobPublic
 
 T = TypeVar("T")
@@ -58,7 +60,11 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 
 async def add_all(intake: JobIntake, rows: list[Job], *, start: bool) -> list[JobPublic | BaseException]:
     """Queue every add; with start=True only now start the writer, so they all wait together."""
-    tasks = [asyncio.create_task(intake.add(r)) for r in rows]
+
+    async def add(row: Job) -> JobPublic:
+        return (await intake.add(row)).job
+
+    tasks = [asyncio.create_task(add(r)) for r in rows]
     await asyncio.sleep(0)  # every task has put its row on the queue
     if start:
         intake.start()
@@ -99,13 +105,14 @@ def test_many_concurrent_adds_need_few_commits(engine: Engine) -> None:
 def test_a_failing_batch_rejects_every_waiter_and_writes_nothing(engine: Engine) -> None:
     commits = Commits()
     intake = make_intake(engine, commits)
-    # Two rows with one idempotency key break the unique index: the whole batch's commit fails.
-    rows = [row(0), row(1, key="same"), row(2), row(3, key="same"), row(4)]
+    # A spec JSON cannot hold (a set) makes the whole batch's flush fail.
+    bad = Job(name="bad", backend="local", spec={"entrypoint": "a.b:c", "kwargs": {1, 2}})
+    rows = [row(0), row(1), bad, row(3), row(4)]
     try:
         results = run(add_all(intake, rows, start=True))
         assert counts(engine) == (0, 0)
         assert intake.batches_committed == 0 and commits.count == 0
-        assert all(isinstance(r, IntegrityError) for r in results), results
+        assert all(isinstance(r, StatementError) for r in results), results
 
         # The writer survives and takes the next batch.
         [after] = run(add_all(intake, [row(5)], start=False))
@@ -113,4 +120,60 @@ def test_a_failing_batch_rejects_every_waiter_and_writes_nothing(engine: Engine)
         intake.stop()
 
     assert isinstance(after, JobPublic) and after.name == "job-5"
+    assert counts(engine) == (1, 1)
+
+
+def accepted_all(intake: JobIntake, rows: list[Job]) -> list[Accepted]:
+    async def gather() -> list[Accepted]:
+        return await asyncio.gather(*(intake.add(r) for r in rows))
+
+    return run(gather())
+
+
+def test_one_key_twice_in_one_batch_makes_one_job(engine: Engine) -> None:
+    intake = make_intake(engine, Commits())
+    rows = [row(0), row(1, key="same"), row(1, key="same"), row(2)]
+    intake.start()
+    try:
+        first, keyed, retried, last = accepted_all(intake, rows)
+    finally:
+        intake.stop()
+
+    assert keyed.job.id == retried.job.id and (keyed.replayed, retried.replayed) == (False, True)
+    assert not first.replayed and not last.replayed
+    assert counts(engine) == (3, 3)
+
+
+def test_a_key_used_before_answers_with_the_first_job_and_another_user_may_reuse_it(engine: Engine) -> None:
+    intake = make_intake(engine, Commits())
+    intake.start()
+    try:
+        [original] = accepted_all(intake, [row(0, key="k")])
+        [again] = accepted_all(intake, [row(0, key="k")])
+        other = row(0, key="k")
+        other.owner = "bob"
+        [bobs] = accepted_all(intake, [other])
+    finally:
+        intake.stop()
+
+    assert again.replayed and again.job.id == original.job.id
+    assert not bobs.replayed and bobs.job.id != original.job.id
+    assert counts(engine) == (2, 2)
+
+
+def test_a_key_reused_for_a_different_request_is_a_conflict(engine: Engine) -> None:
+    intake = make_intake(engine, Commits())
+    intake.start()
+    try:
+        accepted_all(intake, [row(0, key="k")])
+
+        async def add_different() -> BaseException | Accepted:
+            results = await asyncio.gather(intake.add(row(9, key="k")), return_exceptions=True)
+            return results[0]
+
+        outcome = run(add_different())
+    finally:
+        intake.stop()
+
+    assert isinstance(outcome, Conflict) and "different request" in outcome.message
     assert counts(engine) == (1, 1)
