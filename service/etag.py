@@ -22,9 +22,11 @@ def _micros(when: datetime) -> int:
     return int(when.timestamp() * 1_000_000)
 
 
-def for_ledger(version: LedgerVersion) -> str:
+def for_ledger(version: LedgerVersion, viewer: str | None = None) -> str:
+    """`viewer`: whose jobs the page holds (None: everyone's), so one user's tag never fits another's page."""
     # The stamp is in the tag too: a fresh ledger restarts seq at 0 and must not match an old tag.
-    return f'"l{version.seq}.{_micros(version.stamped_at)}"'
+    scope = "*" if viewer is None else viewer
+    return f'"l{version.seq}.{_micros(version.stamped_at)}.{scope}"'
 
 
 def for_job(job_id: int, updated_at: datetime) -> str:

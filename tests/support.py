@@ -152,18 +152,24 @@ def submit(client: TestClient, **fields: Any) -> dict[str, Any]:
     return job
 
 
-def get_job(client: TestClient, job_id: int) -> dict[str, Any]:
-    response = client.get(f"{JOBS}/{job_id}")
+def get_job(client: TestClient, job_id: int, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    response = client.get(f"{JOBS}/{job_id}", headers=headers)
     assert response.status_code == 200, response.text
     job: dict[str, Any] = response.json()
     return job
 
 
-def wait_state(client: TestClient, job_id: int, state: str, timeout: float = 10.0) -> dict[str, Any]:
+def wait_state(
+    client: TestClient,
+    job_id: int,
+    state: str,
+    timeout: float = 10.0,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Wait until the ledger shows the job in `state` (the service's loops move it)."""
 
     def probe() -> dict[str, Any] | None:
-        job = get_job(client, job_id)
+        job = get_job(client, job_id, headers)
         return job if job["state"] == state else None
 
     return wait_for(probe, timeout, f"job {job_id} to be {state}")

@@ -110,11 +110,11 @@ async def list_jobs(
     # async with the clock read inline: it is one primary-key read, cheaper than a thread hop; only
     # a page not rendered for this clock value goes to the thread pool.
     version = runtime.clock.read()  # before the rows: the tag may be older, never newer
-    tag = etag.for_ledger(version)
+    tag = etag.for_ledger(version, user.owner_filter())
     headers = {**etag.headers(tag, version.stamped_at), **VARY}
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    key = (tag, user.owner_filter(), tuple(state or ()), name, cursor, limit, since)
+    key = (tag, user.owner_filter(), tuple(state or ()), name, cursor, limit, since)  # tag: clock + viewer
     body = runtime.pages.get(key)
     if body is None:
         body = await run_in_threadpool(_render_page, runtime, key, version)
