@@ -37,7 +37,8 @@ def _ledger() -> Iterator[Session]:
         with session_scope(engine) as session:
             yield session
     except ServiceError as error:
-        Console(stderr=True).print(f"[bold red]error:[/] {error.message}")
+        where = f"{error.field}: " if error.field else ""
+        Console(stderr=True).print(f"[bold red]error:[/] {where}{error.message}", soft_wrap=True)
         raise typer.Exit(EXIT_REFUSED) from None
     finally:
         engine.dispose()
@@ -108,10 +109,7 @@ def quota_set(
     }
     with _ledger() as session:
         auth.check_user_name(user)
-        row = session.get(UserQuota, user) or UserQuota(username=user)
-        if reset:
-            row = UserQuota(username=user)
-            session.merge(row)
+        row = UserQuota(username=user) if reset else session.get(UserQuota, user) or UserQuota(username=user)
         for name, value in given.items():
             if value is not None:
                 setattr(row, name, value)

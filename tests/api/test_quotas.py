@@ -1,0 +1,111 @@
+"""Per-user limits: job size (403), unfinished jobs and submissions per minute (429 + Retry-After),
+with per-user overrides from the `userquota` table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.config import Settings
+from service.db import session_scope
+from service.models import UserQuota
+from tests.conftest import Login
+from tests.fakes import FakeBackend
+from tests.support import JOBS, authorize, runtime_of
+
+BODY: dict[str, Any] = {"name": "q", "entrypoint": "worker.tasks.seed:ddp_step"}
+
+
+def message(response: Any) -> str:
+    return " ".join(str(item["msg"]) for item in response.json()["detail"])
+
+
+@pytest.fixture
+def tight(settings: Settings, fake: FakeBackend) -> Any:
+    limits = settings.model_copy(
+        update={
+            "max_active_jobs_per_user": 3,
+            "max_submissions_per_minute": 5,
+            "max_tasks_per_job": 6,
+            "max_gpus_per_job": 2,
+        }
+    )
+    with TestClient(create_app(limits, backends={"local": fake, "slurm": FakeBackend("slurm")})) as client:
+        yield authorize(client)
+
+
+def test_a_job_bigger_than_the_users_limit_is_refused_with_403(tight: TestClient) -> None:
+    too_many_tasks = tight.post(
+        JOBS, json={**BODY, "backend": "slurm", "resources": {"nodes": 2, "tasks_per_node": 4}}
+    )
+    too_many_gpus = tight.post(
+        JOBS, json={**BODY, "backend": "slurm", "resources": {"nodes": 2, "gpus_per_node": 2}}
+    )
+
+    assert too_many_tasks.status_code == 403
+    assert "8 tasks (nodes x tasks_per_node); your limit is 6" in message(too_many_tasks)
+    assert too_many_gpus.status_code == 403
+    assert "4 GPUs (nodes x gpus_per_node); your limit is 2" in message(too_many_gpus)
+
+
+def test_unfinished_jobs_are_capped_per_user_and_freed_when_they_finish(
+    tight: TestClient, fake: FakeBackend, login: Login
+) -> None:
+    ids = [tight.post(JOBS, json=BODY).json()["id"] for _ in range(3)]
+    over = tight.post(JOBS, json=BODY)
+    bob = tight.post(JOBS, json=BODY, headers=_login(tight, "bob"))
+
+    assert over.status_code == 429
+    assert "3 unfinished jobs, your limit is 3" in message(over)
+    assert int(over.headers["Retry-After"]) >= 1
+    assert bob.status_code == 201  # the limit is alice's, not everyone's
+
+    tight.post(f"{JOBS}/{ids[0]}/cancel")
+    runtime_of(tight).quotas.refresh("alice")  # what the next POST after the refresh period does
+    assert tight.post(JOBS, json=BODY).status_code == 201
+
+
+def test_submissions_per_minute_are_capped(settings: Settings) -> None:
+    limits = settings.model_copy(update={"max_submissions_per_minute": 4, "max_active_jobs_per_user": 100})
+    with TestClient(create_app(limits, backends={"local": FakeBackend("local")})) as client:
+        statuses = [authorize(client).post(JOBS, json=BODY).status_code for _ in range(6)]
+        last = client.post(JOBS, json=BODY)
+
+    assert statuses == [201, 201, 201, 201, 429, 429]
+    assert "4 submissions per minute" in message(last)
+    assert 1 <= int(last.headers["Retry-After"]) <= 60
+
+
+def test_a_refused_request_does_not_count_against_the_quota(settings: Settings) -> None:
+    limits = settings.model_copy(update={"max_submissions_per_minute": 2})
+    backend = FakeBackend("local")
+    backend.refuse_validation = "no such partition"
+    with TestClient(create_app(limits, backends={"local": backend})) as client:
+        authorize(client)
+        refused = [client.post(JOBS, json=BODY).status_code for _ in range(3)]
+        backend.refuse_validation = None
+        accepted = [client.post(JOBS, json=BODY).status_code for _ in range(2)]
+
+    assert refused == [422, 422, 422]
+    assert accepted == [201, 201]
+
+
+def test_a_users_own_limits_override_the_defaults(tight: TestClient) -> None:
+    with session_scope(runtime_of(tight).engine) as session:
+        session.add(UserQuota(username="alice", max_active_jobs=1, max_tasks=16))
+    runtime_of(tight).quotas.refresh("alice")
+
+    big = tight.post(JOBS, json={**BODY, "backend": "slurm", "resources": {"nodes": 2, "tasks_per_node": 4}})
+    second = tight.post(JOBS, json=BODY)
+
+    assert big.status_code == 201, big.text  # 8 tasks: over the default 6, inside alice's 16
+    assert second.status_code == 429 and "your limit is 1" in message(second)
+
+
+def _login(api: TestClient, user: str) -> dict[str, str]:
+    from tests.support import login_headers
+
+    return login_headers(api.app, user)

@@ -1,0 +1,79 @@
+"""`torchyard token ...` and `torchyard quota ...` straight on a real ledger (the bootstrap path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, select
+from typer.testing import CliRunner
+
+from service import auth
+from service.cli import app
+from service.db import make_engine
+from service.models import ApiToken, AuditEntry, UserQuota
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    monkeypatch.setenv("TORCHYARD_DATABASE_URL", url)
+    monkeypatch.setenv("TORCHYARD_DATA_DIR", str(tmp_path / "data"))
+    return url
+
+
+def run(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_token_create_prints_the_token_alone_on_its_last_line_and_stores_its_hash(ledger: str) -> None:
+    output = run("token", "create", "--user", "alice", "--admin")
+    token = output.strip().splitlines()[-1]
+
+    engine = make_engine(ledger)
+    with Session(engine) as session:
+        [row] = session.exec(select(ApiToken)).all()
+        actions = [entry.action for entry in session.exec(select(AuditEntry))]
+    assert token.startswith("ty_") and " " not in token and len(token) > 40
+    assert (row.username, row.admin, row.token_hash) == ("alice", True, auth.hash_token(token))
+    assert actions == ["token.create"]
+
+
+def test_token_list_never_shows_a_secret_and_revoke_hides_it(ledger: str) -> None:
+    token = run("token", "create", "--user", "bob").strip().splitlines()[-1]
+
+    listed = run("token", "list")
+    revoked = run("token", "revoke", "1")
+    after = run("token", "list")
+    everything = run("token", "list", "--all")
+
+    assert "bob" in listed and token not in listed and token[:10] in listed
+    assert "token 1 of bob revoked" in revoked
+    assert "bob" not in after and "bob" in everything
+
+
+def test_token_create_refuses_a_bad_user_name(ledger: str) -> None:
+    result = CliRunner().invoke(app, ["token", "create", "--user", "no spaces please"])
+
+    assert result.exit_code == 2 and "user" in result.output.lower()
+
+
+def test_revoking_an_unknown_token_exits_2(ledger: str) -> None:
+    result = CliRunner().invoke(app, ["token", "revoke", "99"])
+
+    assert result.exit_code == 2 and "token 99 not found" in result.output
+
+
+def test_quota_set_and_show(ledger: str) -> None:
+    run("quota", "set", "--user", "carol", "--max-active-jobs", "3", "--max-gpus", "4")
+    run("quota", "set", "--user", "carol", "--max-nodes", "2")  # the others keep their values
+    shown = run("quota", "show", "--user", "carol")
+
+    with Session(make_engine(ledger)) as session:
+        row = session.get(UserQuota, "carol")
+    assert row is not None and (row.max_active_jobs, row.max_gpus, row.max_nodes) == (3, 4, 2)
+    assert "max_active_jobs: 3" in shown and "max_gpus: 4" in shown and "unfinished jobs now: 0" in shown
+    run("quota", "set", "--user", "carol", "--reset")
+    assert "max_active_jobs: 200" in run("quota", "show", "--user", "carol")
