@@ -21,11 +21,28 @@ function noteServerDate(response) {
   if (!Number.isNaN(date)) clockSkewMs = Math.round(0.8 * clockSkewMs + 0.2 * (date - Date.now()));
 }
 
-function headers(extra) {
+// The API token lives in sessionStorage: it survives a reload of this tab but not closing it, and no
+// other tab or later visitor of this browser profile finds it on disk.
+const TOKEN_KEY = "torchyard.token";
+localStorage.removeItem(TOKEN_KEY); // an older dashboard kept it there: do not leave it lying around
+
+export const session = {
+  token: () => sessionStorage.getItem(TOKEN_KEY),
+  save(token) {
+    sessionStorage.setItem(TOKEN_KEY, token);
+    cache.clear(); // answers remembered for one user must never be replayed for another
+  },
+  clear() {
+    sessionStorage.removeItem(TOKEN_KEY);
+    cache.clear();
+  },
+};
+
+// `token` overrides the stored one: the sign-in form tries a token before keeping it.
+function headers(extra, token) {
   const out = { Accept: "application/json", ...extra };
-  // Issue 5 (API tokens) plugs in here: this is the only place a request gets its headers.
-  const token = localStorage.getItem("torchyard.token");
-  if (token) out.Authorization = `Bearer ${token}`;
+  const bearer = token === undefined ? session.token() : token;
+  if (bearer) out.Authorization = `Bearer ${bearer}`;
   return out;
 }
 
@@ -52,16 +69,16 @@ function remember(url, etag, data) {
 }
 
 // GET/POST `path` under /api/v1. Returns {data, changed}: changed is false when the server said 304.
-export async function request(path, { method = "GET", body, text = false } = {}) {
+export async function request(path, { method = "GET", body, text = false, token } = {}) {
   const url = API + path;
-  const cached = method === "GET" ? cache.get(url) : undefined;
+  const cached = method === "GET" && token === undefined ? cache.get(url) : undefined;
   const extra = cached ? { "If-None-Match": cached.etag } : {};
   if (body !== undefined) extra["Content-Type"] = "application/json";
   let response;
   try {
     response = await fetch(url, {
       method,
-      headers: headers(extra),
+      headers: headers(extra, token),
       body: body === undefined ? undefined : JSON.stringify(body),
       cache: "no-store", // we revalidate ourselves, so a 304 reaches this code instead of the cache
     });
@@ -73,11 +90,12 @@ export async function request(path, { method = "GET", body, text = false } = {})
   if (!response.ok) throw new ApiError(await errorText(response), response.status);
   const data = text ? await response.text() : await response.json();
   const etag = response.headers.get("ETag");
-  if (method === "GET" && etag) remember(url, etag, data);
+  if (method === "GET" && etag && token === undefined) remember(url, etag, data);
   return { data, changed: true };
 }
 
 export const api = {
+  whoami: (token) => request("/whoami", { token }),
   listJobs: (query) => request(`/jobs?${query}`),
   job: (id) => request(`/jobs/${id}`),
   events: (id) => request(`/jobs/${id}/events`),

@@ -1,8 +1,10 @@
-// The dashboard's shell: hash routing (#/ and #/jobs/12), one poll loop, the status light, errors.
+// The dashboard's shell: who is signed in, hash routing (#/ and #/jobs/12), one poll loop, the status
+// light, errors.
 
-import { ApiError } from "./api.js";
+import { ApiError, api, session } from "./api.js";
 import { JobView } from "./job_view.js";
 import { JobsView } from "./jobs_view.js";
+import { SignInView } from "./sign_in.js";
 import { el } from "./format.js";
 
 const POLL_MS = 2000;
@@ -10,11 +12,56 @@ const POLL_MS = 2000;
 const root = document.getElementById("view");
 const banner = document.getElementById("banner");
 const status = document.getElementById("status");
+const who = document.getElementById("who");
 
+let user = null; // {user, admin} from /whoami; null while signed out: nothing is fetched then
 let view = null;
 let timer = null;
 let generation = 0; // bumps on every navigation: a late answer for the old view is dropped
 let carried = {}; // state a view hands to the next one (the list's "Newer" stack)
+
+// ---------------------------------------------------------------- signing in and out
+
+// Who are we? A token in this tab, or none at all in dev mode, where the service needs none.
+async function start() {
+  clearTimeout(timer);
+  try {
+    const { data } = await api.whoami();
+    signedIn(data);
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) {
+      // No token yet is the normal first visit; a stored token that stopped working deserves a word.
+      signOut(session.token() ? `Signed out: ${error.message}` : "");
+      return;
+    }
+    showError(error);
+    timer = setTimeout(start, POLL_MS); // service down: keep trying, as the poll loop would
+  }
+}
+
+function signedIn(me) {
+  user = me;
+  who.querySelector(".user").textContent = me.user;
+  who.querySelector(".role").hidden = !me.admin;
+  who.querySelector(".sign-out").hidden = !session.token(); // dev mode: no token, nothing to sign out of
+  who.hidden = false;
+  route();
+}
+
+function signOut(notice = "") {
+  session.clear();
+  user = null;
+  generation += 1; // answers still in flight for the old view are dropped
+  clearTimeout(timer);
+  view?.unmount?.();
+  view = new SignInView(signedIn, notice);
+  view.mount(root);
+  who.hidden = true;
+  clearError();
+  setStatus("signed-out", "signed out");
+}
+
+// ---------------------------------------------------------------- routing and polling
 
 function navigate(hash, state = {}) {
   carried = state;
@@ -23,6 +70,7 @@ function navigate(hash, state = {}) {
 }
 
 function route() {
+  if (!user) return; // the sign-in form stays; after sign-in we land on the hash asked for
   const hash = location.hash.replace(/^#/, "") || "/";
   const [path, search = ""] = hash.split("?");
   const query = new URLSearchParams(search);
@@ -42,6 +90,7 @@ function route() {
 
 async function poll() {
   clearTimeout(timer);
+  if (!user) return;
   const mine = generation;
   const current = view;
   try {
@@ -57,6 +106,11 @@ async function poll() {
 }
 
 function showError(error) {
+  if (error instanceof ApiError && error.status === 401) {
+    // Revoked, or the service forgot it: show no more data, ask again.
+    signOut(`Signed out: ${error.message}`);
+    return;
+  }
   const message = error instanceof ApiError || error instanceof Error ? error.message : String(error);
   const notFound = error instanceof ApiError && error.status === 404 && view instanceof JobView;
   if (notFound) {
@@ -85,4 +139,5 @@ document.addEventListener("visibilitychange", () => {
 });
 window.addEventListener("hashchange", route);
 window.addEventListener("unhandledrejection", (event) => showError(event.reason));
-route();
+who.querySelector(".sign-out").addEventListener("click", () => signOut());
+start();

@@ -2,11 +2,17 @@
 
 Playwright is imported inside the fixtures: without it (or without /usr/bin/chromium) the root
 conftest skips `browser` tests, or fails them under CI=true, before any fixture runs.
+
+Every API call needs a token, the dashboard's too. `page` is a tab already signed in as USER (the
+token put in its sessionStorage before the page's scripts run); `blank_page` is a tab with no token.
+`submit()` and `job()` call the API with real tokens as well.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +22,10 @@ import pytest
 from service.app import create_app
 from service.config import Settings
 from tests.serving import LiveServer, serve
+from tests.support import bearer, issue_token
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Browser, BrowserContext, Page
 
 CHROMIUM = "/usr/bin/chromium"
 # Quiet and working as root with no network (../shared/facts/browser.md).
@@ -32,6 +39,10 @@ FLAGS = [
     "--disable-sync",
 ]
 TIMEZONE = "Asia/Tokyo"  # not the machine's zone: times on the page must follow the browser's
+TOKEN_KEY = "torchyard.token"  # the dashboard's sessionStorage key (service/dashboard/api.js)
+USER = "alice"  # whom `page` signs in, and whose jobs submit() makes unless told otherwise
+ADMIN = "root"
+_tokens: dict[tuple[str, str, bool], str] = {}
 
 
 @pytest.fixture(scope="session")
@@ -56,33 +67,82 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     )
     with serve(create_app(settings)) as server:
         yield server
-        for job in httpx.get(f"{server.url}/api/v1/jobs", params={"limit": 500}).json()["items"]:
-            httpx.post(f"{server.url}/api/v1/jobs/{job['id']}/cancel")  # leave no process behind
+        headers = bearer(token(server, ADMIN, admin=True))  # an admin sees every user's jobs
+        listed = httpx.get(f"{server.url}/api/v1/jobs", params={"limit": 500}, headers=headers).json()
+        for job in listed["items"]:
+            httpx.post(f"{server.url}/api/v1/jobs/{job['id']}/cancel", headers=headers)  # no process left
+
+
+def token(server: LiveServer, user: str = USER, admin: bool = False) -> str:
+    """A real API token for `user` on this server, made once and reused."""
+    key = (server.url, user, admin)
+    if key not in _tokens:
+        _tokens[key] = issue_token(server.runtime.engine, user, admin=admin)
+    return _tokens[key]
+
+
+def sign_in(context: BrowserContext, raw: str) -> None:
+    """Every page of `context` starts with this token in its sessionStorage, as the form leaves it."""
+    context.add_init_script(f"sessionStorage.setItem({json.dumps(TOKEN_KEY)}, {json.dumps(raw)})")
+
+
+@contextmanager
+def open_page(browser: Browser, url: str, raw_token: str | None = None, **options: Any) -> Iterator[Page]:
+    """A fresh tab on `url` (signed in when given a token) that fails the test on any JavaScript error,
+    or on anything the page's Content-Security-Policy refused (the policy must not break the page)."""
+    context = browser.new_context(base_url=url, **options)
+    if raw_token is not None:
+        sign_in(context, raw_token)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on(
+        "console",
+        lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None,
+    )
+    try:
+        yield page
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+PAGE_OPTIONS: dict[str, Any] = {
+    "timezone_id": TIMEZONE,
+    "locale": "en-US",
+    "viewport": {"width": 1440, "height": 900},
+}
 
 
 @pytest.fixture
 def page(browser: Browser, service: LiveServer) -> Iterator[Page]:
-    context = browser.new_context(
-        base_url=service.url, timezone_id=TIMEZONE, locale="en-US", viewport={"width": 1440, "height": 900}
-    )
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    yield page
-    context.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
+    """A tab signed in as USER."""
+    with open_page(browser, service.url, token(service), **PAGE_OPTIONS) as page:
+        yield page
 
 
-def submit(service: LiveServer, name: str, entrypoint: str, ranks: int = 1, **kwargs: Any) -> int:
+@pytest.fixture
+def blank_page(browser: Browser, service: LiveServer) -> Iterator[Page]:
+    """A tab with no token: the dashboard must ask for one."""
+    with open_page(browser, service.url, **PAGE_OPTIONS) as page:
+        yield page
+
+
+def submit(
+    service: LiveServer, name: str, entrypoint: str, ranks: int = 1, *, user: str = USER, **kwargs: Any
+) -> int:
     body = {"name": name, "entrypoint": entrypoint, "kwargs": kwargs, "resources": {"tasks_per_node": ranks}}
-    response = httpx.post(f"{service.url}/api/v1/jobs", json=body)
+    response = httpx.post(f"{service.url}/api/v1/jobs", json=body, headers=bearer(token(service, user)))
     assert response.status_code == 201, response.text
     job_id: int = response.json()["id"]
     return job_id
 
 
 def job(service: LiveServer, job_id: int) -> dict[str, Any]:
-    data: dict[str, Any] = httpx.get(f"{service.url}/api/v1/jobs/{job_id}").json()
+    """The job as the ledger has it (read as an admin: whoever owns it)."""
+    response = httpx.get(f"{service.url}/api/v1/jobs/{job_id}", headers=bearer(token(service, ADMIN, True)))
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
     return data
 
 

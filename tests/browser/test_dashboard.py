@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
-import httpx
 import pytest
 
 from service.app import create_app
 from service.config import Settings
-from tests.browser.conftest import TIMEZONE, job, shot, submit
+from tests.browser.conftest import TIMEZONE, job, open_page, shot, submit, token
 from tests.fakes import FakeBackend
 from tests.serving import LiveServer, serve
 from tests.support import wait_for
@@ -160,39 +159,41 @@ def test_a_fresh_service_shows_a_clear_empty_state(browser: Browser, tmp_path: P
     from playwright.sync_api import expect
 
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}", data_dir=tmp_path / "data")
-    with serve(create_app(settings, backends={"local": FakeBackend("local")})) as fresh:
-        context = browser.new_context(base_url=fresh.url)
-        page = context.new_page()
+    with (
+        serve(create_app(settings, backends={"local": FakeBackend("local")})) as fresh,
+        open_page(browser, fresh.url, token(fresh)) as page,
+    ):
         page.goto("/")
         expect(page.locator(".empty-state h2")).to_have_text("No jobs yet")
         expect(page.locator("#status")).to_have_attribute("data-kind", "live")
         shot(page, tmp_path, "empty")
-        context.close()
 
 
 def test_pages_of_many_jobs_by_cursor(browser: Browser, tmp_path: Path) -> None:
-    from playwright.sync_api import expect
-
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}", data_dir=tmp_path / "data")
     with serve(create_app(settings, backends={"local": FakeBackend("local")})) as fresh:
         for n in range(60):
-            httpx.post(f"{fresh.url}/api/v1/jobs", json={"name": f"many-{n}", "entrypoint": "a.b:c"})
-        context = browser.new_context(base_url=fresh.url)
-        page = context.new_page()
-        page.goto("/#/?limit=25")
-        rows = page.locator("tr.job-row")
-        expect(rows).to_have_count(25)
-        expect(rows.first).to_have_attribute("data-job-id", "60")
-        page.click("button[data-action='older']")
-        expect(rows.first).to_have_attribute("data-job-id", "35")
-        page.click("button[data-action='older']")
-        expect(rows).to_have_count(10)
-        expect(page.locator("button[data-action='older']")).to_be_disabled()
-        page.click("text=← Newer")
-        expect(rows.first).to_have_attribute("data-job-id", "35")
-        page.click("text=⇤ Newest")
-        expect(rows.first).to_have_attribute("data-job-id", "60")
-        context.close()
+            submit(fresh, f"many-{n}", SLEEP)
+        with open_page(browser, fresh.url, token(fresh)) as page:
+            _page_through(page)
+
+
+def _page_through(page: Page) -> None:
+    from playwright.sync_api import expect
+
+    page.goto("/#/?limit=25")
+    rows = page.locator("tr.job-row")
+    expect(rows).to_have_count(25)
+    expect(rows.first).to_have_attribute("data-job-id", "60")
+    page.click("button[data-action='older']")
+    expect(rows.first).to_have_attribute("data-job-id", "35")
+    page.click("button[data-action='older']")
+    expect(rows).to_have_count(10)
+    expect(page.locator("button[data-action='older']")).to_be_disabled()
+    page.click("text=← Newer")
+    expect(rows.first).to_have_attribute("data-job-id", "35")
+    page.click("text=⇤ Newest")
+    expect(rows.first).to_have_attribute("data-job-id", "60")
 
 
 def _alive(pid: str) -> bool:
