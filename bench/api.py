@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-from bench.harness import post_script, server, wrk
+from bench.harness import header_script, post_script, server, torchyard, wrk
 from service.db import make_engine, migrate
 from service.models import Job, JobEvent, utcnow
 
@@ -75,9 +75,12 @@ def main() -> None:
                 script=post_script(json.dumps({"name": "bench", "payload": JOB_BODY})),
             )
         env = {"TORCHYARD_DATA_DIR": str(tmpdir / "post")}
-        with server("bench.apps:torchyard_null", env) as url:
+        with torchyard("bench.apps:torchyard_null", env) as (url, auth):
             ours = wrk(
-                url + "/api/v1/jobs", connections=32, seconds=args.seconds, script=post_script(JOB_BODY)
+                url + "/api/v1/jobs",
+                connections=32,
+                seconds=args.seconds,
+                script=post_script(JOB_BODY, auth),
             )
         print(bare.line("bare FastAPI + SQLite insert"))
         print(ours.line("torchyard POST /api/v1/jobs"))
@@ -89,8 +92,16 @@ def main() -> None:
         print(f"GET 50 newest of {args.jobs} jobs (seeded in {seeded_s:.1f} s), 32 connections")
         with server("bench.baselines:hello") as url:
             hello = wrk(url + "/", connections=32, seconds=args.seconds)
-        with server("bench.apps:torchyard_null", {"TORCHYARD_DATA_DIR": str(tmpdir / "list")}) as url:
-            listing = wrk(url + "/api/v1/jobs?limit=50", connections=32, seconds=args.seconds)
+        with torchyard("bench.apps:torchyard_null", {"TORCHYARD_DATA_DIR": str(tmpdir / "list")}) as (
+            url,
+            auth,
+        ):
+            listing = wrk(
+                url + "/api/v1/jobs?limit=50",
+                connections=32,
+                seconds=args.seconds,
+                script=header_script(auth),
+            )
         print(hello.line("bare FastAPI hello-world"))
         print(listing.line("torchyard GET /api/v1/jobs?limit=50"))
         print(f"ratio {listing.requests_per_s / hello.requests_per_s:.2f}x (target >= 0.25x)")

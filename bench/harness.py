@@ -66,6 +66,31 @@ def server(module_app: str, env: dict[str, str] | None = None, ready_path: str =
         proc.wait(timeout=20)
 
 
+# Benches measure the service, not its quotas: a user may submit as fast as the load allows.
+NO_QUOTAS = {
+    "TORCHYARD_MAX_SUBMISSIONS_PER_MINUTE": str(10**9),
+    "TORCHYARD_MAX_ACTIVE_JOBS_PER_USER": str(10**9),
+}
+
+
+def make_token(env: dict[str, str], user: str = "bench") -> str:
+    """A real API token, made as an operator makes one: `torchyard token create` on the same ledger."""
+    command = [str(Path(sys.executable).parent / "torchyard"), "token", "create", "--user", user]
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"token create failed: {done.stderr}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+@contextmanager
+def torchyard(module_app: str, env: dict[str, str]) -> Iterator[tuple[str, dict[str, str]]]:
+    """The service as users meet it (tokens checked, every request authenticated): (url, headers)."""
+    env = {**NO_QUOTAS, **env}
+    headers = {"Authorization": f"Bearer {make_token(env)}"}
+    with server(module_app, env) as url:
+        yield url, headers
+
+
 @dataclass
 class WrkResult:
     requests_per_s: float
@@ -111,9 +136,19 @@ def parse_wrk(out: str) -> WrkResult:
     return WrkResult(rps, p50, p99, int(bad.group(1)) if bad else 0, total)
 
 
-def post_script(body: str) -> str:
-    escaped = body.replace("\\", "\\\\").replace('"', '\\"')
-    return f'wrk.method = "POST"\nwrk.body = "{escaped}"\nwrk.headers["Content-Type"] = "application/json"\n'
+def _lua(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def header_script(headers: dict[str, str] | None) -> str:
+    return "".join(f'wrk.headers["{_lua(k)}"] = "{_lua(v)}"\n' for k, v in (headers or {}).items())
+
+
+def post_script(body: str, headers: dict[str, str] | None = None) -> str:
+    return (
+        f'wrk.method = "POST"\nwrk.body = "{_lua(body)}"\nwrk.headers["Content-Type"] = "application/json"\n'
+        + header_script(headers)
+    )
 
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timeout"})

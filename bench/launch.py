@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import ROOT, server, time_job
+from bench.harness import ROOT, time_job, torchyard
 
 JOB = {
     "name": "bench-ddp",
@@ -57,8 +57,8 @@ def main() -> None:
     theirs: list[float] = []
     with (
         tempfile.TemporaryDirectory() as tmp,
-        server("service.app:create_app", {"TORCHYARD_DATA_DIR": tmp}) as url,
-        httpx.Client(base_url=url, timeout=30) as client,
+        torchyard("service.app:create_app", {"TORCHYARD_DATA_DIR": tmp}) as (url, auth),
+        httpx.Client(base_url=url, timeout=30, headers=auth) as client,
     ):
         time_torchyard(client)  # warm the page cache for both sides alike
         for round_number in range(args.rounds):

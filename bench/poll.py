@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from bench.api import seed_jobs
-from bench.harness import WrkResult, server, wrk
+from bench.harness import WrkResult, header_script, server, torchyard, wrk
 
 POLLERS = 50
 
@@ -28,15 +28,17 @@ def if_none_match_script(tag: str) -> str:
     return f'wrk.headers["If-None-Match"] = [[{tag}]]\n'
 
 
-def measure(url: str, seconds: int) -> tuple[WrkResult, WrkResult]:
+def measure(url: str, seconds: int, auth: dict[str, str]) -> tuple[WrkResult, WrkResult]:
     """(200 path, 304 path) for one URL."""
-    first = httpx.get(url)
+    first = httpx.get(url, headers=auth)
     first.raise_for_status()
     tag = first.headers["ETag"]
-    check = httpx.get(url, headers={"If-None-Match": tag})
+    check = httpx.get(url, headers={**auth, "If-None-Match": tag})
     assert check.status_code == 304, f"{url} did not revalidate: {check.status_code}"
-    fresh = wrk(url, connections=POLLERS, seconds=seconds)
-    revalidated = wrk(url, connections=POLLERS, seconds=seconds, script=if_none_match_script(tag))
+    fresh = wrk(url, connections=POLLERS, seconds=seconds, script=header_script(auth))
+    revalidated = wrk(
+        url, connections=POLLERS, seconds=seconds, script=header_script(auth) + if_none_match_script(tag)
+    )
     return fresh, revalidated
 
 
@@ -55,9 +57,9 @@ def main() -> None:
         )
         with server("bench.baselines:hello") as url:
             hello = wrk(url + "/", connections=POLLERS, seconds=args.seconds)
-        with server("bench.apps:torchyard_null", {"TORCHYARD_DATA_DIR": str(data)}) as url:
-            list_200, list_304 = measure(url + "/api/v1/jobs?limit=50", args.seconds)
-            job_200, job_304 = measure(url + f"/api/v1/jobs/{args.jobs // 2}", args.seconds)
+        with torchyard("bench.apps:torchyard_null", {"TORCHYARD_DATA_DIR": str(data)}) as (url, auth):
+            list_200, list_304 = measure(url + "/api/v1/jobs?limit=50", args.seconds, auth)
+            job_200, job_304 = measure(url + f"/api/v1/jobs/{args.jobs // 2}", args.seconds, auth)
     rows = [
         ("bare FastAPI hello-world", hello),
         ("GET /api/v1/jobs?limit=50      200", list_200),

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import submitit
 
-from bench.harness import server, time_job
+from bench.harness import time_job, torchyard
 from service.backends.slurm import SlurmBackend
 from service.backends.slurm_submit import SRUN_ARGS, pythonpath_setup
 from service.config import Settings
@@ -85,11 +85,11 @@ def sbatch_loop(count: int) -> float:
     return elapsed
 
 
-def torchyard_dispatch(url: str, ledger: Path, count: int, threads: int = 8) -> float:
+def torchyard_dispatch(url: str, auth: dict[str, str], ledger: Path, count: int, threads: int = 8) -> float:
     per_thread = [count // threads + (1 if n < count % threads else 0) for n in range(threads)]
 
     def post(n: int) -> None:
-        with httpx.Client(base_url=url, timeout=60) as client:
+        with httpx.Client(base_url=url, timeout=60, headers=auth) as client:
             for _ in range(n):
                 client.post("/api/v1/jobs", json=TRIVIAL).raise_for_status()
 
@@ -174,12 +174,15 @@ def main() -> None:
             "TORCHYARD_DEFAULT_BACKEND": "slurm",
             "TORCHYARD_RECONCILE_INTERVAL_S": "1",
         }
-        with server("service.app:create_app", env) as url, httpx.Client(base_url=url, timeout=60) as client:
+        with (
+            torchyard("service.app:create_app", env) as (url, auth),
+            httpx.Client(base_url=url, timeout=60, headers=auth) as client,
+        ):
             # (a) dispatch rate, under a blocker so that nothing runs
             with blocker():
                 client.post("/api/v1/jobs", json=TRIVIAL).raise_for_status()  # warm: validation cache
                 loop_s = sbatch_loop(args.jobs)
-                ours_s = torchyard_dispatch(url, ledger, args.jobs + 1)
+                ours_s = torchyard_dispatch(url, auth, ledger, args.jobs + 1)
                 subprocess.run(["scancel", "-n", str(TRIVIAL["name"])], check=False)
             loop_rate, ours_rate = args.jobs / loop_s, (args.jobs + 1) / ours_s
             print(f"(a) sbatch loop: {args.jobs} jobs in {loop_s:.2f} s = {loop_rate:.0f} jobs/s")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite from nothing, on a fresh Debian 12 machine as root (CI runs exactly this):
 #   1. Debian packages: Chromium (dashboard tests), wrk (benchmarks), SLURM + munge + slurmdbd +
-#      MariaDB (the real cluster), PostgreSQL 15 server binaries when missing: one apt-get update,
+#      MariaDB (the real cluster), systemd (systemd-analyze verify of the unit), curl (README
+#      examples), PostgreSQL 15 server binaries when missing: one apt-get update,
 #      only when something is missing;
 #   2. the Python environment (deploy/setup.sh: torch CPU wheel first, then the project);
 #   3. the real two-node SLURM cluster (deploy/slurm/up.sh, when present);
@@ -50,7 +51,7 @@ finish() {
 }
 
 system_packages() {
-  local packages=(chromium wrk slurm-wlm munge slurmdbd mariadb-server iproute2 procps) missing=() pkg
+  local packages=(chromium wrk slurm-wlm munge slurmdbd mariadb-server iproute2 procps systemd curl) missing=() pkg
   [ -x /usr/lib/postgresql/15/bin/initdb ] || packages+=(postgresql-15)
   for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
