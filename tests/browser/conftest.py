@@ -42,7 +42,6 @@ TIMEZONE = "Asia/Tokyo"  # not the machine's zone: times on the page must follow
 TOKEN_KEY = "torchyard.token"  # the dashboard's sessionStorage key (service/dashboard/api.js)
 USER = "alice"  # whom `page` signs in, and whose jobs submit() makes unless told otherwise
 ADMIN = "root"
-_tokens: dict[tuple[str, str, bool], str] = {}
 
 
 @pytest.fixture(scope="session")
@@ -74,11 +73,14 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 
 def token(server: LiveServer, user: str = USER, admin: bool = False) -> str:
-    """A real API token for `user` on this server, made once and reused."""
-    key = (server.url, user, admin)
-    if key not in _tokens:
-        _tokens[key] = issue_token(server.runtime.engine, user, admin=admin)
-    return _tokens[key]
+    """A real API token for `user` on this server, made once and reused (kept on the app: a later
+    server may get the same port, never the same app)."""
+    made: dict[tuple[str, bool], str] | None = getattr(server.app.state, "test_tokens", None)
+    if made is None:
+        made = server.app.state.test_tokens = {}
+    if (user, admin) not in made:
+        made[user, admin] = issue_token(server.runtime.engine, user, admin=admin)
+    return made[user, admin]
 
 
 def sign_in(context: BrowserContext, raw: str) -> None:
