@@ -1,5 +1,6 @@
 """The whole service on the real two-node SLURM cluster: REST -> ledger -> dispatch -> sbatch (submitit)
--> ranks on n1/n2 -> squeue/sacct -> reconcile -> ledger. No fakes.
+-> ranks on n1/n2 -> squeue/sacct -> reconcile -> ledger. No fakes: every request carries a real token
+of the ordinary user alice.
 
 Every job costs a few seconds of torch imports, and the cluster has 8 CPUs, so related checks share
 jobs and run side by side where they can.
@@ -7,8 +8,6 @@ jobs and run side by side where they can.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -25,9 +24,9 @@ from service.backends.slurm import SlurmBackend
 from service.config import Settings
 from service.models import Job
 from service.states import JobState
-from tests.integration.test_service_local import _start_service, finished, job, states, submit
-from tests.serving import LiveServer, free_port, serve
-from tests.support import wait_for
+from tests.integration.slurm.conftest import Api, ServiceProcess, ledger_token, scancel, service_env
+from tests.serving import LiveServer, serve
+from tests.support import login_headers, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -51,13 +50,18 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
         scancel_ours(server)
 
 
+@pytest.fixture
+def api(live: LiveServer) -> Api:
+    """The live service as the ordinary user alice sees it (a real token, checked on every call)."""
+    token = login_headers(live.app)["Authorization"].removeprefix("Bearer ")
+    return Api(live.url, token)
+
+
 def scancel_ours(server: LiveServer) -> None:
     """A failed assertion must not leave the cluster busy for the next test."""
     with Session(server.runtime.engine) as session:
         query = select(Job.external_id).where(col(Job.external_id).is_not(None))
-        ids = [str(one) for one in session.exec(query)]
-    if ids:
-        subprocess.run(["scancel", *ids], capture_output=True, timeout=30, check=False)
+        scancel([str(one) for one in session.exec(query)])
 
 
 def slurm_of(server: LiveServer) -> SlurmBackend:
@@ -66,60 +70,60 @@ def slurm_of(server: LiveServer) -> SlurmBackend:
     return backend
 
 
-def test_seed_demonstrations_and_two_hosts(live: LiveServer) -> None:
-    ddp = submit(live.url, name="ddp", entrypoint="worker.tasks.seed:ddp_parameters",
+def test_seed_demonstrations_and_two_hosts(api: Api) -> None:
+    ddp = api.submit(name="ddp", entrypoint="worker.tasks.seed:ddp_parameters",
                  resources={"tasks_per_node": 3, "timeout_min": 5})
-    shards = submit(live.url, name="shards", entrypoint="worker.tasks.seed:sampler_shards",
+    shards = api.submit(name="shards", entrypoint="worker.tasks.seed:sampler_shards",
                     resources={"nodes": 2, "tasks_per_node": 2, "timeout_min": 5})
-    hosts = submit(live.url, name="hosts", entrypoint="worker.tasks.faults:hostnames",
+    hosts = api.submit(name="hosts", entrypoint="worker.tasks.faults:hostnames",
                    resources={"nodes": 2, "tasks_per_node": 2, "timeout_min": 5})
     assert ddp["backend"] == "slurm"
 
-    ddp_done = finished(live.url, ddp["id"], timeout=180)
+    ddp_done = api.finished(ddp["id"], timeout=180)
     assert ddp_done["state"] == "succeeded", ddp_done["reason"]
     result = ddp_done["result"]
     assert result["ok"] is True and result["world_size"] == 3
     assert result["initial_params_match_rank0"] is True
     assert result["params_identical_after_step"] is True
     assert result["matches_averaged_gradient_step"] is True
-    assert states(live.url, ddp["id"])[:2] == ["queued", "submitted"]
-    assert states(live.url, ddp["id"])[-2:] == ["running", "succeeded"]
+    assert api.states(ddp["id"])[:2] == ["queued", "submitted"]
+    assert api.states(ddp["id"])[-2:] == ["running", "succeeded"]
 
-    shards_done = finished(live.url, shards["id"], timeout=180)
+    shards_done = api.finished(shards["id"], timeout=180)
     assert shards_done["state"] == "succeeded", shards_done["reason"]
     assert shards_done["result"]["ok"] is True
     assert shards_done["result"]["shards"] == {str(r): [r, r + 4] for r in range(4)}
     assert shards_done["result"]["dataset_identical_on_all_ranks"] is True
 
-    hosts_done = finished(live.url, hosts["id"], timeout=180)
+    hosts_done = api.finished(hosts["id"], timeout=180)
     assert hosts_done["state"] == "succeeded", hosts_done["reason"]
     assert hosts_done["result"]["hostnames"] == ["n1", "n1", "n2", "n2"]
     assert hosts_done["result"]["distinct_hosts"] == 2
 
 
-def test_more_nodes_than_exist_is_refused_at_post(live: LiveServer) -> None:
-    response = httpx.post(f"{live.url}/api/v1/jobs", timeout=30, json={
+def test_more_nodes_than_exist_is_refused_at_post(api: Api) -> None:
+    response = api.post("/api/v1/jobs", {
         "name": "huge", "entrypoint": "worker.tasks.faults:hostnames", "resources": {"nodes": 3}})
     assert response.status_code == 422, response.text
     detail = response.json()["detail"][0]
     assert detail["loc"] == ["body", "resources", "nodes"]
     assert "Node count specification invalid" in detail["msg"]
-    assert httpx.get(f"{live.url}/api/v1/jobs").json()["items"] == []  # nothing was queued
+    assert api.all_jobs() == []  # nothing was queued
 
 
-def test_timeout_failing_rank_and_cancel_pending_and_running(live: LiveServer) -> None:
+def test_timeout_failing_rank_and_cancel_pending_and_running(api: Api) -> None:
     # Side by side: the timeout takes a minute of wall time, the rest happens meanwhile.
-    slow = submit(live.url, name="too-slow", entrypoint="worker.tasks.faults:sleep",
+    slow = api.submit(name="too-slow", entrypoint="worker.tasks.faults:sleep",
                   kwargs={"seconds": 200}, resources={"timeout_min": 1})
-    crash = submit(live.url, name="crash", entrypoint="worker.tasks.faults:exit_on_rank",
+    crash = api.submit(name="crash", entrypoint="worker.tasks.faults:exit_on_rank",
                    kwargs={"rank": 1, "code": 3}, resources={"tasks_per_node": 2, "timeout_min": 3})
-    runner = submit(live.url, name="runner", entrypoint="worker.tasks.faults:sleep",
+    runner = api.submit(name="runner", entrypoint="worker.tasks.faults:sleep",
                     kwargs={"seconds": 120}, resources={"timeout_min": 3})
-    waiter = submit(live.url, name="waiter", entrypoint="worker.tasks.faults:sleep",
+    waiter = api.submit(name="waiter", entrypoint="worker.tasks.faults:sleep",
                     kwargs={"seconds": 1}, resources={**WHOLE_CLUSTER, "timeout_min": 3})
 
     def running_and_pending() -> dict[str, Any] | None:
-        r, w = job(live.url, runner["id"]), job(live.url, waiter["id"])
+        r, w = api.job(runner["id"]), api.job(waiter["id"])
         reason = w["reason"] or ""
         waits = w["state"] == "pending" and ("Resources" in reason or "Priority" in reason)
         return w if r["state"] == "running" and waits else None
@@ -127,49 +131,54 @@ def test_timeout_failing_rank_and_cancel_pending_and_running(live: LiveServer) -
     pending = wait_for(running_and_pending, 90, "one job running, the whole-cluster one pending")
     assert pending["external_id"]
     for one in (runner, waiter):
-        httpx.post(f"{live.url}/api/v1/jobs/{one['id']}/cancel", timeout=30).raise_for_status()
+        api.post(f"/api/v1/jobs/{one['id']}/cancel").raise_for_status()
     for one in (runner, waiter):
-        done = finished(live.url, one["id"], timeout=60)
+        done = api.finished(one["id"], timeout=60)
         assert done["state"] == "cancelled", done["reason"]
-    gone = subprocess.run(["squeue", "-h", "-j", f"{job(live.url, runner['id'])['external_id']},"
+    gone = subprocess.run(["squeue", "-h", "-j", f"{api.job(runner['id'])['external_id']},"
                            f"{pending['external_id']}", "-t", "PD,R"], capture_output=True, text=True)
     assert gone.stdout.strip() == ""  # SLURM let them go too
 
-    crashed = finished(live.url, crash["id"], timeout=120)
+    crashed = api.finished(crash["id"], timeout=120)
     assert crashed["state"] == "failed", crashed["reason"]
 
     # With a limit under submitit's --signal=USR2@90 the warning comes at once: submitit takes it for a
     # time-out of a Checkpointable job and requeues it (up to 3 times) before giving up; the ledger
     # still ends `timeout` once the job has had its minute.
-    timed_out = finished(live.url, slow["id"], timeout=200)
+    timed_out = api.finished(slow["id"], timeout=200)
     assert timed_out["state"] == "timeout", timed_out["reason"]
 
 
-def test_one_status_query_per_interval_whatever_the_readers(live: LiveServer, tmp_path: Path) -> None:
-    # 200 real SLURM jobs held in the queue (one sbatch of an array), entered in the ledger as ours.
+def test_one_status_query_per_interval_whatever_the_readers(
+    live: LiveServer, api: Api, tmp_path: Path
+) -> None:
+    # 200 real SLURM jobs held in the queue (one sbatch of an array), entered in the ledger as another
+    # user's (as alice's they would fill her quota of unfinished jobs); an admin reads them all.
     held = subprocess.run(["sbatch", "--parsable", "--hold", "--array=0-199", "-o", "/dev/null",
                            "--wrap", "true"], capture_output=True, text=True, timeout=30, check=True)
     array = held.stdout.strip().split(";")[0]
     try:
         with Session(live.runtime.engine) as session:
             for index in range(200):
-                session.add(Job(name=f"held-{index}", backend="slurm", state=JobState.submitted,
-                                external_id=f"{array}_{index}", folder=str(tmp_path / "held" / str(index)),
+                session.add(Job(name=f"held-{index}", owner="carol", backend="slurm",
+                                state=JobState.submitted, external_id=f"{array}_{index}",
+                                folder=str(tmp_path / "held" / str(index)),
                                 spec={"entrypoint": "worker.tasks.faults:sleep", "resources": {}}))
             session.commit()
-        real = [submit(live.url, name=f"real-{n}", entrypoint="worker.tasks.faults:sleep",
+        real = [api.submit(name=f"real-{n}", entrypoint="worker.tasks.faults:sleep",
                        kwargs={"seconds": 30}, resources={"timeout_min": 2}) for n in range(2)]
-        wait_for(lambda: all(job(live.url, r["id"])["state"] == "running" for r in real), 60, "running")
-        held_job = httpx.get(f"{live.url}/api/v1/jobs/1", timeout=30).json()
-        wait_for(lambda: job(live.url, 1)["state"] == "pending", 10, "held job pending")
-        assert "JobHeldUser" in (job(live.url, 1)["reason"] or ""), held_job
+        wait_for(lambda: all(api.job(r["id"])["state"] == "running" for r in real), 60, "running")
+        admin = Api(live.url, login_headers(live.app, "root", admin=True)["Authorization"].split()[1])
+        held_job = admin.job(1)
+        wait_for(lambda: admin.job(1)["state"] == "pending", 10, "held job pending")
+        assert "JobHeldUser" in (admin.job(1)["reason"] or ""), held_job
 
         backend, reconciler = slurm_of(live), live.runtime.reconciler
         stop = threading.Event()
         reads = [0] * 20
 
         def reader(n: int) -> None:
-            with httpx.Client(base_url=live.url, timeout=30) as client:
+            with httpx.Client(base_url=live.url, headers=admin.headers, timeout=30) as client:
                 while not stop.is_set():
                     client.get(f"/api/v1/jobs/{1 + (n * 10 + reads[n]) % 202}").raise_for_status()
                     client.get("/api/v1/jobs", params={"limit": 50}).raise_for_status()
@@ -195,66 +204,61 @@ def test_one_status_query_per_interval_whatever_the_readers(live: LiveServer, tm
 
 
 def test_service_killed_with_jobs_pending_and_running_settles_them_after_restart(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "TORCHYARD_DATA_DIR": str(tmp_path / "data"),
-        "TORCHYARD_DATABASE_URL": f"sqlite:///{tmp_path}/ledger.db",
-        "TORCHYARD_DEFAULT_BACKEND": "slurm",
-        "TORCHYARD_RECONCILE_INTERVAL_S": "1",
-    }
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    first = _start_service(env, port)
+    database_url = f"sqlite:///{tmp_path}/ledger.db"
+    env = service_env(tmp_path / "data", database_url, default_backend="slurm", reconcile_interval_s="1")
+    token = ledger_token(database_url)
+    first = ServiceProcess(env, tmp_path / "first.log")
+    api = Api(first.url, token)
+    before: dict[int, str] = {}
     try:
-        slow = submit(url, name="slow", entrypoint="worker.tasks.faults:sleep", kwargs={"seconds": 15},
-                      resources={"timeout_min": 3})
-        crash = submit(url, name="crash", entrypoint="worker.tasks.faults:exit_on_rank",
-                       kwargs={"rank": 0, "code": 5}, resources={"timeout_min": 3})
-        wait_for(lambda: job(url, slow["id"])["state"] == "running", 90, "slow running")
-        later = submit(url, name="later", entrypoint="worker.tasks.faults:hostnames",
-                       resources={**WHOLE_CLUSTER, "timeout_min": 3})
-        wait_for(lambda: job(url, later["id"])["state"] == "pending", 30, "later pending")
-        before = {j["id"]: j["external_id"] for j in httpx.get(f"{url}/api/v1/jobs").json()["items"]}
+        slow = api.submit(name="slow", entrypoint="worker.tasks.faults:sleep", kwargs={"seconds": 15},
+                          resources={"timeout_min": 3})
+        crash = api.submit(name="crash", entrypoint="worker.tasks.faults:exit_on_rank",
+                           kwargs={"rank": 0, "code": 5}, resources={"timeout_min": 3})
+        wait_for(lambda: api.job(slow["id"])["state"] == "running", 90, "slow running")
+        later = api.submit(name="later", entrypoint="worker.tasks.faults:hostnames",
+                           resources={**WHOLE_CLUSTER, "timeout_min": 3})
+        wait_for(lambda: api.job(later["id"])["state"] == "pending", 30, "later pending")
+        before = {j["id"]: j["external_id"] for j in api.all_jobs()}
     finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait()
+        first.kill()
     time.sleep(3)  # SLURM goes on without us
-    second = _start_service(env, port)
+    second = ServiceProcess(env, tmp_path / "second.log")
+    api = Api(second.url, token)
     try:
-        slow_done = finished(url, slow["id"], timeout=120)
-        later_done = finished(url, later["id"], timeout=120)
-        crash_done = finished(url, crash["id"], timeout=60)
+        slow_done = api.finished(slow["id"], timeout=120)
+        later_done = api.finished(later["id"], timeout=120)
+        crash_done = api.finished(crash["id"], timeout=60)
         assert slow_done["state"] == "succeeded", slow_done["reason"]
         assert slow_done["result"]["slept_s"] >= 15
         assert later_done["state"] == "succeeded", later_done["reason"]
         assert later_done["result"]["distinct_hosts"] == 2
         assert crash_done["state"] == "failed", crash_done["reason"]
-        listed = httpx.get(f"{url}/api/v1/jobs").json()["items"]
+        listed = api.all_jobs()
         assert {j["id"]: j["external_id"] for j in listed} == before  # re-attached, nothing resubmitted
         for one in (slow, later, crash):
-            assert states(url, one["id"]).count("submitted") == 1
+            assert api.states(one["id"]).count("submitted") == 1
         names = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID", "-j", ",".join(before.values())],
                                capture_output=True, text=True, timeout=30).stdout.split()
         assert sorted(names) == sorted(before.values())
     finally:
-        second.terminate()
-        second.wait(timeout=30)
-        subprocess.run(["scancel", *[str(v) for v in before.values()]], capture_output=True, check=False)
+        second.stop()
+        scancel(before.values())
 
 
-def test_preempted_and_requeued_training_resumes_from_its_checkpoint_bit_for_bit(live: LiveServer) -> None:
+def test_preempted_and_requeued_training_resumes_from_its_checkpoint_bit_for_bit(api: Api) -> None:
     # Long enough after the first checkpoint to outlive KillWait (5 s): a requeue's SIGTERM is ignored
     # by submitit, so the ranks only stop at the SIGKILL that follows.
     kwargs = {"epochs": 6, "samples": 256, "seed": 7, "report_every": 2, "sleep_per_step": 0.6}
     resources = {"tasks_per_node": 2, "timeout_min": 5}
     plain, signalled, requeued = (
-        submit(live.url, name=name, entrypoint="worker.tasks.train:train", kwargs=kwargs, resources=resources)
+        api.submit(name=name, entrypoint="worker.tasks.train:train", kwargs=kwargs, resources=resources)
         for name in ("plain", "signalled", "requeued")
     )
 
     def checkpointed(one: dict[str, Any]) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
-            j = job(live.url, one["id"])
+            j = api.job(one["id"])
             return j if j["latest_checkpoint"] and j["state"] == "running" else None
 
         return wait_for(probe, 120, f"a first checkpoint of {one['name']}")
@@ -269,22 +273,22 @@ def test_preempted_and_requeued_training_resumes_from_its_checkpoint_bit_for_bit
     for one, before in ((signalled, mid), (requeued, mid_requeued)):
 
         def second_attempt(job_id: int = one["id"]) -> dict[str, Any] | None:
-            j = job(live.url, job_id)
+            j = api.job(job_id)
             return j if j["attempt"] == 2 else None
 
         again = wait_for(second_attempt, 60, f"attempt 2 of {one['name']}")
         assert again["external_id"] == before["external_id"]  # the same SLURM job, requeued
 
-    plain_done = finished(live.url, plain["id"], timeout=180)
+    plain_done = api.finished(plain["id"], timeout=180)
     assert plain_done["state"] == "succeeded", plain_done["reason"]
     assert plain_done["result"]["resumed_from_epoch"] is None
     for one in (signalled, requeued):
-        done = finished(live.url, one["id"], timeout=180)
+        done = api.finished(one["id"], timeout=180)
         assert done["state"] == "succeeded", (one["name"], done["reason"])
         assert done["result"]["resumed_from_epoch"] is not None, one["name"]
         assert done["result"]["param_checksum"] == plain_done["result"]["param_checksum"], one["name"]
         assert done["attempt"] == 2
-        history = states(live.url, one["id"])
+        history = api.states(one["id"])
         at = history.index("requeued")
         assert "running" in history[at:], history
         assert history[-1] == "succeeded"
