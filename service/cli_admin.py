@@ -48,14 +48,25 @@ def _ledger() -> Iterator[Session]:
 def token_create(
     user: Annotated[str, typer.Option(help="Whose token: jobs submitted with it belong to this user.")],
     admin: Annotated[bool, typer.Option("--admin", help="May see and cancel every user's jobs.")] = False,
+    save: Annotated[
+        bool, typer.Option("--save", help="Also write it where this machine's CLI and client look (0600).")
+    ] = False,
 ) -> None:
     """Make a token and print it, alone, on the last line. It is shown only this once."""
     from service import auth
+    from service.client import token_path
 
     with _ledger() as session:
         raw = auth.create_token(session, user, admin=admin, actor="cli")
     kind = "admin token" if admin else "token"
-    typer.echo(f"new {kind} for {user} (stored only as a hash: copy it now):", err=False)
+    if save:
+        path = token_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(raw + "\n")
+        typer.echo(f"saved to {path}")
+    typer.echo(f"new {kind} for {user} (stored only as a hash: copy it now):")
     typer.echo(raw)
 
 

@@ -145,7 +145,8 @@ def test_examples_run_against_a_live_service(tmp_path: Path, monkeypatch: pytest
     env = clean_env(
         TORCHYARD_URL=f"http://127.0.0.1:{port}",
         TORCHYARD_DATA_DIR=str(tmp_path / "data"),
-        XDG_CONFIG_HOME=str(tmp_path / "config"),
+        HOME=str(tmp_path / "home"),  # `token create --save` writes ~/.config/torchyard/token here
+        XDG_CONFIG_HOME=str(tmp_path / "home" / ".config"),
         PYTHONPATH=str(user_code),  # "on the PYTHONPATH the service was started with", as the README says
         NO_COLOR="1",
     )
@@ -158,14 +159,15 @@ def test_examples_run_against_a_live_service(tmp_path: Path, monkeypatch: pytest
     (serve_command,) = commands(serve)
     for name in ("TORCHYARD_URL", "XDG_CONFIG_HOME"):
         monkeypatch.setenv(name, env[name])  # for the Python examples, exec'd in this process
-    with serving(["bash", "-c", "exec " + on_port(serve_command, port)], env, tmp_path / "serve.log"):
+    # `exec env`: the service gets Ctrl-C itself, and the command may begin with VAR=value settings
+    with serving(["bash", "-c", "exec env " + on_port(serve_command, port)], env, tmp_path / "serve.log"):
         for block in blocks():
             if block.tag == "test=cli":
                 for command in commands(block):
                     run_command(on_port(command, port), env, block)
             elif block.tag == "test=python":
                 exec(compile(block.body, str(block), "exec"), {"__name__": "readme_example"})
-        with TorchyardClient(env["TORCHYARD_URL"], token="") as client:
+        with TorchyardClient(env["TORCHYARD_URL"]) as client:  # the token the README saved
             left = [job for job in client.iter_jobs() if job["state"] not in TERMINAL_STATES]
     assert not left, f"README examples left jobs running: {[(j['id'], j['state']) for j in left]}"
 

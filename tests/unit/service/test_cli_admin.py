@@ -77,3 +77,14 @@ def test_quota_set_and_show(ledger: str) -> None:
     assert "max_active_jobs: 3" in shown and "max_gpus: 4" in shown and "unfinished jobs now: 0" in shown
     run("quota", "set", "--user", "carol", "--reset")
     assert "max_active_jobs: 200" in run("quota", "show", "--user", "carol")
+
+
+def test_token_create_save_writes_the_token_file_private(
+    ledger: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    token = run("token", "create", "--user", "dora", "--save").strip().splitlines()[-1]
+
+    saved = tmp_path / "config" / "torchyard" / "token"
+    assert saved.read_text().strip() == token
+    assert saved.stat().st_mode & 0o777 == 0o600
