@@ -287,5 +287,28 @@ def logs(
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+@app.command()
+def whoami(ctx: typer.Context) -> None:
+    """Who the service takes you for (the user of your token)."""
+    with _client(ctx) as client:
+        me = client.whoami()
+    _console().print(f"{me['user']}" + (" (admin)" if me["admin"] else ""))
+
+
+@app.command()
+def audit(
+    ctx: typer.Context,
+    actor: Annotated[str | None, typer.Option(help="Only what this user did.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 50,
+) -> None:
+    """The audit log: who submitted, cancelled, created or revoked what (admin tokens only)."""
+    with _client(ctx) as client:
+        entries = client.audit(actor=actor, limit=limit)
+    for entry in entries:
+        detail = f"  {entry['detail']}" if entry.get("detail") else ""
+        line = f"{entry['time'][:19]}  {entry['actor']:<16} {entry['action']:<13} {entry['target']}{detail}"
+        _console().print(escape(line), soft_wrap=True)
+
+
 def main() -> None:
     app()

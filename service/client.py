@@ -255,6 +255,19 @@ class TorchyardClient:
                 raise WaitTimeout(f"job {job_id} is still {job['state']} after {timeout_s} s")
             time.sleep(poll_s)
 
+    def whoami(self) -> dict[str, Any]:
+        """{"user": ..., "admin": ...}: who this client's token says it is."""
+        return self._object("GET", "/api/v1/whoami")
+
+    def audit(self, actor: str | None = None, limit: int = 100, before_id: int | None = None) -> Jobs:
+        """The audit log, newest first (admin tokens only)."""
+        params: dict[str, Any] = {"limit": limit}
+        if actor is not None:
+            params["actor"] = actor
+        if before_id is not None:
+            params["before_id"] = before_id
+        return self._array("GET", "/api/v1/audit", params=params)
+
     def health(self) -> dict[str, Any]:
         """GET /healthz. A degraded service (503) still answers with its body, so no error here."""
         try:

@@ -238,3 +238,20 @@ def test_get_revalidates_with_the_etag_and_reuses_the_body_on_304() -> None:
     first["state"] = "changed by the caller"
     assert client.get(5)["state"] == "running"  # from the cache, untouched by the caller's edit
     assert seen == [None, '"v1"']
+
+
+def test_whoami_and_audit_call_their_endpoints() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, str(request.url.params)))
+        if request.url.path == "/api/v1/whoami":
+            return httpx.Response(200, json={"user": "alice", "admin": False})
+        return httpx.Response(200, json=[{"id": 1, "actor": "alice", "action": "job.submit"}])
+
+    with client_with(handler, token="t") as client:
+        me = client.whoami()
+        entries = client.audit(actor="alice", limit=5)
+
+    assert me == {"user": "alice", "admin": False} and entries[0]["action"] == "job.submit"
+    assert seen == [("/api/v1/whoami", ""), ("/api/v1/audit", "limit=5&actor=alice")]
