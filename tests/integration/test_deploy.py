@@ -63,13 +63,13 @@ def systemd_analyze() -> str:
     return tool
 
 
-def runnable_copy(folder: Path) -> Path:
+def runnable_copy(folder: Path, name: str = UNIT.name) -> Path:
     """The unit with ExecStart pointing at this checkout's real `torchyard`, so verify can check it."""
     script = Path(torchyard_command()[0])
     assert script.name == "torchyard", "the torchyard console script must be installed (pip install -e .)"
     text = UNIT.read_text()
     assert text.count("/opt/torchyard/venv/bin/torchyard") == 1
-    copy = folder / UNIT.name  # same name: verify derives the unit's name and type from it
+    copy = folder / name  # verify derives the unit's name and type from the file's name
     copy.write_text(text.replace("/opt/torchyard/venv/bin/torchyard", str(script)))
     return copy
 
@@ -128,6 +128,16 @@ def test_the_unit_runs_the_service_as_the_env_example_expects() -> None:
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     done = verify(runnable_copy(tmp_path))
     # verify exits 0 on unknown keys and unparsable values (it only warns): any output is a finding.
+    assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr
+
+
+def test_the_replica_template_of_the_guide_verifies_too(tmp_path: Path) -> None:
+    """docs/operations.md makes torchyard@.service with sed, the port as the instance name."""
+    template = runnable_copy(tmp_path, "torchyard@.service")
+    text = template.read_text()
+    assert text.count("serve --log-level info\n") == 1, "the guide's sed expression no longer matches"
+    template.write_text(text.replace("serve --log-level info\n", "serve --log-level info --port %i\n"))
+    done = verify(tmp_path / "torchyard@8322.service")
     assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr
 
 
