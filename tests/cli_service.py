@@ -36,6 +36,19 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def create_token(env: Mapping[str, str], user: str, admin: bool = False) -> str:
+    """`torchyard token create` as an operator runs it on the service host: the token on its last line.
+
+    It works on the ledger that `env` (TORCHYARD_DATABASE_URL / TORCHYARD_DATA_DIR) names, so it can
+    run before `torchyard serve` does: the ledger is created and migrated on the way.
+    """
+    args = [*torchyard_command(), "token", "create", "--user", user, *(["--admin"] if admin else [])]
+    done = subprocess.run(args, cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchyard token create failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout.strip().splitlines()[-1]
+
+
 @contextmanager
 def serving(
     args: list[str], env: Mapping[str, str], log: Path, timeout: float = 60

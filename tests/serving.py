@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 
 from service.runtime import Runtime
+from tests.support import login_headers
 
 
 def free_port() -> int:
@@ -34,6 +36,14 @@ class LiveServer:
     def runtime(self) -> Runtime:
         runtime: Runtime = self.app.state.runtime
         return runtime
+
+    def login(self, user: str = "alice", admin: bool = False) -> dict[str, str]:
+        """Headers with a fresh real token for `user` on this service."""
+        return login_headers(self.app, user, admin=admin)
+
+    def client(self, user: str = "alice", admin: bool = False, timeout: float = 30) -> httpx.Client:
+        """An httpx client on this service that sends a token of `user` with every request."""
+        return httpx.Client(base_url=self.url, headers=self.login(user, admin), timeout=timeout)
 
 
 @contextmanager

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service.client import TorchyardClient
-from tests.cli_service import clean_env, serving, torchyard_command
+from tests.cli_service import clean_env, create_token, serving, torchyard_command
 from tests.serving import free_port
 from tests.support import ROOT, wait_for
 
@@ -40,10 +41,13 @@ class Service:
     env: dict[str, str]
 
     def cli(self, *args: str, timeout: float = 180) -> Run:
+        return self.cli_as(self.env, *args, timeout=timeout)
+
+    def cli_as(self, env: dict[str, str], *args: str, timeout: float = 180) -> Run:
         done = subprocess.run(
             [*torchyard_command(), *args],
             cwd=ROOT,
-            env=self.env,
+            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -58,9 +62,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     env = clean_env(
         TORCHYARD_URL=url,
         TORCHYARD_DATA_DIR=str(tmp / "data"),
+        TORCHYARD_TOKEN_CACHE_S="0",  # a revoked token answers 401 at once, not after the cache expires
         XDG_CONFIG_HOME=str(tmp / "config"),
         NO_COLOR="1",
     )
+    env["TORCHYARD_TOKEN"] = create_token(env, "alice")  # before serve: the bootstrap works on the ledger
     port = url.rsplit(":", 1)[1]
     with serving([*torchyard_command(), "serve", "--port", port], env, tmp / "serve.log"):
         yield Service(url, env)
@@ -141,7 +147,7 @@ def test_cancel_stops_a_job_and_is_idempotent(service: Service, tmp_path: Path) 
     job_id = submitted_id(service.cli("submit", str(spec)))
     first = service.cli("cancel", str(job_id))
     assert first.code == 0 and f"job {job_id}" in first.out, first.both
-    with TorchyardClient(service.url, token="") as client:
+    with TorchyardClient(service.url, token=service.env["TORCHYARD_TOKEN"]) as client:
         wait_for(lambda: client.get(job_id)["state"] == "cancelled", 30, "the job to be cancelled")
     again = service.cli("cancel", str(job_id))
     assert again.code == 0 and f"job {job_id} cancelled" in again.out
@@ -157,3 +163,44 @@ def test_refusals_exit_2_and_name_the_problem(service: Service, tmp_path: Path) 
     assert missing.code == 2 and "404" in missing.err and "not found" in missing.err
     elsewhere = service.cli("--url", f"http://127.0.0.1:{free_port()}", "list")
     assert elsewhere.code == 2 and "cannot reach torchyard" in elsewhere.err
+
+
+def test_tokens_are_created_listed_and_revoked_from_the_command_line(service: Service) -> None:
+    created = service.cli("token", "create", "--user", "bob")
+    assert created.code == 0, created.both
+    token = created.out.strip().splitlines()[-1]
+    assert re.fullmatch(r"\S{20,}", token), created.out  # the token alone on its last line
+    as_bob = {**service.env, "TORCHYARD_TOKEN": token}
+    own = service.cli_as(as_bob, "list", "--json")
+    assert own.code == 0, own.both
+    assert json.loads(own.out)["items"] == []  # bob sees his own jobs only: none yet
+    whoami = httpx.get(f"{service.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+    assert whoami.status_code == 200 and whoami.json() == {"user": "bob", "admin": False}, whoami.text
+
+    listed = service.cli("token", "list")
+    assert listed.code == 0, listed.both
+    (row,) = [line for line in listed.out.splitlines() if " bob " in line]
+    assert token not in listed.out and token[:4] in row  # the first characters, never the secret
+    token_id = re.search(r"^\W*(\d+)\b", row)
+    assert token_id, row
+
+    revoked = service.cli("token", "revoke", token_id.group(1))
+    assert revoked.code == 0 and f"token {token_id.group(1)} of bob revoked" in revoked.out, revoked.both
+    refused = service.cli_as(as_bob, "list")
+    assert refused.code == 2 and "401" in refused.err, refused.both
+    assert " bob " not in service.cli("token", "list").out  # revoked tokens leave the plain list
+    assert " bob " in service.cli("token", "list", "--all").out
+
+
+def test_dev_mode_refuses_to_listen_beyond_this_machine(tmp_path: Path) -> None:
+    env = clean_env(TORCHYARD_DATA_DIR=str(tmp_path / "data"), NO_COLOR="1")
+    done = subprocess.run(
+        [*torchyard_command(), "serve", "--dev", "--host", "0.0.0.0", "--port", str(free_port())],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "dev mode" in done.stderr and "0.0.0.0" in done.stderr and "127.0.0.1" in done.stderr
