@@ -12,6 +12,9 @@ The protocol, for every source but torchrun (whose agent already listens on MAST
 2. rank 0 publishes {"addr", "port", "host", "pid"} atomically (temp file, fsync, rename) as
    `<job folder>/rendezvous/<key>.json` (JobFiles.rendezvous), key from rendezvous_key().
 3. every other rank polls for that file every POLL_S, up to the rendezvous timeout, then connects.
+4. a rank whose rendezvous fails (or whose process group cannot form) ends the job's other ranks
+   under the local executor (worker.distributed.stop_local_peers), as srun --kill-on-bad-exit does
+   on SLURM: a rank stuck before the rendezvous would otherwise keep the job running for hours.
 
 The folder is shared on SLURM (the job folder is) and the same disk locally. The key changes with every
 run of the ranks, so a retried or requeued job never reads the port of a run before it.
@@ -40,7 +43,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.distributed import RankEnv
+from worker.distributed import RankEnv, ending_peers_on_failure
 from worker.files import atomic_write_text
 
 if TYPE_CHECKING:  # torch.distributed re-exports it without telling mypy
@@ -171,15 +174,16 @@ def rendezvous_store(env: RankEnv, path: Path, *, timeout_s: float) -> tuple[Ran
     """
     if env.source == "torchrun":
         return env, None
-    if env.is_main:
-        store = host_store(env.master_addr, env.world_size, timeout_s)
-        endpoint = Endpoint(env.master_addr, int(store.port))
-        publish(path, endpoint)
-    else:
-        deadline = time.monotonic() + timeout_s
-        endpoint = wait_for_endpoint(path, timeout_s=timeout_s)
-        store = join_store(endpoint, env.world_size, connect_s=deadline - time.monotonic(),
-                           timeout_s=timeout_s)
+    with ending_peers_on_failure(env):  # a rank stuck before this point must not outlive the job
+        if env.is_main:
+            store = host_store(env.master_addr, env.world_size, timeout_s)
+            endpoint = Endpoint(env.master_addr, int(store.port))
+            publish(path, endpoint)
+        else:
+            deadline = time.monotonic() + timeout_s
+            endpoint = wait_for_endpoint(path, timeout_s=timeout_s)
+            store = join_store(endpoint, env.world_size, connect_s=deadline - time.monotonic(),
+                               timeout_s=timeout_s)
     return replace(env, master_addr=endpoint.addr, master_port=endpoint.port), store
 
 
@@ -188,9 +192,10 @@ def rendezvous_port(env: RankEnv, path: Path, *, timeout_s: float) -> RankEnv:
     free_port, and publishes it in `path`; the others wait for it). Under torchrun: `env` as it is."""
     if env.source == "torchrun":
         return env
-    if env.is_main:
-        endpoint = Endpoint(env.master_addr, free_port())
-        publish(path, endpoint)
-    else:
-        endpoint = wait_for_endpoint(path, timeout_s=timeout_s)
+    with ending_peers_on_failure(env):
+        if env.is_main:
+            endpoint = Endpoint(env.master_addr, free_port())
+            publish(path, endpoint)
+        else:
+            endpoint = wait_for_endpoint(path, timeout_s=timeout_s)
     return replace(env, master_addr=endpoint.addr, master_port=endpoint.port)

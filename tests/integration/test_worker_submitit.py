@@ -251,3 +251,24 @@ def test_a_crashing_rank_ends_the_job_promptly_too(tmp_path: Path) -> None:
     assert not spec.files.error(1).exists(), "os._exit leaves no traceback to write"
     assert "by peer" in spec.files.error(0).read_text()  # gloo: "closed by peer" or "reset by peer"
     assert not spec.files.result.exists()
+
+
+def test_a_rank_stuck_before_the_rendezvous_is_ended_with_the_job(tmp_path: Path) -> None:
+    """No service watches here: the ranks alone must end a job whose rank 0 never publishes its port.
+
+    submitit's local controller waits for every task, so without the worker ending its peers the
+    stuck rank would keep the job alive for the whole stall (600 s), long after rank 1 gave up.
+    """
+    spec = make_spec(tmp_path, tasks=2, entrypoint="worker.tasks.faults:sleep", kwargs={"seconds": 1},
+                     rendezvous_timeout_s=10, env={"STALL_BEFORE_RENDEZVOUS": "0:600"})
+    job = submit(spec)
+    elapsed = wait(job, 90)  # torch imports + the 10 s timeout + PEER_GRACE_S, with room for a slow host
+    assert elapsed >= 10
+    error = spec.files.error(1).read_text()
+    assert "RendezvousError: rank 0 did not publish its rendezvous port" in error and "within 10s" in error
+    assert not spec.files.error(0).exists(), "the stuck rank was stopped as a cancel, not as a failure"
+    rank0 = (spec.files.submitit / f"{job.job_id}_0_log.err").read_text()
+    assert "stalling 600 s before the rendezvous on purpose" in rank0 and "cancelled" in rank0
+    rank1 = (spec.files.submitit / f"{job.job_id}_1_log.err").read_text()
+    assert "SIGINT to the job's 1 other rank(s) still running" in rank1
+    assert not spec.files.result.exists()
