@@ -107,8 +107,9 @@ async function poll() {
 
 function showError(error) {
   if (error instanceof ApiError && error.status === 401) {
-    // Revoked, or the service forgot it: show no more data, ask again.
-    signOut(`Signed out: ${error.message}`);
+    // Revoked, or the service forgot it: show no more data, ask again. A late answer for a view that
+    // is already gone (user is null) must not put a message on a form that was left cleanly.
+    if (user) signOut(`Signed out: ${error.message}`);
     return;
   }
   const message = error instanceof ApiError || error instanceof Error ? error.message : String(error);
