@@ -6,10 +6,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 BackendName = Literal["local", "slurm"]
+ALL_BACKENDS: tuple[BackendName, ...] = ("local", "slurm")
 CommaList = Annotated[list[str], NoDecode]  # from the environment as "a,b,c", not as JSON
 
 
@@ -19,6 +20,10 @@ class Settings(BaseSettings):
     database_url: str = Field("", description="SQLAlchemy URL; empty means SQLite in data_dir.")
     data_dir: Path = Field(Path(".torchyard"), description="Job folders live here (shared fs for SLURM).")
     default_backend: BackendName = "local"
+    backends: Annotated[list[BackendName], NoDecode] = Field(
+        default_factory=lambda: list(ALL_BACKENDS),
+        description="The backends this service runs; a SLURM deployment leaves out 'local'.",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8321, ge=1, le=65535)
 
@@ -55,12 +60,22 @@ class Settings(BaseSettings):
     slurm_partition: str | None = None
     slurm_python: str | None = Field(None, description="Python on the compute nodes; default: ours.")
 
-    @field_validator("allowed_entrypoints", "allowed_script_dirs", "allowed_env_keys", mode="before")
+    @field_validator(
+        "backends", "allowed_entrypoints", "allowed_script_dirs", "allowed_env_keys", mode="before"
+    )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _default_backend_is_run(self) -> Settings:
+        if self.default_backend not in self.backends:
+            raise ValueError(
+                f"default_backend {self.default_backend!r} is not among the backends run ({self.backends})"
+            )
+        return self
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -8,15 +8,20 @@ from service.errors import InvalidRequest
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
-    """Every backend this service can dispatch to. SLURM is built lazily: no scheduler call here."""
-    from service.backends.local import LocalBackend
+    """The backends `settings.backends` names. SLURM is built lazily: no scheduler call here.
 
-    backends: dict[str, Backend] = {"local": LocalBackend()}
-    try:
+    Leaving out `local` matters on a cluster: a local job runs on the service's own host, as the
+    service's user.
+    """
+    backends: dict[str, Backend] = {}
+    if "local" in settings.backends:
+        from service.backends.local import LocalBackend
+
+        backends["local"] = LocalBackend()
+    if "slurm" in settings.backends:
         from service.backends.slurm import SlurmBackend
-    except ImportError:  # pragma: no cover - shipped with the package
-        return backends
-    backends["slurm"] = SlurmBackend(settings)
+
+        backends["slurm"] = SlurmBackend(settings)
     return backends
 
 

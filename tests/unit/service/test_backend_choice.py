@@ -55,3 +55,25 @@ def test_make_backends_builds_local_and_slurm_without_calling_a_scheduler(tmp_pa
     finally:
         for backend in backends.values():
             backend.close()
+
+
+def test_the_backends_setting_says_which_backends_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TORCHYARD_BACKENDS", "slurm")
+    monkeypatch.setenv("TORCHYARD_DEFAULT_BACKEND", "slurm")
+    monkeypatch.setenv("TORCHYARD_DATA_DIR", str(tmp_path))
+    settings = Settings()
+
+    running = make_backends(settings)
+
+    assert settings.backends == ["slurm"] and sorted(running) == ["slurm"]
+    with pytest.raises(InvalidRequest, match="backend 'local' is not available"):
+        choose_backend("local", settings, running)
+
+
+def test_a_default_backend_that_does_not_run_is_a_settings_error() -> None:
+    with pytest.raises(ValueError, match="default_backend 'local' is not among the backends run"):
+        Settings(backends=["slurm"], default_backend="local")
+    with pytest.raises(ValueError):
+        Settings(backends=["kubernetes"])  # type: ignore[list-item]
