@@ -122,7 +122,10 @@ def serve(
     overrides: dict[str, Any] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     if dev:
         overrides["dev_mode"] = True
-    settings = Settings(**overrides)  # TORCHYARD_* from the environment; the flags win
+    try:
+        settings = Settings(**overrides)  # TORCHYARD_* from the environment; the flags win
+    except ValueError as error:  # pydantic's ValidationError: name the setting, no traceback
+        raise _fail(f"bad TORCHYARD_* setting: {error}", EXIT_REQUEST) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     base = f"http://{settings.host}:{settings.port}"
     _console().print(f"torchyard on {base}  (API docs {base}/docs, data in {settings.data_dir.resolve()})")

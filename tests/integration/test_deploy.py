@@ -177,6 +177,7 @@ def test_the_service_starts_from_the_env_example(postgres_server: PostgresServer
         "TORCHYARD_DATA_DIR": str(tmp_path / "data"),
         "TORCHYARD_HOST": "127.0.0.1",
         "TORCHYARD_PORT": str(port),
+        "TORCHYARD_BACKENDS": "local",  # this test host runs its job locally
         "TORCHYARD_DEFAULT_BACKEND": "local",
         "TORCHYARD_ALLOWED_SCRIPT_DIRS": str(scripts),
         "TORCHYARD_SLURM_PYTHON": sys.executable,
