@@ -26,6 +26,7 @@ from service.errors import (
 )
 from service.quotas import RetryLater
 from service.states import IllegalTransition
+from service.storage import ledger_storage_problem
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,11 @@ async def _illegal_transition(request: Request, error: Exception) -> JSONRespons
 
 
 async def _database_down(request: Request, error: Exception) -> JSONResponse:
+    runtime = getattr(request.app.state, "runtime", None)
+    no_room = ledger_storage_problem(error, runtime.settings if runtime is not None else None)
+    if no_room is not None:  # the database answers but cannot write: retrying soon will not help
+        log.warning("ledger write refused: %s", error)
+        return JSONResponse(error_body(no_room), status_code=507)
     log.warning("database unavailable: %s", error)
     return JSONResponse(
         error_body("the job database is unavailable right now; try again shortly"),
