@@ -1,8 +1,10 @@
 """The reconcile loop: backend states, progress files and results -> ledger.
 
 Per backend and per interval it makes ONE batched status query for all the jobs that backend holds;
-API readers never cause one. A terminal state from the scheduler is confirmed against the job folder
-(rank 0's result, the ranks' error files) before it is written.
+API readers never cause one. Several replicas may reconcile the same jobs: each job is updated under
+a row lock (FOR UPDATE SKIP LOCKED on PostgreSQL), and never from a status older than its last change.
+A terminal state from the scheduler is confirmed against the job folder (rank 0's result, the ranks'
+error files) before it is written.
 """
 
 from __future__ import annotations
@@ -105,13 +107,17 @@ class Reconciler:
             ).all()
         if not watched:
             return 0
+        polled_at = utcnow()
         statuses = backend.poll([str(external_id) for _, external_id in watched])  # the one query
         self.ticks[backend_name] += 1
         to_cancel: list[str] = []
         with session_scope(self._engine) as session:
             for job_id, external_id in watched:
-                job = session.get(Job, job_id)
-                if job is None or is_terminal(JobState(job.state)):
+                # Replicas reconcile the same jobs. A row another one holds is being written right now,
+                # and a row changed since our poll already has a newer word than ours: leave both to
+                # the next tick, so no transition is written twice or undone by a stale status.
+                job = session.get(Job, job_id, with_for_update={"skip_locked": True})
+                if job is None or is_terminal(JobState(job.state)) or job.updated_at > polled_at:
                     continue
                 if self._apply(session, job, statuses.get(str(external_id)), backend_name):
                     to_cancel.append(str(external_id))
