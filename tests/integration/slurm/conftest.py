@@ -206,7 +206,7 @@ def scancel(ids: Iterable[str | None]) -> None:
 
 
 def sacct_jobs(since: str, workdir: Path) -> list[dict[str, str]]:
-    """SLURM's accounting of every job (array elements one by one) submitted from `workdir` since `since`.
+    """SLURM's accounting of every job submitted from `workdir` since `since`, one row per array element.
 
     The working directory is the submitting service's cwd: a test that starts its services in a folder
     of its own finds exactly its jobs, whatever else the shared cluster runs.
@@ -215,9 +215,26 @@ def sacct_jobs(since: str, workdir: Path) -> list[dict[str, str]]:
         ["sacct", "-n", "-P", "-X", "-a", "-S", since, "-o", "JobID,JobName,State,WorkDir"],
         capture_output=True, text=True, timeout=30, check=True,
     )
-    rows = [dict(zip(("id", "name", "state", "workdir"), line.split("|", 3), strict=True))
-            for line in done.stdout.splitlines() if line.strip()]
-    return [row for row in rows if row["workdir"] == str(workdir)]
+    rows: list[dict[str, str]] = []
+    for line in done.stdout.splitlines():
+        if not line.strip():
+            continue
+        job_id, name, state, where = line.split("|", 3)
+        if where == str(workdir):
+            rows.extend({"id": one, "name": name, "state": state} for one in expand_array(job_id))
+    return rows
+
+
+def expand_array(job_id: str) -> list[str]:
+    """sacct's `35_[0-3,7%8]` (elements that never started are folded into one row) -> 35_0 ... 35_7."""
+    array, _, spec = job_id.partition("_[")
+    if not spec:
+        return [job_id]
+    ids: list[str] = []
+    for part in spec.rstrip("]").split("%")[0].split(","):
+        low, _, high = part.partition("-")
+        ids.extend(f"{array}_{index}" for index in range(int(low), int(high or low) + 1))
+    return ids
 
 
 def slurm_now() -> str:

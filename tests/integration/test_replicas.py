@@ -1,0 +1,192 @@
+"""Two service replicas on ONE PostgreSQL ledger and one data folder, both serving the API and both
+running their dispatch and reconcile loops: each queued job goes out exactly once.
+
+The end-to-end test runs two real processes against the real SLURM cluster, so SLURM's own queue and
+accounting are the ground truth: each replica runs in a working directory of its own, and the SLURM
+job's WorkDir says which replica's sbatch made it. (The ledger's claimed_by cannot say: a claim is
+cleared once the backend has answered.) The in-process test looks at the claim query itself.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlmodel import Session, select
+
+from service.config import Settings
+from service.db import make_engine, migrate
+from service.dispatch import Dispatcher
+from service.models import Job
+from service.states import JobState
+from tests.fakes import FakeBackend
+from tests.integration.slurm.conftest import (
+    Api,
+    ServiceProcess,
+    check_history,
+    ledger_token,
+    sacct_jobs,
+    scancel,
+    service_env,
+    slurm_now,
+    submissions,
+)
+from tests.support import PostgresServer, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.postgres]
+
+JOBS = 60
+
+
+@pytest.mark.slurm
+def test_two_replica_processes_dispatch_every_job_exactly_once(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres_server.reset_ledger()
+    since = slurm_now()
+    # A short dispatch interval: besides the wake-up on their own POSTs, both replicas sweep the queue
+    # five times a second, so each meets the other's jobs too and the claims really race.
+    env = service_env(tmp_path / "data", url, default_backend="slurm", reconcile_interval_s="1",
+                      dispatch_interval_s="0.2")
+    token = ledger_token(url)
+    workdirs = {name: tmp_path / name for name in ("a", "b")}
+    # The cluster held by a job of our own: the 60 stay pending, so checking them costs no torch imports.
+    blocker = subprocess.run(["sbatch", "--parsable", "-N", "2", "--exclusive", "-t", "5", "-J", "ty-blocker",
+                              "-o", "/dev/null", "--wrap", "sleep 300"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    replicas: list[ServiceProcess] = []
+    created: list[dict[str, Any]] = []
+    try:
+        wait_for(lambda: _squeue_state(blocker) == "RUNNING", 30, "the blocker to run")
+        replicas = [ServiceProcess(env, tmp_path / f"{name}.log", cwd=cwd) for name, cwd in workdirs.items()]
+        apis = [Api(replica.url, token) for replica in replicas]
+
+        def post(n: int) -> dict[str, Any]:
+            return apis[n % 2].submit(name=f"r-{n}", entrypoint="worker.tasks.faults:sleep",
+                                      kwargs={"seconds": 0}, resources={"timeout_min": 2})
+
+        with ThreadPoolExecutor(6) as pool:  # job n to replica n % 2, six POSTs in flight at a time
+            created = list(pool.map(post, range(JOBS)))
+        ids = {one["id"] for one in created}
+        assert len(ids) == JOBS
+        for n, one in enumerate(created):  # each replica answers for the jobs the other one took in
+            assert apis[(n + 1) % 2].job(one["id"])["name"] == one["name"]
+        for api in apis:
+            assert {one["id"] for one in api.all_jobs()} == ids
+
+        def all_pending() -> list[dict[str, Any]] | None:
+            rows = apis[0].all_jobs()
+            return rows if all(row["state"] == "pending" for row in rows) else None
+
+        rows = wait_for(all_pending, 60, "all 60 dispatched and pending behind the blocker")
+        external = {row["id"]: row["external_id"] for row in rows}
+        assert len(set(external.values())) == JOBS  # one SLURM job id each, none shared
+        for row in rows:
+            assert submissions(row["folder"]) == [row["external_id"]], row["name"]  # one submission each
+        queued = {name: _squeue_ids(cwd) for name, cwd in workdirs.items()}  # SLURM's word, by submitter
+        print(f"\nSLURM jobs by replica: { {name: len(got) for name, got in queued.items()} }")
+        assert not queued["a"] & queued["b"]
+        assert queued["a"] | queued["b"] == set(external.values())  # no orphan: each sbatch is in the ledger
+        assert queued["a"] and queued["b"], queued  # both replicas dispatched
+
+        # Cancel all but 6 through the replica that did NOT take the job in; the 6 then run.
+        runners = created[:6]
+        for n, one in enumerate(created[6:], start=6):
+            cancelled = apis[(n + 1) % 2].post(f"/api/v1/jobs/{one['id']}/cancel").raise_for_status().json()
+            assert cancelled["state"] == "cancelled"
+        scancel([blocker])
+        for n, one in enumerate(runners):
+            done = apis[(n + 1) % 2].finished(one["id"], timeout=120)
+            assert done["state"] == "succeeded", (one["name"], done["reason"])
+        for one in created:
+            check_history(apis[1], one["id"])  # both reconcilers wrote; no state entered twice
+        final = apis[1].all_jobs()
+        assert Counter(row["state"] for row in final) == {"cancelled": JOBS - 6, "succeeded": 6}
+        assert {row["id"]: row["external_id"] for row in final} == external  # nothing went out again
+        for row in final:
+            assert submissions(row["folder"]) == [row["external_id"]], row["name"]  # still one each
+        assert not any(_squeue_ids(cwd) for cwd in workdirs.values())  # nothing of ours left in SLURM
+        # Accounting has no orphan and no repeat either. (Not equality: an array element cancelled while
+        # its array waits may never reach sacct, a SLURM 22.05 quirk; the queue above saw every one.)
+        accounted = Counter(job["id"] for cwd in workdirs.values() for job in sacct_jobs(since, cwd))
+        assert set(accounted) <= set(external.values()) and set(accounted.values()) == {1}, accounted
+    finally:
+        for replica in replicas:
+            replica.stop()
+        scancel([blocker, *(one.get("external_id") for one in created)])
+
+
+def _squeue_state(job_id: str) -> str:
+    done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                          timeout=30)
+    return done.stdout.strip()
+
+
+def _squeue_ids(workdir: Path) -> set[str]:
+    """Every job SLURM holds that was submitted from `workdir` (array elements one by one)."""
+    done = subprocess.run(["squeue", "-h", "-r", "-a", "-o", "%i|%Z"], capture_output=True, text=True,
+                          timeout=30, check=True)
+    rows = (line.split("|", 1) for line in done.stdout.splitlines() if "|" in line)
+    return {job_id for job_id, where in rows if where == str(workdir)}
+
+
+# ---------------------------------------------------------------- the claim query itself
+
+
+@pytest.fixture
+def ledger(postgres_server: PostgresServer) -> Iterator[sa.Engine]:
+    engine = make_engine(postgres_server.reset_ledger())
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def test_two_dispatchers_racing_on_postgres_claim_with_skip_locked(ledger: sa.Engine, tmp_path: Path) -> None:
+    with Session(ledger) as session:
+        for n in range(300):
+            session.add(Job(name=f"q-{n}", backend="slurm", folder=str(tmp_path / "jobs" / str(n)),
+                            spec={"entrypoint": "worker.tasks.faults:sleep", "resources": {}}))
+        session.commit()
+    settings = Settings(data_dir=tmp_path, database_url=str(ledger.url), dispatch_batch_size=20)
+    fakes = [FakeBackend("slurm"), FakeBackend("slurm")]
+    # Two dispatchers with engines (connection pools) of their own, as two replicas have.
+    engines = [make_engine(ledger.url.render_as_string(hide_password=False)) for _ in fakes]
+    claims: list[str] = []
+    for engine in engines:
+
+        @sa.event.listens_for(engine, "before_cursor_execute")
+        def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if "FOR UPDATE" in statement and "claimed_by IS NULL" in statement:
+                claims.append(statement)
+
+    pairs = zip(engines, fakes, strict=True)
+    dispatchers = [Dispatcher(engine, {"slurm": fake}, settings) for engine, fake in pairs]
+    start = threading.Barrier(2)
+
+    def drain(dispatcher: Dispatcher) -> None:
+        start.wait()
+        while dispatcher.dispatch_once():
+            pass
+
+    threads = [threading.Thread(target=drain, args=(one,)) for one in dispatchers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for engine in engines:
+        engine.dispose()
+
+    assert claims and all(claim.rstrip().endswith("FOR UPDATE SKIP LOCKED") for claim in claims), claims[:1]
+    submitted = Counter(job_id for fake in fakes for call in fake.submit_calls for job_id in call)
+    assert len(submitted) == 300 and set(submitted.values()) == {1}  # every job exactly once
+    assert all(fake.submit_calls for fake in fakes), [len(f.submit_calls) for f in fakes]  # both took some
+    with Session(ledger) as session:
+        states = Counter(JobState(job.state) for job in session.exec(select(Job)))
+    assert states == {JobState.submitted: 300}
