@@ -297,7 +297,7 @@ def teardown() -> None:
 
 @contextmanager
 def ending_peers_on_failure(env: RankEnv) -> Iterator[None]:
-    """Around a rendezvous step: if it fails here, end this job's other ranks (stop_local_peers) first.
+    """Around a rendezvous step: if it fails here, end this job's other ranks too (stop_local_peers).
 
     A rank stuck before the rendezvous (hung imports, a slow node) makes the others time out, but it
     is not in any collective that could fail, so it stays stuck. On SLURM, srun's --kill-on-bad-exit
