@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, field_validator, model_validator
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, String, TypeDecorator
@@ -61,7 +61,10 @@ class JobCreate(JobBase):
     args: list[str] = Field(default_factory=list, description="Arguments for the script.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the function.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every rank.")
-    backend: str | None = Field(default=None, description="'local' or 'slurm'; default from settings.")
+    # A Literal, not a str checked later: the OpenAPI schema then says which values are accepted.
+    backend: Literal["local", "slurm"] | None = Field(
+        default=None, description="'local' or 'slurm'; default from settings."
+    )
     resources: Resources = Field(default_factory=Resources)
 
     @field_validator("entrypoint")
@@ -95,13 +98,6 @@ class JobCreate(JobBase):
     def _json_numbers_only(cls, value: dict[str, Any]) -> dict[str, Any]:
         if not _finite(value):  # Python's parser takes NaN and Infinity; JSON (and PostgreSQL) cannot
             raise ValueError("must hold finite numbers only (NaN and Infinity are not JSON)")
-        return value
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, value: str | None) -> str | None:
-        if value is not None and value not in ("local", "slurm"):
-            raise ValueError("must be 'local' or 'slurm'")
         return value
 
     @model_validator(mode="after")

@@ -8,9 +8,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
 
 from service.errors import (
     BackendError,
@@ -42,6 +46,61 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
     InsufficientStorage: 507,
 }
 NOT_BODY_FIELDS = ("job_id", "rank", "cursor", "token_id", "user", "offset", "Idempotency-Key")
+
+
+class ErrorDetail(BaseModel):
+    """One problem. FastAPI's own 422s add `input`, `ctx` and the like: allowed, not promised."""
+
+    model_config = ConfigDict(extra="allow")
+
+    msg: str
+    type: str
+    loc: list[str | int] | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: the shape of FastAPI's 422, so a client parses one shape for all of them."""
+
+    detail: list[ErrorDetail]
+
+
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    401: "No token, a malformed one, or one the service does not know",
+    403: "Not allowed: not an admin, over a per-job limit, refused by an allow-list, or a dev-mode "
+    "service asked from another machine",
+    404: "No such job, or one the caller may not see",
+    409: "Clashes with the current state (an Idempotency-Key reused with another body)",
+    422: "Invalid input; `loc` names the field",
+    429: "Too many unfinished jobs or submissions; retry after Retry-After seconds",
+    502: "The scheduler refused or could not be reached",
+    503: "The job database is unavailable; retry after Retry-After seconds",
+    507: "The data directory is full or not writable",
+}
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
+ERROR_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"description": "Bearer", "required": True, "schema": {"type": "string"}}},
+    429: RETRY_AFTER,
+    503: RETRY_AFTER,
+}
+
+
+def error_responses(*codes: int, json_route: bool = True) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` for the errors a route can answer. 401, 403 and 503 always: every route
+    checks a token against the ledger, and a dev-mode service refuses other machines.
+    `json_route=False` for routes whose success is not JSON: FastAPI would otherwise declare the
+    error bodies in the route's own media type."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in sorted({401, 403, 503, *codes}):
+        entry: dict[str, Any] = {"description": ERROR_DESCRIPTIONS[code]}
+        if json_route:
+            entry["model"] = ErrorBody
+        else:
+            ref = {"$ref": "#/components/schemas/ErrorBody"}
+            entry["content"] = {"application/json": {"schema": ref}}
+        if code in ERROR_HEADERS:
+            entry["headers"] = ERROR_HEADERS[code]
+        out[code] = entry
+    return out
 
 
 def error_body(message: str, field: str | None = None) -> dict[str, object]:
@@ -80,6 +139,19 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+UNREADABLE_BODY = "There was an error parsing the body"  # FastAPI's 400 for a body it cannot decode
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    """FastAPI answers 422 json_invalid for a body that is not JSON, but a bare 400 in another shape
+    for one that is not even UTF-8: both get the 422, so clients handle one answer for bad bodies."""
+    assert isinstance(error, HTTPException)
+    if error.status_code == 400 and error.detail == UNREADABLE_BODY:
+        detail = {"loc": ["body"], "msg": "the body is not valid JSON (UTF-8)", "type": "json_invalid"}
+        return JSONResponse({"detail": [detail]}, status_code=422)
+    return await http_exception_handler(request, error)
+
+
 async def _illegal_transition(request: Request, error: Exception) -> JSONResponse:
     return JSONResponse(error_body(str(error)), status_code=409)
 
@@ -101,5 +173,6 @@ async def _database_down(request: Request, error: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _invalid_input)
+    app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(IllegalTransition, _illegal_transition)
     app.add_exception_handler(OperationalError, _database_down)

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from service import audit
 from service.api.deps import AdminUser, CurrentUser, SessionDep
+from service.api.errors import error_responses
 from service.models import AuditEntryPublic
 
 router = APIRouter(prefix="/api/v1", tags=["access"])
@@ -19,12 +20,22 @@ class WhoAmI(BaseModel):
     admin: bool
 
 
-@router.get("/whoami", response_model=WhoAmI, summary="The caller, as the service knows them")
+@router.get(
+    "/whoami",
+    response_model=WhoAmI,
+    summary="The caller, as the service knows them",
+    responses=error_responses(422),
+)
 async def whoami(user: CurrentUser) -> WhoAmI:
     return WhoAmI(user=user.user, admin=user.admin)
 
 
-@router.get("/audit", response_model=list[AuditEntryPublic], summary="The audit log, newest first (admins)")
+@router.get(
+    "/audit",
+    response_model=list[AuditEntryPublic],
+    summary="The audit log, newest first (admins)",
+    responses=error_responses(422),
+)
 def audit_log(
     session: SessionDep,
     admin: AdminUser,

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
+from pydantic import AfterValidator, BeforeValidator
 from sqlmodel import Session
 
 from service import etag, jobs, policy, storage
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
+from service.api.errors import error_responses
 from service.auth import Principal
 from service.ledger_clock import LedgerVersion
 from service.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
@@ -39,6 +41,52 @@ IdempotencyKey = Annotated[
 VARY = {"Vary": "Authorization"}  # each caller sees their own jobs: a shared cache must not mix them
 
 
+# What the answers promise besides their bodies, so that the schema (and a fuzzer) can hold them to it.
+def _header(description: str, kind: str = "string") -> dict[str, Any]:
+    return {"description": description, "required": True, "schema": {"type": kind}}
+
+
+TAGGED = {"ETag": _header("Send it back as If-None-Match: 304 while nothing changed.")}
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Unchanged since If-None-Match.", "headers": TAGGED}
+}
+READ_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"headers": TAGGED},
+    **NOT_MODIFIED,
+    **error_responses(404, 422),
+}
+PAGE_HEADERS = {**TAGGED, etag.SERVER_TIME_HEADER: _header("The ledger clock when the page was read.")}
+LOG_HEADERS = {
+    "X-Log-Size": _header("The log file's size in bytes.", "integer"),
+    "X-Log-Next-Offset": _header("Where the next read should start (`offset`).", "integer"),
+}
+
+
+def _iso_time(value: object) -> object:
+    """`since` as ISO 8601 text, as the schema says: pydantic alone would also take digits as a Unix
+    time, an input no client is promised and a typo (a page size, an id) would silently become."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+        raise ValueError("must be an ISO 8601 date-time (the server_time of the last page), not a number")
+    return value
+
+
+def _in_utc(value: datetime | None) -> datetime | None:
+    """ISO 8601 allows offsets up to ±23:59, PostgreSQL only ±15:59 (a 500 on +16:00): compare in UTC.
+    A time at the calendar's edge that UTC cannot hold is that edge; no zone means UTC, as stored."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=timezone.utc)
+
+
 def _not_modified(tag: str) -> Response:
     return Response(status_code=304, headers={**etag.headers(tag), **VARY})
 
@@ -52,7 +100,10 @@ def _job_tag(session: SessionDep, job_id: int, user: Principal) -> str:
     status_code=201,
     response_model=JobPublic,
     summary="Submit a job",
-    responses={200: {"model": JobPublic, "description": "A retry: the job this Idempotency-Key made."}},
+    responses={
+        200: {"model": JobPublic, "description": "A retry: the job this Idempotency-Key made."},
+        **error_responses(409, 422, 429, 502, 507),
+    },
 )
 async def create_job(
     payload: JobCreate, runtime: RuntimeDep, user: CurrentUser, idempotency_key: IdempotencyKey = None
@@ -89,7 +140,12 @@ def _check_and_validate(runtime: Runtime, backend: Any, probe: RunSpec) -> None:
     backend.validate(probe)
 
 
-@router.get("", response_model=JobPage, summary="List jobs, newest first")
+@router.get(
+    "",
+    response_model=JobPage,
+    summary="List jobs, newest first",
+    responses={200: {"headers": PAGE_HEADERS}, **NOT_MODIFIED, **error_responses(422)},
+)
 async def list_jobs(
     runtime: RuntimeDep,
     user: CurrentUser,
@@ -103,6 +159,8 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=jobs.MAX_PAGE)] = 50,
     since: Annotated[
         datetime | None,
+        BeforeValidator(_iso_time),
+        AfterValidator(_in_utc),
         Query(description="Only jobs changed at or after this time: the server_time of the last page."),
     ] = None,
     if_none_match: IfNoneMatch = None,
@@ -139,7 +197,7 @@ def _render_page(runtime: Runtime, key: tuple[Any, ...], version: LedgerVersion)
     return body
 
 
-@router.get("/{job_id}", response_model=JobPublic, summary="One job")
+@router.get("/{job_id}", response_model=JobPublic, summary="One job", responses=READ_RESPONSES)
 def get_job(
     job_id: JobId, session: SessionDep, user: CurrentUser, if_none_match: IfNoneMatch = None
 ) -> Response:
@@ -150,7 +208,12 @@ def get_job(
     return Response(job.model_dump_json(), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
-@router.get("/{job_id}/events", response_model=list[JobEventPublic], summary="State history")
+@router.get(
+    "/{job_id}/events",
+    response_model=list[JobEventPublic],
+    summary="State history",
+    responses=READ_RESPONSES,
+)
 def get_events(
     job_id: JobId, session: SessionDep, user: CurrentUser, if_none_match: IfNoneMatch = None
 ) -> Response:
@@ -162,7 +225,12 @@ def get_events(
     return Response(_dump(events), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
-@router.get("/{job_id}/metrics", response_model=list[JobMetricPublic], summary="Reported metrics")
+@router.get(
+    "/{job_id}/metrics",
+    response_model=list[JobMetricPublic],
+    summary="Reported metrics",
+    responses=READ_RESPONSES,
+)
 def get_metrics(
     job_id: JobId,
     session: SessionDep,
@@ -185,7 +253,12 @@ def _dump(items: list[JobEventPublic] | list[JobMetricPublic]) -> bytes:
     return b"[" + b",".join(item.model_dump_json().encode() for item in items) + b"]"
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse, summary="One rank's log (plain text)")
+@router.get(
+    "/{job_id}/logs",
+    response_class=PlainTextResponse,
+    summary="One rank's log (plain text)",
+    responses={200: {"headers": LOG_HEADERS}, **error_responses(404, 422, json_route=False)},
+)
 def get_logs(
     job_id: JobId,
     session: SessionDep,
@@ -219,7 +292,12 @@ def get_logs(
     return PlainTextResponse(window.text, headers=headers)
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic, summary="Cancel (idempotent)")
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobPublic,
+    summary="Cancel (idempotent)",
+    responses=error_responses(404, 409, 422, 502),
+)
 def cancel_job(job_id: JobId, session: SessionDep, runtime: RuntimeDep, user: CurrentUser) -> Response:
     job = jobs.cancel_job(session, job_id, runtime.backends, user)
     session.commit()
