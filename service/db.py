@@ -30,7 +30,9 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # connect_timeout: an unreachable database host must be a prompt 503, not the OS's TCP timeout
+    connect_args = {"connect_timeout": 5} if url.startswith("postgresql") else {}
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
 
 
 def _ensure_sqlite_folder(url: str) -> None:
