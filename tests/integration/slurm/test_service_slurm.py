@@ -26,7 +26,7 @@ from service.models import Job
 from service.states import JobState
 from tests.integration.slurm.conftest import Api, ServiceProcess, ledger_token, scancel, service_env
 from tests.serving import LiveServer, serve
-from tests.support import login_headers, wait_for
+from tests.support import issue_token, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -53,8 +53,7 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
 @pytest.fixture
 def api(live: LiveServer) -> Api:
     """The live service as the ordinary user alice sees it (a real token, checked on every call)."""
-    token = login_headers(live.app)["Authorization"].removeprefix("Bearer ")
-    return Api(live.url, token)
+    return Api(live.url, issue_token(live.runtime.engine, "alice"))
 
 
 def scancel_ours(server: LiveServer) -> None:
@@ -168,7 +167,7 @@ def test_one_status_query_per_interval_whatever_the_readers(
         real = [api.submit(name=f"real-{n}", entrypoint="worker.tasks.faults:sleep",
                        kwargs={"seconds": 30}, resources={"timeout_min": 2}) for n in range(2)]
         wait_for(lambda: all(api.job(r["id"])["state"] == "running" for r in real), 60, "running")
-        admin = Api(live.url, login_headers(live.app, "root", admin=True)["Authorization"].split()[1])
+        admin = Api(live.url, issue_token(live.runtime.engine, "root", admin=True))
         held_job = admin.job(1)
         wait_for(lambda: admin.job(1)["state"] == "pending", 10, "held job pending")
         assert "JobHeldUser" in (admin.job(1)["reason"] or ""), held_job
