@@ -201,6 +201,9 @@ def cancel_job(session: Session, job_id: int, backends: Mapping[str, Backend], v
     cancel what it submits instead of letting it run.
     """
     job = get_job(session, job_id, viewer)
+    # Decide on the row as it is now, locked: a reconciler (this replica's or another's) may have just
+    # ended the job, and two `cancelled` events for one cancel would be a lie in its history.
+    session.refresh(job, with_for_update=True)
     state = JobState(job.state)
     if is_terminal(state):
         return job
