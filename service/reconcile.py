@@ -33,7 +33,8 @@ from worker.spec import JobFiles
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_S = 60.0
+MAX_BACKOFF_S = 60.0  # the scheduler is down: ask it rarely
+MAX_LEDGER_BACKOFF_S = 5.0  # the database is down: it is ours, and the ledger should catch up soon after
 
 
 class Reconciler:
@@ -88,7 +89,7 @@ class Reconciler:
                 delay = min(MAX_BACKOFF_S, max(self.interval(backend_name), delay) * 2)
                 log.warning("%s status query failed (%s); next try in %.0f s", backend_name, error, delay)
             except Exception:
-                delay = min(MAX_BACKOFF_S, max(self.interval(backend_name), delay) * 2)
+                delay = min(MAX_LEDGER_BACKOFF_S, max(self.interval(backend_name), delay) * 2)
                 log.exception("reconcile of %s failed; next try in %.0f s", backend_name, delay)
 
     # ---------------------------------------------------------------- one tick
