@@ -106,7 +106,8 @@ def error_responses(*codes: int, json_route: bool = True) -> dict[int | str, dic
 def error_body(message: str, field: str | None = None) -> dict[str, object]:
     detail: dict[str, object] = {"msg": message, "type": "value_error"}
     if field is not None:
-        detail["loc"] = ["body", *field.split(".")] if field not in NOT_BODY_FIELDS else [field]
+        # One split: "resources.nodes" is two levels, "env.A.B" is the env key "A.B", not three.
+        detail["loc"] = ["body", *field.split(".", 1)] if field not in NOT_BODY_FIELDS else [field]
     return {"detail": [detail]}
 
 

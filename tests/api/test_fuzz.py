@@ -348,3 +348,9 @@ def test_every_api_operation_declares_the_errors_every_route_can_answer(api: Tes
                 assert content == {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
     backend = schema["components"]["schemas"]["JobCreate"]["properties"]["backend"]
     assert {"enum": ["local", "slurm"], "type": "string"} in backend["anyOf"]
+
+
+def test_an_env_key_with_a_dot_is_named_whole_in_the_error(api: TestClient) -> None:
+    response = api.post(JOBS, json={"name": "j", "entrypoint": ALLOWED_TARGET, "env": {"A.B": "1"}})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "env", "A.B"]
