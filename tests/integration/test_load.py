@@ -10,6 +10,7 @@ The throughput is printed.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -92,7 +93,7 @@ def check_ledger(session: Session, job_of: dict[tuple[str, int], int]) -> None:
 
 
 def test_32_clients_submitting_at_once_with_retries_leave_exactly_one_job_per_request(
-    settings: Settings,
+    settings: Settings, record_property: Callable[[str, object], None]
 ) -> None:
     fake = FakeBackend("local", default=JobState.succeeded)
     app = create_app(load_settings(settings), backends={"local": fake})
@@ -107,6 +108,8 @@ def test_32_clients_submitting_at_once_with_retries_leave_exactly_one_job_per_re
             f"{jobs / result.seconds:.0f} jobs/s, {result.posts / result.seconds:.0f} POSTs/s; "
             f"{live.runtime.intake.batches_committed} intake commits"
         )
+        record_property("load_jobs_per_s", round(jobs / result.seconds, 1))
+        record_property("load_posts", result.posts)
         job_of = check_answers(result.answers)
         with Session(engine) as session:
             check_ledger(session, job_of)
