@@ -46,7 +46,7 @@ def check_request(payload: JobCreate, settings: Settings) -> str:
     for field, value, maximum in limits:
         if value > maximum:
             raise InvalidRequest(
-                f"{field} is {value}, above this service's maximum of {maximum}", field=field
+                f"is {value}, above this service's maximum of {maximum}", field=field
             )
     backend = payload.backend or settings.default_backend
     if backend == "local" and res.nodes > 1:

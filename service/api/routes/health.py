@@ -11,7 +11,11 @@ from service.api.deps import RuntimeDep
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Is the service up?")
+@router.get(
+    "/healthz",
+    summary="Is the service up?",
+    responses={503: {"description": "Degraded: the database does not answer (its error is in the body)."}},
+)
 def healthz(runtime: RuntimeDep) -> JSONResponse:
     try:
         with runtime.engine.connect() as connection:
