@@ -115,8 +115,15 @@ def test_two_replica_processes_dispatch_every_job_exactly_once(
         assert not any(_squeue_ids(cwd) for cwd in workdirs.values())  # nothing of ours left in SLURM
         # Accounting has no orphan and no repeat either. (Not equality: an array element cancelled while
         # its array waits may never reach sacct, a SLURM 22.05 quirk; the queue above saw every one.)
-        accounted = Counter(job["id"] for cwd in workdirs.values() for job in sacct_jobs(since, cwd))
-        assert set(accounted) <= set(external.values()) and set(accounted.values()) == {1}, accounted
+        # A one-element array cancelled before it ran is accounted under its bare id ("1774" for the
+        # ledger's "1774_0"), as sacct on this cluster shows it.
+        ours = set(external.values())
+        accounted = Counter(
+            job["id"] if job["id"] in ours or f"{job['id']}_0" not in ours else f"{job['id']}_0"
+            for cwd in workdirs.values()
+            for job in sacct_jobs(since, cwd)
+        )
+        assert set(accounted) <= ours and set(accounted.values()) == {1}, accounted
     finally:
         for replica in replicas:
             replica.stop()
