@@ -181,8 +181,9 @@ def test_finished_jobs_are_no_longer_polled(quiet_api: TestClient, fake: FakeBac
     done, running = submit(api, name="done")["id"], submit(api, name="running")["id"]
     wait_state(api, done, "submitted")
     wait_state(api, running, "submitted")
-    fake.finish(done, 1)
+    fake.finish(done, 1)  # wakes the reconcile thread too: whichever tick takes the row settles it
     reconciler.reconcile_once("local")
+    wait_state(api, done, "succeeded")
 
     reconciler.reconcile_once("local")
 
