@@ -15,12 +15,8 @@ from service.models import AuditEntry
 MAX_PAGE = 500
 
 
-def entry(actor: str, action: str, target: str, detail: str | None = None) -> AuditEntry:
-    return AuditEntry(actor=actor, action=action, target=target, detail=detail)
-
-
 def record(session: Session, actor: str, action: str, target: str, detail: str | None = None) -> None:
-    session.add(entry(actor, action, target, detail))
+    session.add(AuditEntry(actor=actor, action=action, target=target, detail=detail))
 
 
 def list_entries(

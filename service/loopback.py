@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 
-LOOPBACK_NAMES = frozenset({"localhost", "testclient"})  # Starlette's TestClient calls itself "testclient"
-
 
 def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
+    if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback

@@ -183,7 +183,8 @@ def test_the_audit_log_records_submit_cancel_and_tokens_and_only_admins_read_it(
 
 def test_dev_mode_needs_no_token_and_everyone_is_admin(settings: Settings) -> None:
     dev = settings.model_copy(update={"dev_mode": True})
-    with TestClient(create_app(dev, backends={"local": FakeBackend("local")})) as client:
+    app = create_app(dev, backends={"local": FakeBackend("local")})
+    with TestClient(app, client=("127.0.0.1", 50000)) as client:  # a caller on this machine
         created = client.post(JOBS, json=BODY)
         whoami = client.get("/api/v1/whoami").json()
 

@@ -15,6 +15,7 @@ from service import etag, jobs, policy, storage
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
 from service.auth import Principal
+from service.backends.base import Backend
 from service.ledger_clock import LedgerVersion
 from service.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
 from service.runtime import Runtime
@@ -135,7 +136,7 @@ async def create_job(
     return Response(accepted.job.model_dump_json(), status_code=status, media_type=JSON)
 
 
-def _check_and_validate(runtime: Runtime, backend: Any, probe: RunSpec) -> None:
+def _check_and_validate(runtime: Runtime, backend: Backend, probe: RunSpec) -> None:
     storage.check_room(runtime.settings)
     backend.validate(probe)
 
