@@ -22,7 +22,7 @@ from service.backends.base import Backend
 from service.config import Settings
 from service.errors import Conflict, InvalidRequest, NotFound
 from service.ledger_clock import LedgerVersion, read_version
-from service.models import Job, JobCreate, JobEvent, JobMetric, JobPage, JobPublic
+from service.models import Job, JobCreate, JobEvent, JobMetric, JobPage, JobPublic, NewJob
 from service.states import JobState, is_terminal
 from service.transitions import record_transition
 from worker.spec import JobFiles, parse_error_text
@@ -45,9 +45,7 @@ def check_request(payload: JobCreate, settings: Settings) -> str:
     ]
     for field, value, maximum in limits:
         if value > maximum:
-            raise InvalidRequest(
-                f"is {value}, above this service's maximum of {maximum}", field=field
-            )
+            raise InvalidRequest(f"is {value}, above this service's maximum of {maximum}", field=field)
     backend = payload.backend or settings.default_backend
     if backend == "local" and res.nodes > 1:
         raise InvalidRequest(
@@ -56,23 +54,16 @@ def check_request(payload: JobCreate, settings: Settings) -> str:
     return backend
 
 
-def new_job_row(payload: JobCreate, owner: str, backend: str, idempotency_key: str | None = None) -> Job:
+def new_job_row(payload: JobCreate, owner: str, backend: str, idempotency_key: str | None = None) -> NewJob:
     spec = payload.model_dump(exclude={"name", "backend"}, mode="json")
-    return Job(
-        name=payload.name,
-        owner=owner,
-        backend=backend,
-        spec=spec,
-        state=JobState.queued,
-        idempotency_key=idempotency_key,
-    )
+    return NewJob(name=payload.name, owner=owner, backend=backend, spec=spec, idempotency_key=idempotency_key)
 
 
 def find_by_idempotency_key(session: Session, owner: str, key: str) -> Job | None:
     return session.exec(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).first()
 
 
-def check_same_request(existing: Job, row: Job) -> None:
+def check_same_request(existing: JobPublic, row: NewJob) -> None:
     """A retry must be the same request: one key reused for a different job is the caller's bug."""
     if (existing.name, existing.backend, existing.spec) != (row.name, row.backend, row.spec):
         raise Conflict(

@@ -95,16 +95,25 @@ def _before_commit(session: Session) -> None:
     changed: set[int] = session.info.pop(_CHANGED, set())
     if not changed:
         return
-    stamp = _tick(session)
-    for chunk in _chunks(sorted(changed)):
-        session.execute(
-            update(Job).where(col(Job.id).in_(chunk)).values(updated_at=stamp),
-            execution_options={"synchronize_session": False},
-        )
+    stamp = stamp_jobs(session, changed)
     # Keep the objects the caller holds (expire_on_commit=False) equal to what was written.
     for obj in session.identity_map.values():
         if isinstance(obj, Job) and obj.id in changed:
             set_committed_value(obj, "updated_at", stamp)
+
+
+def stamp_jobs(session: Session, job_ids: Iterable[int]) -> datetime:
+    """Bump the clock and stamp these jobs' `updated_at` with it; returns the stamp.
+
+    The hooks do this for ORM writes. A writer that changes jobs through Core (the group-commit
+    intake) calls it itself, as the last statement before COMMIT, for the same ordering reason."""
+    stamp = _tick(session)
+    for chunk in _chunks(sorted(job_ids)):
+        session.execute(
+            update(Job).where(col(Job.id).in_(chunk)).values(updated_at=stamp),
+            execution_options={"synchronize_session": False},
+        )
+    return stamp
 
 
 def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:

@@ -39,7 +39,7 @@ class Runtime:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         backends = backends if backends is not None else make_backends(settings)
         dispatcher = Dispatcher(engine, backends, settings)
-        intake = JobIntake(engine, lambda job_id: str(job_folder(settings, job_id)), dispatcher.wake)
+        intake = JobIntake(engine, str(job_folder(settings, 0).parent), dispatcher.wake)
         reconciler = Reconciler(engine, backends, settings)
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)

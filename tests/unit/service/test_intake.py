@@ -16,7 +16,7 @@ from sqlmodel import Session, func, select
 from service.db import make_engine, migrate
 from service.errors import Conflict
 from service.intake import MAX_BATCH, Accepted, JobIntake
-from service.models import Job, JobEvent, JobPublic
+from service.models import Job, JobEvent, JobPublic, NewJob
 
 T = TypeVar("T")
 
@@ -38,11 +38,13 @@ class Commits:
 
 
 def make_intake(engine: Engine, commits: Commits) -> JobIntake:
-    return JobIntake(engine, lambda job_id: f"/data/jobs/{job_id}", commits)
+    return JobIntake(engine, "/data/jobs", commits)
 
 
-def row(n: int, key: str | None = None) -> Job:
-    return Job(name=f"job-{n}", backend="local", spec={"entrypoint": "a.b:c"}, idempotency_key=key)
+def row(n: int, key: str | None = None, owner: str = "alice") -> NewJob:
+    return NewJob(
+        name=f"job-{n}", owner=owner, backend="local", spec={"entrypoint": "a.b:c"}, idempotency_key=key
+    )
 
 
 def counts(engine: Engine) -> tuple[int, int]:
@@ -58,10 +60,10 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coroutine).result(timeout=120)
 
 
-async def add_all(intake: JobIntake, rows: list[Job], *, start: bool) -> list[JobPublic | BaseException]:
+async def add_all(intake: JobIntake, rows: list[NewJob], *, start: bool) -> list[JobPublic | BaseException]:
     """Queue every add; with start=True only now start the writer, so they all wait together."""
 
-    async def add(row: Job) -> JobPublic:
+    async def add(row: NewJob) -> JobPublic:
         return (await intake.add(row)).job
 
     tasks = [asyncio.create_task(add(r)) for r in rows]
@@ -106,7 +108,7 @@ def test_a_failing_batch_rejects_every_waiter_and_writes_nothing(engine: Engine)
     commits = Commits()
     intake = make_intake(engine, commits)
     # A spec JSON cannot hold (a set) makes the whole batch's flush fail.
-    bad = Job(name="bad", backend="local", spec={"entrypoint": "a.b:c", "kwargs": {1, 2}})
+    bad = NewJob(name="bad", owner="alice", backend="local", spec={"entrypoint": "a.b:c", "kwargs": {1, 2}})
     rows = [row(0), row(1), bad, row(3), row(4)]
     try:
         results = run(add_all(intake, rows, start=True))
@@ -123,7 +125,7 @@ def test_a_failing_batch_rejects_every_waiter_and_writes_nothing(engine: Engine)
     assert counts(engine) == (1, 1)
 
 
-def accepted_all(intake: JobIntake, rows: list[Job]) -> list[Accepted]:
+def accepted_all(intake: JobIntake, rows: list[NewJob]) -> list[Accepted]:
     async def gather() -> list[Accepted]:
         return await asyncio.gather(*(intake.add(r) for r in rows))
 
@@ -150,9 +152,7 @@ def test_a_key_used_before_answers_with_the_first_job_and_another_user_may_reuse
     try:
         [original] = accepted_all(intake, [row(0, key="k")])
         [again] = accepted_all(intake, [row(0, key="k")])
-        other = row(0, key="k")
-        other.owner = "bob"
-        [bobs] = accepted_all(intake, [other])
+        [bobs] = accepted_all(intake, [row(0, key="k", owner="bob")])
     finally:
         intake.stop()
 
