@@ -27,6 +27,9 @@ class NullBackend:
     def validate(self, spec: RunSpec) -> None:
         return None
 
+    def validate_is_quick(self, spec: RunSpec) -> bool:
+        return True
+
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         return [SubmitOutcome(job_id=s.job_id, external_id=str(next(self._ids))) for s in specs]
 

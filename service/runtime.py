@@ -17,6 +17,7 @@ from service.jobs import job_folder
 from service.page_cache import ClockReader, PageCache
 from service.quotas import QuotaBook
 from service.reconcile import Reconciler
+from service.storage import RoomCheck
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Runtime:
     clock: ClockReader
     tokens: TokenCheck
     quotas: QuotaBook
+    room: RoomCheck
     pages: PageCache = field(default_factory=PageCache)
 
     @classmethod
@@ -43,9 +45,9 @@ class Runtime:
         reconciler = Reconciler(engine, backends, settings)
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)
-        return cls(
-            settings, engine, backends, intake, dispatcher, reconciler, ClockReader(engine), tokens, quotas
-        )
+        clock = ClockReader(engine)
+        room = RoomCheck(settings)
+        return cls(settings, engine, backends, intake, dispatcher, reconciler, clock, tokens, quotas, room)
 
     def start(self) -> None:
         self.intake.start()

@@ -8,6 +8,7 @@ checked here before anything is stored; the second can only fail while it is wri
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from pathlib import Path
@@ -58,6 +59,43 @@ def check_room(settings: Settings) -> None:
             f"the data directory {data} has {free_mb} MB free, below the "
             f"{max(settings.min_free_disk_mb, 1)} MB this service keeps for job folders and logs"
         )
+
+
+class RoomCheck:
+    """check_room for many concurrent POSTs at once, off the event loop.
+
+    The check is a few file-system calls that could block on a sick mount, so it runs in a thread;
+    a thread hop per POST costs more than the check. So requests that ask while a check runs share
+    the next one, which starts after all of them asked: every POST is still answered by a check made
+    after it arrived (a disk that filled a moment ago is seen), at one hop per round, not per request.
+    Used from the one event loop that serves the app.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._next_round: asyncio.Future[None] | None = None
+        self._rounds: asyncio.Task[None] | None = None
+
+    async def check(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._next_round is None:
+            self._next_round = loop.create_future()
+            if self._rounds is None or self._rounds.done():
+                self._rounds = loop.create_task(self._run_rounds())
+        # shield: a caller that goes away must not cancel the round the others wait for
+        await asyncio.shield(self._next_round)
+
+    async def _run_rounds(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._next_round is not None:
+            this_round, self._next_round = self._next_round, None
+            try:
+                await loop.run_in_executor(None, check_room, self._settings)
+            except Exception as error:
+                this_round.set_exception(error)
+                this_round.exception()  # every waiter re-raises it; none left must not log a warning
+            else:
+                this_round.set_result(None)
 
 
 def ledger_storage_problem(error: BaseException, settings: Settings | None) -> str | None:

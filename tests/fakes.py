@@ -83,6 +83,9 @@ class FakeBackend:
         if self.refuse_validation is not None:
             raise InvalidRequest(self.refuse_validation, field="resources")
 
+    def validate_is_quick(self, spec: RunSpec) -> bool:
+        return True
+
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         with self._lock:
             self.submit_calls.append([spec.job_id for spec in specs])

@@ -50,6 +50,11 @@ class Backend(Protocol):
     def validate(self, spec: RunSpec) -> None:
         """Raise InvalidRequest when the scheduler could never run this request (checked at POST)."""
 
+    def validate_is_quick(self, spec: RunSpec) -> bool:
+        """True when validate(spec) answers from memory (no command, no file), so the POST route may
+        call it on the event loop instead of paying a thread hop."""
+        ...
+
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         """Hand many jobs over at once; one outcome per spec, in order. Never raises for one bad job."""
         ...

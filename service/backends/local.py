@@ -44,6 +44,9 @@ class LocalBackend:
         if spec.resources.nodes != 1:
             raise InvalidRequest("the local backend runs on one node", field="resources.nodes")
 
+    def validate_is_quick(self, spec: RunSpec) -> bool:
+        return True
+
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         return [self._submit_one(spec) for spec in specs]
 

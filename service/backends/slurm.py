@@ -135,6 +135,13 @@ class SlurmBackend:
             field = parse.error_field(refusal, spec.resources.cpus_per_task)
             raise InvalidRequest(f"SLURM refuses this request: {refusal}", field=field)
 
+    def validate_is_quick(self, spec: RunSpec) -> bool:
+        """Quick while this resource shape's `sbatch --test-only` verdict is cached."""
+        key = group_key(sbatch_parameters(spec.resources, self._settings.slurm_partition))
+        with self._lock:
+            cached = self._verdicts.get(key)
+        return cached is not None and self._clock() - cached[0] < VERDICT_TTL_S
+
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         """Equal parameters -> one job array per MaxArraySize jobs. A refused array is retried job by job
         to isolate the refusal. BackendError only while nothing was accepted (the batch can be retried)."""

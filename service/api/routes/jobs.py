@@ -11,11 +11,10 @@ from fastapi.responses import PlainTextResponse
 from pydantic import AfterValidator, BeforeValidator
 from sqlmodel import Session
 
-from service import etag, jobs, policy, storage
+from service import etag, jobs, policy
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
 from service.auth import Principal
-from service.backends.base import Backend
 from service.ledger_clock import LedgerVersion
 from service.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
 from service.runtime import Runtime
@@ -124,8 +123,12 @@ async def create_job(
         await run_in_threadpool(runtime.quotas.refresh, user.user)
     runtime.quotas.admit(user.user, payload.resources)
     try:
+        await runtime.room.check()
         probe = RunSpec(job_id=0, name=payload.name, folder="", **row.spec)
-        await run_in_threadpool(_check_and_validate, runtime, backend, probe)
+        if backend.validate_is_quick(probe):
+            backend.validate(probe)
+        else:  # the scheduler must be asked (sbatch --test-only): not on the event loop
+            await run_in_threadpool(backend.validate, probe)
         accepted = await runtime.intake.add(row)
     except BaseException:
         runtime.quotas.release(user.user)
@@ -134,11 +137,6 @@ async def create_job(
         runtime.quotas.release(user.user)
     status = 200 if accepted.replayed else 201
     return Response(accepted.job.model_dump_json(), status_code=status, media_type=JSON)
-
-
-def _check_and_validate(runtime: Runtime, backend: Backend, probe: RunSpec) -> None:
-    storage.check_room(runtime.settings)
-    backend.validate(probe)
 
 
 @router.get(
