@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import event, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import col
@@ -44,12 +45,15 @@ class LedgerVersion:
 
 def read_version(session: Session) -> LedgerVersion:
     """The clock as last committed. Read it BEFORE the data it describes (see the module docstring)."""
-    # Core on the session's connection: this runs on every poll, and the ORM layer adds nothing here.
-    row = (
-        session.connection()
-        .execute(select(col(LedgerClock.seq), col(LedgerClock.stamped_at)).where(col(LedgerClock.id) == 1))
-        .first()
-    )
+    return read_version_on(session.connection())
+
+
+_CLOCK_ROW = select(col(LedgerClock.seq), col(LedgerClock.stamped_at)).where(col(LedgerClock.id) == 1)
+
+
+def read_version_on(connection: Connection) -> LedgerVersion:
+    """read_version on a bare connection: Core, as this runs on every poll and the ORM adds nothing."""
+    row = connection.execute(_CLOCK_ROW).first()
     if row is None:  # a ledger made by create_all that nothing has written to yet
         return LedgerVersion(0, _EPOCH)
     return LedgerVersion(int(row[0]), row[1])

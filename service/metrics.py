@@ -81,6 +81,11 @@ class LedgerCollector:
 
     @staticmethod
     def _loops(runtime: Runtime) -> Iterable[Metric]:
+        yield CounterMetricFamily(
+            "torchyard_list_fast_answers",
+            "Repeat list polls answered from the rendered page before routing.",
+            value=runtime.list_fast_answers,
+        )
         yield GaugeMetricFamily(
             "torchyard_dispatch_last_duration_seconds",
             "How long the last dispatch tick took.",

@@ -14,9 +14,8 @@ from collections.abc import Hashable
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
-from sqlmodel import Session
 
-from service.ledger_clock import LedgerVersion, read_version
+from service.ledger_clock import LedgerVersion, read_version_on
 
 
 class PageCache:
@@ -62,9 +61,8 @@ class ClockReader:
         for attempt in (1, 2):
             connection = self._connect()
             try:
-                with Session(bind=connection) as session:
-                    version = read_version(session)
-                    session.rollback()
+                version = read_version_on(connection)
+                connection.rollback()  # end the read transaction: the next read sees new commits
                 return version
             except DBAPIError:
                 self.close()  # a broken connection (database restarted): one fresh try

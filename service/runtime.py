@@ -33,6 +33,7 @@ class Runtime:
     quotas: QuotaBook
     room: RoomCheck
     pages: PageCache = field(default_factory=PageCache)
+    list_fast_answers: int = 0  # list polls answered before routing (service.api.list_fast_path)
 
     @classmethod
     def build(cls, settings: Settings, backends: dict[str, Backend] | None = None) -> Runtime:
