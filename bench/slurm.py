@@ -1,6 +1,6 @@
 """torchyard on the real SLURM cluster of deploy/slurm against plain sbatch and raw submitit, same run.
 
-(a) dispatch rate: 300 trivial jobs POSTed (8 client threads) until all are accepted by SLURM (ledger
+(a) dispatch rate: 300 trivial jobs POSTed (32 connections) until all are accepted by SLURM (ledger
     state submitted or beyond), against a loop of 300 `sbatch --wrap true`. A blocker job holds the
     whole cluster meanwhile, so that nothing runs on either side; everything is scancelled after.
     Target: torchyard >= 3x the sbatch loop.
@@ -19,7 +19,6 @@ import sqlite3
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +27,7 @@ from pathlib import Path
 import httpx
 import submitit
 
-from bench.harness import time_job, torchyard
+from bench.harness import post_many, time_job, torchyard
 from service.backends.slurm import SlurmBackend
 from service.backends.slurm_submit import SRUN_ARGS, pythonpath_setup
 from service.config import Settings
@@ -85,21 +84,10 @@ def sbatch_loop(count: int) -> float:
     return elapsed
 
 
-def torchyard_dispatch(url: str, auth: dict[str, str], ledger: Path, count: int, threads: int = 8) -> float:
-    per_thread = [count // threads + (1 if n < count % threads else 0) for n in range(threads)]
-
-    def post(n: int) -> None:
-        with httpx.Client(base_url=url, timeout=60, headers=auth) as client:
-            for _ in range(n):
-                client.post("/api/v1/jobs", json=TRIVIAL).raise_for_status()
-
+def torchyard_dispatch(url: str, auth: dict[str, str], ledger: Path, count: int) -> float:
     started = time.perf_counter()
-    workers = [threading.Thread(target=post, args=(n,)) for n in per_thread]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    print(f"    (all {count} POSTs answered after {time.perf_counter() - started:.2f} s)")
+    posting_s = post_many(url, "/api/v1/jobs", TRIVIAL, auth, count)
+    print(f"    (all {count} POSTs answered after {posting_s:.2f} s, 32 connections)")
     with sqlite3.connect(ledger) as db:
         while True:
             accepted = db.execute(

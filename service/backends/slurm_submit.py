@@ -92,7 +92,9 @@ def link_array_folders(arrays_dir: Path, folders: Sequence[Path]) -> Path:
     root = arrays_dir.resolve() / uuid.uuid4().hex
     root.mkdir(parents=True)
     for index, folder in enumerate(folders):
-        (root / str(index)).symlink_to(folder.resolve(), target_is_directory=True)
+        # Job folders come from the ledger already absolute and resolved: no lstat walk per job.
+        target = folder if folder.is_absolute() else folder.resolve()
+        (root / str(index)).symlink_to(target, target_is_directory=True)
     return root / "%a"
 
 
