@@ -25,6 +25,7 @@ from service.backends.base import Backend, SubmitOutcome
 from service.config import Settings
 from service.db import session_scope
 from service.errors import BackendError
+from service.ledger_clock import id_chunks
 from service.models import Job, utcnow
 from service.states import JobState, is_terminal
 from service.transitions import record_transition
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 
 CLAIM_TTL = timedelta(seconds=60)
 SUBMITTED_SUFFIX = "_submitted.pkl"
-LOCK_CHUNK = 900  # ids per SELECT ... IN (...): well under every database's parameter limit
 
 
 def replica_id() -> str:
@@ -213,8 +213,7 @@ class Dispatcher:
 def _locked_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, Job]:
     """These jobs, row-locked (FOR UPDATE on PostgreSQL), in one query per chunk rather than one each."""
     found: dict[int, Job] = {}
-    for start in range(0, len(job_ids), LOCK_CHUNK):
-        chunk = job_ids[start : start + LOCK_CHUNK]
+    for chunk in id_chunks(job_ids):
         query = select(Job).where(col(Job.id).in_(chunk)).order_by(col(Job.id)).with_for_update()
         found.update((job.id, job) for job in session.exec(query) if job.id is not None)
     return found

@@ -22,14 +22,13 @@ from sqlmodel import Session, col, select
 
 from service.db import session_scope
 from service.jobs import check_same_request
-from service.ledger_clock import stamp_jobs
+from service.ledger_clock import id_chunks, stamp_jobs
 from service.models import AuditEntry, Job, JobEvent, JobPublic, NewJob
 from service.states import JobState
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 500
-_CHUNK = 900  # ids per UPDATE ... IN (...): well under every database's parameter limit
 
 # Core tables: the writer inserts a batch as a few multi-row statements, not one ORM object a row.
 _JOBS: Table = Job.__table__  # type: ignore[attr-defined]
@@ -155,7 +154,7 @@ class JobIntake:
             insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True), values
         )
         ids = [int(job_id) for job_id in inserted.scalars()]
-        for chunk in _chunks(ids):
+        for chunk in id_chunks(ids):
             connection.execute(
                 update(_JOBS)
                 .where(_JOBS.c.id.in_(chunk))
@@ -213,10 +212,6 @@ def _job_values(row: NewJob) -> dict[str, Any]:
         "started_at": None,
         "finished_at": None,
     }
-
-
-def _chunks(ids: list[int]) -> list[list[int]]:
-    return [ids[start : start + _CHUNK] for start in range(0, len(ids), _CHUNK)]
 
 
 def _jobs_by_key(session: Session, rows: list[NewJob]) -> dict[Key, JobPublic]:

@@ -16,7 +16,7 @@ only until COMMIT, so it adds no lock cycle (no deadlock with FOR UPDATE on job 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -112,7 +112,7 @@ def stamp_jobs(session: Session, job_ids: Iterable[int]) -> datetime:
     The hooks do this for ORM writes. A writer that changes jobs through Core (the group-commit
     intake) calls it itself, as the last statement before COMMIT, for the same ordering reason."""
     stamp = _tick(session)
-    for chunk in _chunks(sorted(job_ids)):
+    for chunk in id_chunks(sorted(job_ids)):
         session.execute(
             update(Job).where(col(Job.id).in_(chunk)).values(updated_at=stamp),
             execution_options={"synchronize_session": False},
@@ -146,6 +146,7 @@ def _tick(session: Session) -> datetime:
     return stamp
 
 
-def _chunks(ids: list[int]) -> Iterable[list[int]]:
+def id_chunks(ids: Sequence[int]) -> Iterable[Sequence[int]]:
+    """Ids in slices for `... IN (...)`, each well under every database's parameter limit."""
     for start in range(0, len(ids), _CHUNK):
         yield ids[start : start + _CHUNK]
