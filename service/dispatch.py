@@ -128,9 +128,9 @@ class Dispatcher:
             **job.spec,
         )
         files = spec.files
-        # Two plain mkdirs: parents=True first tries the inner one and fails, and every metadata
-        # call costs a few hundred microseconds on a busy disk, for each job of a batch.
-        files.folder.mkdir(parents=not files.folder.parent.is_dir(), exist_ok=True)
+        # The job folder first, then submitit's inside it: mkdir(parents=True) on the inner one tries
+        # and fails before it makes the outer, and each metadata call is costly on a busy disk.
+        files.folder.mkdir(parents=True, exist_ok=True)
         files.submitit.mkdir(exist_ok=True)
         files.spec.write_text(spec.model_dump_json(indent=2))
         return spec

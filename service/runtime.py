@@ -13,11 +13,10 @@ from service.config import Settings
 from service.db import make_engine, migrate
 from service.dispatch import Dispatcher
 from service.intake import JobIntake
-from service.jobs import job_folder
 from service.page_cache import ClockReader, PageCache
 from service.quotas import QuotaBook
 from service.reconcile import Reconciler
-from service.storage import RoomCheck
+from service.storage import RoomCheck, jobs_root
 
 
 @dataclass
@@ -42,7 +41,7 @@ class Runtime:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         backends = backends if backends is not None else make_backends(settings)
         dispatcher = Dispatcher(engine, backends, settings)
-        intake = JobIntake(engine, str(job_folder(settings, 0).parent), dispatcher.wake)
+        intake = JobIntake(engine, str(jobs_root(settings)), dispatcher.wake)
         reconciler = Reconciler(engine, backends, settings)
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)

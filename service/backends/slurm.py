@@ -137,10 +137,8 @@ class SlurmBackend:
 
     def validate_is_quick(self, spec: RunSpec) -> bool:
         """Quick while this resource shape's `sbatch --test-only` verdict is cached."""
-        key = group_key(sbatch_parameters(spec.resources, self._settings.slurm_partition))
-        with self._lock:
-            cached = self._verdicts.get(key)
-        return cached is not None and self._clock() - cached[0] < VERDICT_TTL_S
+        params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
+        return self._cached_verdict(group_key(params)) is not None
 
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         """Equal parameters -> one job array per MaxArraySize jobs. A refused array is retried job by job
@@ -256,12 +254,17 @@ class SlurmBackend:
                 log.warning("job %s: %s; leaving it as it was", one, error)
         return statuses
 
+    def _cached_verdict(self, key: Any) -> tuple[float, str | None] | None:
+        """(checked at, refusal or None) while this shape's verdict is younger than VERDICT_TTL_S."""
+        with self._lock:
+            cached = self._verdicts.get(key)
+        return cached if cached is not None and self._clock() - cached[0] < VERDICT_TTL_S else None
+
     def _verdict(self, params: dict[str, Any]) -> str | None:
         key = group_key(params)
         now = self._clock()
-        with self._lock:
-            cached = self._verdicts.get(key)
-        if cached is not None and now - cached[0] < VERDICT_TTL_S:
+        cached = self._cached_verdict(key)
+        if cached is not None:
             return cached[1]
         result = self._call(check_argv(params), COMMAND_TIMEOUT_S)
         refusal = None if result.returncode == 0 else parse.sbatch_error(result.stderr)
