@@ -159,12 +159,19 @@ TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timeout"})
 
 
 def time_job(client: httpx.Client, body: dict[str, object]) -> float:
-    """Seconds from POST to the job seen succeeded (polled every 20 ms); exits if it did not check out."""
+    """Seconds from POST to the job seen succeeded; exits if it did not check out.
+
+    It waits the way `TorchyardClient.wait` does, with long polls (the service answers when the job
+    changes), so the client neither adds a polling interval nor loads the service while ranks run.
+    """
     started = time.perf_counter()
-    job = client.post("/api/v1/jobs", json=body).raise_for_status().json()
+    created = client.post("/api/v1/jobs", json=body).raise_for_status()
+    job, tag = created.json(), ""
     while job["state"] not in TERMINAL:
-        time.sleep(0.02)
-        job = client.get(f"/api/v1/jobs/{job['id']}").raise_for_status().json()
+        answer = client.get(f"/api/v1/jobs/{job['id']}", params={"wait_s": 20},
+                            headers={"If-None-Match": tag} if tag else None).raise_for_status()
+        if answer.status_code == 200:
+            job, tag = answer.json(), answer.headers["ETag"]
     elapsed = time.perf_counter() - started
     if job["state"] != "succeeded" or not job["result"]["ok"]:
         raise SystemExit(f"torchyard job did not check out: {job['state']} {job['reason']}")

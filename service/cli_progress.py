@@ -128,18 +128,30 @@ def carry_progress(previous: Job | None, job: Job) -> Job:
 def watch_jobs(
     client: TorchyardClient, jobs: Sequence[Job], console: Console, poll_s: float = 0.5
 ) -> dict[int, Job]:
-    """Poll every job until all are terminal, showing their progress; returns the final jobs by id."""
+    """Watch every job until all are terminal, showing their progress; returns the final jobs by id.
+
+    Several jobs are polled every poll_s; the last one left is followed with long polls, so its
+    end is shown as soon as it is committed.
+    """
     final: dict[int, Job] = {}
     latest: dict[int, Job] = {}
     view: _View = _BarView(console, jobs) if console.is_terminal else _LineView(console)
+
+    def show(job: Job) -> Job:
+        current = carry_progress(latest.get(job["id"]), job)
+        latest[job["id"]] = current
+        view.update(current)
+        return current
+
     with view:
         while True:
-            for job in jobs:
-                if job["id"] in final:
-                    continue
-                current = carry_progress(latest.get(job["id"]), client.get(job["id"]))
-                latest[job["id"]] = current
-                view.update(current)
+            pending = [job for job in jobs if job["id"] not in final]
+            if len(pending) == 1:
+                last = client.wait(pending[0]["id"], on_update=show, poll_s=poll_s)
+                final[last["id"]] = latest[last["id"]]
+                return final
+            for job in pending:
+                current = show(client.get(job["id"]))
                 if current["state"] in TERMINAL_STATES:
                     final[job["id"]] = current
             if len(final) == len(jobs):

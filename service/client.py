@@ -27,6 +27,7 @@ DEFAULT_URL = "http://127.0.0.1:8321"
 URL_ENV = "TORCHYARD_URL"
 TOKEN_ENV = "TORCHYARD_TOKEN"
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "timeout"})
+LONG_POLL_S = 20.0  # per round of wait(): the service holds at most 30 s
 
 Job = dict[str, Any]
 Jobs = list[Job]  # module-level alias: inside the class, `list` names the method
@@ -141,6 +142,8 @@ class TorchyardClient:
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
+        # A long poll must end well before the client gives up on the answer.
+        self._long_poll_s = max(0.0, min(LONG_POLL_S, timeout - 5.0))
         self._etags: dict[str, tuple[str, Job]] = {}  # path -> (ETag, body) of the last 200
 
     # ---------------------------------------------------------------- lifecycle
@@ -196,12 +199,17 @@ class TorchyardClient:
             if not cursor:
                 return
 
-    def get(self, job_id: int) -> Job:
-        """One job. Asks with the last ETag seen for it, so an unchanged job costs the service a 304."""
+    def get(self, job_id: int, wait_s: float = 0) -> Job:
+        """One job. Asks with the last ETag seen for it, so an unchanged job costs the service a 304.
+
+        With wait_s > 0 (and an ETag seen before) it is a long poll: the service answers as soon as
+        the job changes, or after wait_s with the job as it was.
+        """
         path = f"/api/v1/jobs/{job_id}"
         cached = self._etags.get(path)
         headers = {"If-None-Match": cached[0]} if cached else None
-        response = self._request("GET", path, headers=headers)
+        params = {"wait_s": round(wait_s, 3)} if cached and wait_s > 0 else None
+        response = self._request("GET", path, headers=headers, params=params)
         if response.status_code == 304 and cached:
             return dict(cached[1])  # a copy: callers may change what they get
         job = _as_object(response)
@@ -236,24 +244,30 @@ class TorchyardClient:
     def wait(
         self,
         job_id: int,
-        on_update: Callable[[Job], None] | None = None,
+        on_update: Callable[[Job], object] | None = None,
         poll_s: float = 0.5,
         timeout_s: float | None = None,
     ) -> Job:
-        """Poll until the job is terminal and return it. on_update sees the job after every poll.
+        """Until the job is terminal; returns it. on_update sees the job after every answer.
 
-        Polling reads the ledger only (never the scheduler), so a short poll_s is cheap for the service.
+        Each round is a long poll, so the service answers when the job changes and the caller hears
+        of the end at once; poll_s only paces rounds that come back early with nothing new.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last: Job | None = None
         while True:
-            job = self.get(job_id)
+            asked = time.monotonic()
+            wait_s = self._long_poll_s if deadline is None else min(self._long_poll_s, deadline - asked)
+            job = self.get(job_id, wait_s=max(0.0, wait_s))
             if on_update is not None:
                 on_update(job)
             if job["state"] in TERMINAL_STATES:
                 return job
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"job {job_id} is still {job['state']} after {timeout_s} s")
-            time.sleep(poll_s)
+            if job == last:  # nothing new and back early: a service that does not hold the answer
+                time.sleep(max(0.0, poll_s - (time.monotonic() - asked)))
+            last = job
 
     def whoami(self) -> dict[str, Any]:
         """{"user": ..., "admin": ...}: who this client's token says it is."""

@@ -16,20 +16,25 @@ only until COMMIT, so it adds no lock cycle (no deadlock with FOR UPDATE on job 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+import weakref
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import event, insert, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import col
 
 from service.models import Job, JobEvent, JobMetric, LedgerClock, utcnow
 
+log = logging.getLogger(__name__)
+
 _CHANGED = "torchyard.changed_job_ids"
+_STAMPED = "torchyard.stamped_job_ids"  # what this transaction stamped, told to listeners after COMMIT
 _CHUNK = 900  # ids per UPDATE ... IN (...): well under every database's parameter limit
 _TICK = timedelta(microseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -59,11 +64,22 @@ def read_version_on(connection: Connection) -> LedgerVersion:
     return LedgerVersion(int(row[0]), row[1])
 
 
+CommitListener = Callable[[Collection[int]], None]
+_listeners: weakref.WeakKeyDictionary[Engine, list[CommitListener]] = weakref.WeakKeyDictionary()
+
+
+def on_stamped_commit(engine: Engine, listener: CommitListener) -> None:
+    """Call listener(job ids) after every commit on this engine that stamped jobs (long polls wait on
+    it). It runs on the committing thread, after COMMIT: it must be quick and must not raise."""
+    _listeners.setdefault(engine, []).append(listener)
+
+
 def install() -> None:
     """Register the session hooks (idempotent). Called by service.db.make_engine."""
     for name, hook in (
         ("after_flush", _after_flush),
         ("before_commit", _before_commit),
+        ("after_commit", _after_commit),
         ("after_transaction_end", _after_transaction_end),
     ):
         if not event.contains(Session, name, hook):
@@ -111,8 +127,10 @@ def stamp_jobs(session: Session, job_ids: Iterable[int]) -> datetime:
 
     The hooks do this for ORM writes. A writer that changes jobs through Core (the group-commit
     intake) calls it itself, as the last statement before COMMIT, for the same ordering reason."""
+    ids = sorted(job_ids)
     stamp = _tick(session)
-    for chunk in id_chunks(sorted(job_ids)):
+    session.info.setdefault(_STAMPED, set()).update(ids)
+    for chunk in id_chunks(ids):
         session.execute(
             update(Job).where(col(Job.id).in_(chunk)).values(updated_at=stamp),
             execution_options={"synchronize_session": False},
@@ -120,9 +138,23 @@ def stamp_jobs(session: Session, job_ids: Iterable[int]) -> datetime:
     return stamp
 
 
+def _after_commit(session: Session) -> None:
+    stamped: set[int] | None = session.info.pop(_STAMPED, None)
+    if not stamped:
+        return
+    bind = session.get_bind()
+    engine = bind.engine if isinstance(bind, Connection) else bind
+    for listener in _listeners.get(engine, ()):
+        try:
+            listener(stamped)
+        except Exception:  # the commit has happened: a listener's failure must not look like its failure
+            log.exception("a commit listener failed")
+
+
 def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None:  # rolled back or closed: what was collected is void
         session.info.pop(_CHANGED, None)
+        session.info.pop(_STAMPED, None)
 
 
 def _tick(session: Session) -> datetime:

@@ -13,6 +13,8 @@ from service.config import Settings
 from service.db import make_engine, migrate
 from service.dispatch import Dispatcher
 from service.intake import JobIntake
+from service.job_watch import JobWatch
+from service.ledger_clock import on_stamped_commit
 from service.page_cache import ClockReader, PageCache
 from service.quotas import QuotaBook
 from service.reconcile import Reconciler
@@ -32,6 +34,7 @@ class Runtime:
     quotas: QuotaBook
     room: RoomCheck
     pages: PageCache = field(default_factory=PageCache)
+    job_watch: JobWatch = field(default_factory=JobWatch)  # long polls on one job (GET ?wait_s=)
     list_fast_answers: int = 0  # list polls answered before routing (service.api.list_fast_path)
 
     @classmethod
@@ -47,7 +50,9 @@ class Runtime:
         quotas = QuotaBook(engine, settings)
         clock = ClockReader(engine)
         room = RoomCheck(settings)
-        return cls(settings, engine, backends, intake, dispatcher, reconciler, clock, tokens, quotas, room)
+        runtime = cls(settings, engine, backends, intake, dispatcher, reconciler, clock, tokens, quotas, room)
+        on_stamped_commit(engine, runtime.job_watch.changed)
+        return runtime
 
     def start(self) -> None:
         self.intake.start()

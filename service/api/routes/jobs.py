@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
@@ -16,6 +17,7 @@ from service.api import list_fast_path
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
 from service.auth import Principal
+from service.db import session_scope
 from service.ledger_clock import LedgerVersion
 from service.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
 from service.runtime import Runtime
@@ -39,6 +41,8 @@ IdempotencyKey = Annotated[
         description="Retrying with the same key returns the job the first request made, never a second.",
     ),
 ]
+MAX_WAIT_S = 30.0  # a long poll holds a connection; clients ask again rather than wait for minutes
+RECHECK_S = 1.0  # a waiting long poll reads the job again this often: other replicas do not wake it
 VARY = {"Vary": "Authorization"}  # each caller sees their own jobs: a shared cache must not mix them
 
 
@@ -201,13 +205,40 @@ def _render_page(runtime: Runtime, key: tuple[Any, ...], version: LedgerVersion)
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="One job", responses=READ_RESPONSES)
-def get_job(
-    job_id: JobId, session: SessionDep, user: CurrentUser, if_none_match: IfNoneMatch = None
+async def get_job(
+    job_id: JobId,
+    runtime: RuntimeDep,
+    user: CurrentUser,
+    if_none_match: IfNoneMatch = None,
+    wait_s: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_S,
+            description="With an If-None-Match that is still current: wait up to this long for the job "
+            "to change (state, progress, metrics, ...) and answer as soon as it does; 304 if it did not.",
+        ),
+    ] = 0,
 ) -> Response:
-    tag = _job_tag(session, job_id, user)
-    if etag.matches(if_none_match, tag):
-        return _not_modified(tag)
-    job = JobPublic.model_validate(jobs.get_job(session, job_id, user), from_attributes=True)
+    """The job. A long poll (`wait_s` with `If-None-Match`) answers within milliseconds of a change,
+    without the caller asking again and again; a change made by another replica is seen within
+    about a second."""
+    deadline = time.monotonic() + wait_s
+    with runtime.job_watch.watching(job_id) as change:  # before the read: no change can slip between
+        while True:
+            answer = await run_in_threadpool(_job_answer, runtime, job_id, user, if_none_match)
+            remaining = deadline - time.monotonic()
+            if answer.status_code != 304 or remaining <= 0:
+                return answer
+            await change.wait(min(remaining, RECHECK_S))
+
+
+def _job_answer(runtime: Runtime, job_id: int, user: Principal, if_none_match: str | None) -> Response:
+    with session_scope(runtime.engine) as session:
+        tag = _job_tag(session, job_id, user)
+        if etag.matches(if_none_match, tag):
+            return _not_modified(tag)
+        job = JobPublic.model_validate(jobs.get_job(session, job_id, user), from_attributes=True)
     return Response(job.model_dump_json(), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 

@@ -141,8 +141,18 @@ class FakeJobs:
     def __init__(self, timelines: dict[int, list[dict[str, Any]]]) -> None:
         self._timelines = {job_id: iter(states) for job_id, states in timelines.items()}
 
+        self.followed: list[int] = []  # the jobs followed with wait() (long polls) rather than get()
+
     def get(self, job_id: int) -> dict[str, Any]:
         return next(self._timelines[job_id])
+
+    def wait(self, job_id: int, on_update: Any, poll_s: float) -> dict[str, Any]:
+        self.followed.append(job_id)
+        while True:
+            current = self.get(job_id)
+            on_update(current)
+            if current["state"] in ("succeeded", "failed", "cancelled", "timeout"):
+                return current
 
 
 @pytest.mark.parametrize("terminal", [False, True])
@@ -156,8 +166,10 @@ def test_watch_jobs_follows_every_job_to_its_end(terminal: bool) -> None:
         2: [job(2, "running"), job(2, "failed")],
     }
     console = Console(file=io.StringIO(), force_terminal=terminal, width=120)
-    final = watch_jobs(FakeJobs(timelines), [job(1), job(2)], console, poll_s=0)  # type: ignore[arg-type]
+    client = FakeJobs(timelines)
+    final = watch_jobs(client, [job(1), job(2)], console, poll_s=0)  # type: ignore[arg-type]
     assert {job_id: j["state"] for job_id, j in final.items()} == {1: "succeeded", 2: "failed"}
+    assert client.followed == [1]  # job 2 ended first: the last one left was followed
     out = console.file.getvalue()  # type: ignore[attr-defined]
     assert "succeeded" in out and "failed" in out
     if not terminal:  # plain lines, one per change, progress carried to the last one

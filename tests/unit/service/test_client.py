@@ -217,6 +217,28 @@ def test_wait_polls_until_terminal_and_reports_every_poll() -> None:
     assert seen == ["queued", "running", "running", "succeeded"]
 
 
+def test_wait_long_polls_with_the_last_etag_and_waits_out_a_304() -> None:
+    asked: list[tuple[str | None, str | None]] = []
+    answers = iter(
+        [
+            httpx.Response(200, json=job(4, "running"), headers={"ETag": '"r"'}),
+            httpx.Response(304, headers={"ETag": '"r"'}),  # the wait ran out with nothing new
+            httpx.Response(200, json=job(4, "succeeded"), headers={"ETag": '"s"'}),
+        ]
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append((request.headers.get("if-none-match"), request.url.params.get("wait_s")))
+        return next(answers)
+
+    seen: list[str] = []
+    final = client_with(handler).wait(4, on_update=lambda j: seen.append(j["state"]), poll_s=0)
+    assert final["state"] == "succeeded"
+    assert seen == ["running", "running", "succeeded"]
+    # The first read has no tag to wait on; then each round is held by the service (20 s at most).
+    assert asked == [(None, None), ('"r"', "20.0"), ('"r"', "20.0")]
+
+
 def test_wait_gives_up_at_its_timeout() -> None:
     with pytest.raises(WaitTimeout, match="still running"):
         client_with(lambda request: httpx.Response(200, json=job(4, "running"))).wait(
