@@ -30,7 +30,7 @@ JOB = {
 def time_torchrun(folder: Path) -> float:
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     started = time.perf_counter()
-    subprocess.run(
+    done = subprocess.run(
         [
             torchrun,
             "--standalone",
@@ -38,10 +38,15 @@ def time_torchrun(folder: Path) -> float:
             str(ROOT / "bench" / "torchrun_seed.py"),
             str(folder),
         ],
-        check=True,
+        check=False,
         cwd=ROOT,
         capture_output=True,
+        text=True,
     )
+    if done.returncode != 0:
+        # The ranks' own lines first: the launcher's summary at the end only says which signal.
+        lines = [line for line in done.stderr.splitlines() if not line.startswith(("W", "  File"))]
+        raise SystemExit(f"torchrun failed (exit {done.returncode}):\n" + "\n".join(lines[:80]))
     return time.perf_counter() - started
 
 

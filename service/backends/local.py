@@ -26,6 +26,7 @@ from worker.spec import RunSpec
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 3.0
+RESULT_CHECK_S = 0.02
 _CONTROLLER_MARK = b"submitit.local._local"
 
 
@@ -82,7 +83,7 @@ class LocalBackend:
         with self._lock:
             self._processes[external_id] = process
         threading.Thread(
-            target=self._watch, args=(process,), name=f"watch-{external_id}", daemon=True
+            target=self._watch, args=(process, spec.files.result), name=f"watch-{external_id}", daemon=True
         ).start()
         return SubmitOutcome(job_id=spec.job_id, external_id=external_id)
 
@@ -100,9 +101,23 @@ class LocalBackend:
         process: subprocess.Popen[bytes] = job._process
         return process
 
-    def _watch(self, process: subprocess.Popen[bytes]) -> None:
-        process.wait()
-        self._wakeup()
+    def _watch(self, process: subprocess.Popen[bytes], result: Path) -> None:
+        """Wake the reconciler when rank 0's result appears and when the controller ends.
+
+        The result comes first, while the ranks tear down (torch's exit alone takes a while): that
+        is when the job is done for its user. A stat every RESULT_CHECK_S costs next to nothing.
+        """
+        seen_result = False
+        while True:
+            try:
+                process.wait(timeout=RESULT_CHECK_S)
+            except subprocess.TimeoutExpired:
+                if not seen_result and result.exists():
+                    seen_result = True
+                    self._wakeup()
+                continue
+            self._wakeup()
+            return
 
     # ---------------------------------------------------------------- status and signals
 
