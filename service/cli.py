@@ -118,6 +118,7 @@ def serve(
 
     from service.app import create_app
     from service.config import Settings
+    from service.job_watch import SHUTDOWN_GRACE_S
 
     overrides: dict[str, Any] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     if dev:
@@ -133,7 +134,13 @@ def serve(
         application = create_app(settings)
     except ValueError as error:
         raise _fail(str(error), EXIT_REQUEST) from None
-    uvicorn.run(application, host=settings.host, port=settings.port, log_level=log_level.lower())
+    uvicorn.run(
+        application,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level.lower(),
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
 
 
 @app.command()

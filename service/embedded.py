@@ -15,6 +15,7 @@ import uvicorn
 
 from service.app import create_app
 from service.config import Settings
+from service.job_watch import SHUTDOWN_GRACE_S
 
 START_TIMEOUT_S = 60.0
 
@@ -52,6 +53,7 @@ class EmbeddedService:
             create_app(settings.model_copy(update={"port": self.port})),
             log_level="warning",  # the demo's own output is the story; uvicorn's access log is noise
             access_log=False,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

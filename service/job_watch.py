@@ -14,6 +14,10 @@ import threading
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
+# When the service stops, uvicorn waits for requests in flight, held long polls among them, before
+# the lifespan can stop anything: give them this long, then cut them (clients ask again elsewhere).
+SHUTDOWN_GRACE_S = 3
+
 
 class JobChange:
     """Set by JobWatch when the job it was made for changes; wait() returns then (or on timeout)."""

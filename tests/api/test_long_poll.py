@@ -202,3 +202,45 @@ def test_a_commit_that_stamps_jobs_tells_the_listener_which(settings: Settings) 
     finally:
         runtime.engine.dispose()
     assert heard == [{job_id}]
+
+
+def test_a_held_long_poll_does_not_hold_up_the_services_stop(settings: Settings) -> None:
+    """uvicorn waits for requests in flight before the lifespan stops anything: a long poll is cut."""
+    from service.embedded import EmbeddedService
+    from service.job_watch import SHUTDOWN_GRACE_S
+
+    service = EmbeddedService(settings.model_copy(update={"dev_mode": True, "port": 0}))
+    service.start()
+    writer = make_engine(settings.resolved_database_url())
+    try:
+        with session_scope(writer) as session:  # an ended job: nothing will ever wake its poll
+            job = Job(
+                name="done",
+                owner="dev",
+                backend="local",
+                state=JobState.succeeded,
+                spec={"entrypoint": "m:f"},
+            )
+            session.add(job)
+            session.flush()
+            job_id = job.id
+    finally:
+        writer.dispose()
+    client = httpx.Client(base_url=service.url, timeout=60)
+    tag = client.get(f"{JOBS}/{job_id}").raise_for_status().headers["ETag"]
+
+    def held() -> int | str:
+        try:
+            return long_poll(client, job_id, tag, wait_s=25)[0].status_code
+        except httpx.HTTPError as error:
+            return type(error).__name__
+
+    thread, out = in_background(held)
+    time.sleep(0.5)  # the poll is held by now
+    started = time.monotonic()
+    service.stop()
+    took = time.monotonic() - started
+    thread.join(timeout=30)
+    client.close()
+    assert took < SHUTDOWN_GRACE_S + 5, f"the stop waited {took:.1f} s for the long poll"
+    assert out and out[0] != 200
