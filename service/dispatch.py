@@ -18,7 +18,9 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy.engine import Engine
+from sqlalchemy import select as core_select
+from sqlalchemy import update
+from sqlalchemy.engine import Engine, RowMapping
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend, SubmitOutcome
@@ -28,12 +30,22 @@ from service.errors import BackendError
 from service.ledger_clock import id_chunks
 from service.models import Job, utcnow
 from service.states import JobState, is_terminal
-from service.transitions import record_transition
+from service.transitions import Submission, record_submissions, record_transition
 from worker.spec import JobFiles, RunSpec
 
 log = logging.getLogger(__name__)
 
 CLAIM_TTL = timedelta(seconds=60)
+_CLAIM_COLUMNS = (
+    col(Job.id),
+    col(Job.name),
+    col(Job.backend),
+    col(Job.attempt),
+    col(Job.folder),
+    col(Job.spec),
+    col(Job.latest_checkpoint),
+    col(Job.cancel_requested),
+)
 SUBMITTED_SUFFIX = "_submitted.pkl"
 
 
@@ -91,48 +103,65 @@ class Dispatcher:
     # ---------------------------------------------------------------- claim
 
     def _claim(self) -> list[tuple[str, RunSpec]]:
+        """Up to a batch of queued jobs, marked as this replica's, with their folders made.
+
+        Core rather than ORM objects: a batch is hundreds of rows, and the claim is bookkeeping only
+        (no state change, nothing a reader sees), so it is one SELECT and one UPDATE.
+        """
         with session_scope(self._engine) as session:
             self._recover_stale_claims(session)
             query = (
-                select(Job)
-                .where(Job.state == JobState.queued, col(Job.claimed_by).is_(None))
+                core_select(*_CLAIM_COLUMNS)
+                .where(col(Job.state) == JobState.queued, col(Job.claimed_by).is_(None))
                 .order_by(col(Job.id))
                 .limit(self._settings.dispatch_batch_size)
                 .with_for_update(skip_locked=True)
             )
             claimed: list[tuple[str, RunSpec]] = []
-            now = utcnow()
-            for job in session.exec(query).all():
-                if job.cancel_requested:
-                    record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
+            unfit: list[tuple[int, str]] = []  # (job id, why it ends here) for the ORM path below
+            for row in session.connection().execute(query).mappings():
+                if row["cancel_requested"]:
+                    unfit.append((row["id"], ""))
                     continue
                 try:
-                    spec = self._prepare(job)
+                    spec = self._prepare(row)
                 except OSError as error:
-                    record_transition(session, job, JobState.failed, f"cannot write the job folder: {error}")
+                    unfit.append((row["id"], f"cannot write the job folder: {error}"))
                     continue
-                job.claimed_by, job.claimed_at = self._replica, now
-                session.add(job)
-                claimed.append((job.backend, spec))
+                claimed.append((row["backend"], spec))
+            for chunk in id_chunks([spec.job_id for _, spec in claimed]):
+                session.execute(
+                    update(Job)
+                    .where(col(Job.id).in_(chunk))
+                    .values(claimed_by=self._replica, claimed_at=utcnow()),
+                    execution_options={"synchronize_session": False},
+                )
+            for job_id, failure in unfit:
+                job = session.get(Job, job_id)
+                assert job is not None  # locked by the SELECT above
+                if failure:
+                    record_transition(session, job, JobState.failed, failure)
+                else:
+                    record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
             return claimed
 
-    def _prepare(self, job: Job) -> RunSpec:
-        assert job.id is not None and job.folder is not None
+    def _prepare(self, job: RowMapping) -> RunSpec:
+        assert job["folder"] is not None
         spec = RunSpec(
-            job_id=job.id,
-            name=job.name,
-            attempt=job.attempt,
-            folder=job.folder,
+            job_id=job["id"],
+            name=job["name"],
+            attempt=job["attempt"],
+            folder=job["folder"],
             rendezvous_timeout_s=self._settings.rendezvous_timeout_s,
-            resume_from=job.latest_checkpoint,
-            **job.spec,
+            resume_from=job["latest_checkpoint"],
+            **job["spec"],
         )
         files = spec.files
         # The job folder first, then submitit's inside it: mkdir(parents=True) on the inner one tries
-        # and fails before it makes the outer, and each metadata call is costly on a busy disk.
+        # and fails before it makes the outer, and each metadata call is costly on a busy disk. The
+        # spec travels in submitit's pickle; rank 0 writes spec.json when it starts.
         files.folder.mkdir(parents=True, exist_ok=True)
         files.submitit.mkdir(exist_ok=True)
-        files.spec.write_text(spec.model_dump_json(indent=2))
         return spec
 
     def _recover_stale_claims(self, session: Session) -> None:
@@ -181,41 +210,61 @@ class Dispatcher:
                 session.add(job)
 
     def _record(self, backend: Backend, outcomes: Sequence[SubmitOutcome]) -> None:
+        """The backend's answers into the ledger. The usual one (accepted, still queued, nobody asked
+        to cancel) goes in bulk; refusals and cancels that raced the submission go one by one."""
         to_cancel: list[str] = []
         with session_scope(self._engine) as session:
-            jobs = _locked_jobs(session, [outcome.job_id for outcome in outcomes])
+            found = _locked_queue_rows(session, [outcome.job_id for outcome in outcomes])
+            accepted: list[Submission] = []
             for outcome in outcomes:
-                job = jobs.get(outcome.job_id)
-                if job is None:
+                row = found.get(outcome.job_id)
+                if row is None:
                     continue
-                job.claimed_by = job.claimed_at = None
-                if not outcome.accepted:
-                    record_transition(
-                        session, job, JobState.failed, outcome.error or "rejected by the backend"
+                state = JobState(row["state"])
+                if outcome.accepted and state is JobState.queued and not row["cancel_requested"]:
+                    reason = f"{backend.name} id {outcome.external_id}"
+                    accepted.append(
+                        Submission(outcome.job_id, state, row["attempt"], str(outcome.external_id), reason)
                     )
                     continue
-                job.external_id = outcome.external_id
-                if job.cancel_requested or is_terminal(JobState(job.state)):
+                job = session.get(Job, outcome.job_id)
+                assert job is not None  # locked above
+                if self._record_one(session, job, outcome, backend):
                     to_cancel.append(str(outcome.external_id))
-                    if not is_terminal(JobState(job.state)):
-                        record_transition(
-                            session, job, JobState.cancelled, "cancelled by user during dispatch"
-                        )
-                else:
-                    record_transition(
-                        session, job, JobState.submitted, f"{backend.name} id {job.external_id}"
-                    )
-                session.add(job)
+            record_submissions(session, accepted)
         if to_cancel:
             backend.cancel(to_cancel)
 
+    @staticmethod
+    def _record_one(session: Session, job: Job, outcome: SubmitOutcome, backend: Backend) -> bool:
+        """A refusal, or an acceptance that came too late for the job; True when it must be cancelled."""
+        job.claimed_by = job.claimed_at = None
+        session.add(job)
+        if not outcome.accepted:
+            record_transition(session, job, JobState.failed, outcome.error or "rejected by the backend")
+            return False
+        job.external_id = outcome.external_id
+        if job.cancel_requested or is_terminal(JobState(job.state)):
+            if not is_terminal(JobState(job.state)):
+                record_transition(session, job, JobState.cancelled, "cancelled by user during dispatch")
+            return True
+        record_transition(session, job, JobState.submitted, f"{backend.name} id {job.external_id}")
+        return False
 
-def _locked_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, Job]:
-    """These jobs, row-locked (FOR UPDATE on PostgreSQL), in one query per chunk rather than one each."""
-    found: dict[int, Job] = {}
+
+_QUEUE_COLUMNS = (col(Job.id), col(Job.state), col(Job.attempt), col(Job.cancel_requested))
+
+
+def _locked_queue_rows(session: Session, job_ids: Sequence[int]) -> dict[int, RowMapping]:
+    """These jobs' state, attempt and cancel flag, row-locked (FOR UPDATE on PostgreSQL) in one query
+    per chunk rather than one each."""
+    found: dict[int, RowMapping] = {}
+    connection = session.connection()
     for chunk in id_chunks(job_ids):
-        query = select(Job).where(col(Job.id).in_(chunk)).order_by(col(Job.id)).with_for_update()
-        found.update((job.id, job) for job in session.exec(query) if job.id is not None)
+        query = (
+            core_select(*_QUEUE_COLUMNS).where(col(Job.id).in_(chunk)).order_by(col(Job.id)).with_for_update()
+        )
+        found.update((row["id"], row) for row in connection.execute(query).mappings())
     return found
 
 

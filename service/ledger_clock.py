@@ -122,6 +122,11 @@ def _before_commit(session: Session) -> None:
             set_committed_value(obj, "updated_at", stamp)
 
 
+def note_changed(session: Session, job_ids: Iterable[int]) -> None:
+    """Jobs this transaction changed through Core: stamped at commit with what the ORM changed."""
+    session.info.setdefault(_CHANGED, set()).update(job_ids)
+
+
 def stamp_jobs(session: Session, job_ids: Iterable[int]) -> datetime:
     """Bump the clock and stamp these jobs' `updated_at` with it; returns the stamp.
 

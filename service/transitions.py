@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from sqlmodel import Session
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from sqlalchemy import bindparam, insert, update
+from sqlmodel import Session, col
+
+from service.ledger_clock import note_changed
 from service.models import Job, JobEvent, utcnow
 from service.states import JobState, check_transition, is_terminal, starts_new_attempt
 
@@ -50,3 +55,57 @@ def record_transition(
         )
     )
     return True
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One job a backend accepted, as the dispatcher read it (row-locked) before recording it."""
+
+    job_id: int
+    current: JobState
+    attempt: int
+    external_id: str
+    reason: str
+
+
+def record_submissions(session: Session, accepted: Sequence[Submission]) -> None:
+    """Move many jobs to submitted at once: record_transition's rules and columns, in two statements
+    (an executemany UPDATE and one INSERT of their events) instead of an ORM object per job.
+
+    Also releases the dispatcher's claim. The jobs are stamped by the ledger clock at commit.
+    """
+    if not accepted:
+        return
+    for one in accepted:
+        check_transition(one.current, JobState.submitted)
+    now = utcnow()
+    connection = session.connection()
+    connection.execute(
+        update(Job)
+        .where(col(Job.id) == bindparam("b_id"))
+        .values(
+            state=JobState.submitted,
+            reason=bindparam("b_reason"),
+            external_id=bindparam("b_external_id"),
+            submitted_at=now,
+            updated_at=now,
+            claimed_by=None,
+            claimed_at=None,
+        ),
+        [{"b_id": one.job_id, "b_reason": one.reason, "b_external_id": one.external_id} for one in accepted],
+    )
+    connection.execute(
+        insert(JobEvent),
+        [
+            {
+                "job_id": one.job_id,
+                "from_state": one.current,
+                "to_state": JobState.submitted,
+                "reason": one.reason,
+                "attempt": one.attempt,
+                "time": now,
+            }
+            for one in accepted
+        ],
+    )
+    note_changed(session, [one.job_id for one in accepted])

@@ -96,6 +96,7 @@ class JobFiles:
 
     @property
     def spec(self) -> Path:
+        """The RunSpec of the attempt that last started, written by its rank 0 (for people to read)."""
         return self.folder / "spec.json"
 
     @property

@@ -92,6 +92,10 @@ def test_both_seed_demonstrations_check_out(live: httpx.Client) -> None:
     assert result["params_identical_after_step"] is True
     assert result["matches_averaged_gradient_step"] is True
     assert states(live, ddp["id"]) == ["queued", "submitted", "running", "succeeded"]
+    # Rank 0 left the spec it ran with in the folder, for people to read.
+    ran_with = json.loads((Path(ddp_done["folder"]) / "spec.json").read_text())
+    assert ran_with["job_id"] == ddp["id"] and ran_with["attempt"] == 1
+    assert ran_with["entrypoint"] == "worker.tasks.seed:ddp_parameters"
 
     shards_done = finished(live, shards["id"])
     assert shards_done["state"] == "succeeded", shards_done["reason"]

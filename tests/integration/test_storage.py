@@ -69,8 +69,8 @@ def submits(client: TestClient) -> dict[str, Any]:
     response = client.post(JOBS, json=BODY)
     assert response.status_code == 201, response.text
     job: dict[str, Any] = response.json()
-    wait_state(client, job["id"], "running")  # the dispatcher wrote its folder and handed it over
-    assert (Path(job["folder"]) / "spec.json").is_file()
+    wait_state(client, job["id"], "running")  # the dispatcher made its folder and handed it over
+    assert (Path(job["folder"]) / "submitit").is_dir()
     return job
 
 
