@@ -9,7 +9,7 @@
 (c) scheduler calls per reconcile interval with 1000 active jobs (a held job array entered in the
     ledger), the reconciler running in this process. Target: 1.
 
-Loopback only. Run: .venv/bin/python -m bench.slurm [--rounds 2]
+Loopback only. Run: .venv/bin/python -m bench.slurm [--rounds 2] [--parts abc]
 """
 
 from __future__ import annotations
@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--active", type=int, default=1000)
+    parser.add_argument("--parts", default="abc", help="Which of (a), (b), (c) to run, e.g. --parts a.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="torchyard-bench-") as name:
         tmp = Path(name)
@@ -166,35 +167,43 @@ def main() -> None:
             torchyard("service.app:create_app", env) as (url, auth),
             httpx.Client(base_url=url, timeout=60, headers=auth) as client,
         ):
-            # (a) dispatch rate, under a blocker so that nothing runs
-            with blocker():
-                client.post("/api/v1/jobs", json=TRIVIAL).raise_for_status()  # warm: validation cache
-                loop_s = sbatch_loop(args.jobs)
-                ours_s = torchyard_dispatch(url, auth, ledger, args.jobs + 1)
-                subprocess.run(["scancel", "-n", str(TRIVIAL["name"])], check=False)
-            loop_rate, ours_rate = args.jobs / loop_s, (args.jobs + 1) / ours_s
-            print(f"(a) sbatch loop: {args.jobs} jobs in {loop_s:.2f} s = {loop_rate:.0f} jobs/s")
-            print(f"    torchyard:   {args.jobs + 1} jobs POSTed -> accepted by SLURM in {ours_s:.2f} s "
-                  f"= {ours_rate:.0f} jobs/s")
-            print(f"    ratio torchyard / sbatch loop = {ours_rate / loop_rate:.2f}x (target >= 3x)")
-            while squeue_ids(str(TRIVIAL["name"])):
-                time.sleep(0.5)
+            if "a" in args.parts:
+                dispatch_rate(client, url, auth, ledger, args.jobs)
+            if "b" in args.parts:
+                ddp_rounds(client, tmp, args.rounds)
+        if "c" in args.parts:
+            calls, ticks = calls_per_interval(tmp, args.active)
+            print(f"(c) {args.active} active jobs: {calls} scheduler calls in {ticks} reconcile intervals "
+                  f"= {calls / max(ticks, 1):.2f} per interval (target 1)")
 
-            # (b) a tiny 3-rank DDP job, alternated with raw submitit
-            ours: list[float] = []
-            theirs: list[float] = []
-            torchyard_ddp(client)  # warm the page cache for both alike
-            for n in range(args.rounds):
-                theirs.append(submitit_ddp(tmp, n))
-                ours.append(torchyard_ddp(client))
-                print(f"(b) round {n + 1}: raw submitit {theirs[-1]:.2f} s   torchyard {ours[-1]:.2f} s")
-            ratio = statistics.median(ours) / statistics.median(theirs)
-            print(f"    ratio torchyard / raw submitit = {ratio:.2f}x (target <= 1.1x)")
 
-        # (c) scheduler calls per interval with many active jobs
-        calls, ticks = calls_per_interval(tmp, args.active)
-        print(f"(c) {args.active} active jobs: {calls} scheduler calls in {ticks} reconcile intervals "
-              f"= {calls / max(ticks, 1):.2f} per interval (target 1)")
+def dispatch_rate(client: httpx.Client, url: str, auth: dict[str, str], ledger: Path, jobs: int) -> None:
+    """(a), under a blocker so that nothing runs on either side."""
+    with blocker():
+        client.post("/api/v1/jobs", json=TRIVIAL).raise_for_status()  # warm: validation cache
+        loop_s = sbatch_loop(jobs)
+        ours_s = torchyard_dispatch(url, auth, ledger, jobs + 1)
+        subprocess.run(["scancel", "-n", str(TRIVIAL["name"])], check=False)
+    loop_rate, ours_rate = jobs / loop_s, (jobs + 1) / ours_s
+    print(f"(a) sbatch loop: {jobs} jobs in {loop_s:.2f} s = {loop_rate:.0f} jobs/s")
+    print(f"    torchyard:   {jobs + 1} jobs POSTed -> accepted by SLURM in {ours_s:.2f} s "
+          f"= {ours_rate:.0f} jobs/s")
+    print(f"    ratio torchyard / sbatch loop = {ours_rate / loop_rate:.2f}x (target >= 3x)")
+    while squeue_ids(str(TRIVIAL["name"])):
+        time.sleep(0.5)
+
+
+def ddp_rounds(client: httpx.Client, tmp: Path, rounds: int) -> None:
+    """(b) a tiny 3-rank DDP job, alternated with raw submitit."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    torchyard_ddp(client)  # warm the page cache for both alike
+    for n in range(rounds):
+        theirs.append(submitit_ddp(tmp, n))
+        ours.append(torchyard_ddp(client))
+        print(f"(b) round {n + 1}: raw submitit {theirs[-1]:.2f} s   torchyard {ours[-1]:.2f} s")
+    ratio = statistics.median(ours) / statistics.median(theirs)
+    print(f"    ratio torchyard / raw submitit = {ratio:.2f}x (target <= 1.1x)")
 
 
 if __name__ == "__main__":

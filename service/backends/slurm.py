@@ -30,7 +30,6 @@ from service.backends.slurm_submit import (
     check_argv,
     check_folder,
     group_key,
-    link_array_folders,
     sbatch_parameters,
     submit_group,
 )
@@ -353,8 +352,6 @@ class SlurmBackend:
             return [SubmitOutcome(spec.job_id, error=f"submission failed: {error}") for spec in specs]
 
     def _sbatch_group(self, specs: list[RunSpec], params: dict[str, Any]) -> list[str]:
-        folders = [spec.files.submitit for spec in specs]
         arrays_dir = self._settings.data_dir / "slurm-arrays"
-        folder = folders[0] if len(specs) == 1 else link_array_folders(arrays_dir, folders)
         python = self._settings.slurm_python
-        return submit_group(specs, params, folder=folder, sbatch=self._sbatch, python=python)
+        return submit_group(specs, params, arrays_dir=arrays_dir, sbatch=self._sbatch, python=python)

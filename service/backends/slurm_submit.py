@@ -16,6 +16,7 @@ import shlex
 import site
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 SbatchRunner = Callable[[Path], str]  # runs sbatch on a script, returns the job id or raises
+_LINKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchyard-array-links")
 
 
 def sbatch_parameters(resources: Resources, default_partition: str | None) -> dict[str, Any]:
@@ -87,15 +89,19 @@ def check_folder(folder: Path) -> None:
         raise ValueError(f"job folder has a control character: {str(folder)!r}")
 
 
-def link_array_folders(arrays_dir: Path, folders: Sequence[Path]) -> Path:
-    """`<arrays_dir>/<uuid>/<index>` -> each job's submitit folder; returns the `.../%a` template."""
+def array_root(arrays_dir: Path) -> Path:
+    """A new `<arrays_dir>/<uuid>` for one job array; its folder template is `<root>/%a`."""
     root = arrays_dir.resolve() / uuid.uuid4().hex
     root.mkdir(parents=True)
+    return root
+
+
+def link_array_folders(root: Path, folders: Sequence[Path]) -> None:
+    """`<root>/<index>` -> each job's submitit folder, so that `<root>/%a` is element %a's own folder."""
     for index, folder in enumerate(folders):
         # Job folders come from the ledger already absolute and resolved: no lstat walk per job.
         target = folder if folder.is_absolute() else folder.resolve()
         (root / str(index)).symlink_to(target, target_is_directory=True)
-    return root / "%a"
 
 
 def pythonpath_setup() -> list[str]:
@@ -120,8 +126,20 @@ class _SubmittedJob(submitit_slurm.SlurmJob[Any]):
 class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
     """submitit's SlurmExecutor with per-job folders for arrays and sbatch run through our runner."""
 
-    def __init__(self, folder: Path, *, sbatch: SbatchRunner, python: str | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        sbatch: SbatchRunner,
+        python: str | None = None,
+        job_folders: Sequence[Path] = (),
+        before_sbatch: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`job_folders`: each element's own submitit folder, where its pickle is staged (the array
+        template `folder` reaches them through links that `before_sbatch` waits for)."""
         self._sbatch = sbatch
+        self._job_folders = list(job_folders)
+        self._before_sbatch = before_sbatch
         super().__init__(folder, python=python)
 
     @classmethod
@@ -140,7 +158,10 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         staged: list[Path] = []
         for index, delayed in enumerate(delayed_submissions):
             delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
-            target = root / str(index) if count > 1 else root
+            if index < len(self._job_folders):
+                target = self._job_folders[index]
+            else:
+                target = root / str(index) if count > 1 else root
             staged.append(target / f".{uuid.uuid4().hex}.pkl")
             delayed.dump(staged[-1])
         params = dict(self.parameters)
@@ -152,6 +173,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         )
         script.write_text(text)
         try:
+            self._before_sbatch()
             job_id = self._sbatch(script)
         except BaseException:
             for path in [script, *staged]:
@@ -163,7 +185,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
             _SubmittedJob(folder=self.folder, job_id=one, tasks=tasks) for one in ids
         ]
         for job, path in zip(jobs, staged, strict=True):
-            path.rename(job.paths.submitted_pickle)
+            path.rename(path.parent / job.paths.submitted_pickle.name)  # the same file, without the link
         script.rename(root / f"{job_id}_submission.sh")
         return jobs
 
@@ -172,14 +194,26 @@ def submit_group(
     specs: Sequence[RunSpec],
     params: dict[str, Any],
     *,
-    folder: Path,
+    arrays_dir: Path,
     sbatch: SbatchRunner,
     python: str | None,
 ) -> list[str]:
-    """Submit jobs that share `params` in one sbatch (an array when there are several); their ids."""
+    """Submit jobs that share `params` in one sbatch (an array when there are several); their ids.
+
+    An array's links are made on a helper thread while this one writes the pickles: both are a file
+    per job, and on a busy or shared disk each costs a round trip that the other can overlap.
+    """
     from worker.launch import RankLauncher
 
-    executor = TorchyardSlurmExecutor(folder, sbatch=sbatch, python=python)
+    folders = [spec.files.submitit for spec in specs]
+    if len(specs) == 1:
+        executor = TorchyardSlurmExecutor(folders[0], sbatch=sbatch, python=python)
+    else:
+        root = array_root(arrays_dir)
+        linked = _LINKER.submit(link_array_folders, root, folders)
+        executor = TorchyardSlurmExecutor(
+            root / "%a", sbatch=sbatch, python=python, job_folders=folders, before_sbatch=linked.result
+        )
     executor.update_parameters(
         **params,
         job_name=job_name(specs),
