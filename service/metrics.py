@@ -87,6 +87,11 @@ class LedgerCollector:
             value=runtime.list_fast_answers,
         )
         yield GaugeMetricFamily(
+            "torchyard_long_polls_waiting",
+            "Requests held open waiting for a job to change (GET /api/v1/jobs/{id}?wait_s=).",
+            value=runtime.job_watch.waiters(),
+        )
+        yield GaugeMetricFamily(
             "torchyard_dispatch_last_duration_seconds",
             "How long the last dispatch tick took.",
             value=runtime.dispatcher.last_duration_s,
@@ -117,6 +122,9 @@ class LedgerCollector:
         yield scheduler
 
 
+HELD_S = "torchyard.held_s"  # scope key: seconds a long poll spent waiting, left out of its latency
+
+
 class LatencyMiddleware:
     """Plain ASGI (no BaseHTTPMiddleware: it costs a task per request on the polling hot path)."""
 
@@ -142,4 +150,5 @@ class LatencyMiddleware:
         finally:
             # The router writes the matched route into the shared scope: its template, not the path.
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self._histogram.labels(scope["method"], route, str(status)).observe(time.perf_counter() - started)
+            took = time.perf_counter() - started - scope.get(HELD_S, 0.0)
+            self._histogram.labels(scope["method"], route, str(status)).observe(max(0.0, took))

@@ -244,3 +244,23 @@ def test_a_held_long_poll_does_not_hold_up_the_services_stop(settings: Settings)
     client.close()
     assert took < SHUTDOWN_GRACE_S + 5, f"the stop waited {took:.1f} s for the long poll"
     assert out and out[0] != 200
+
+
+def test_a_held_poll_is_a_gauge_while_held_and_its_wait_is_not_counted_as_latency(live: LiveServer) -> None:
+    from tests.api.test_metrics import sample
+
+    route = "/api/v1/jobs/{job_id}"
+    with live.client() as client:
+        job_id, tag = running_job(client)
+        thread, out = in_background(lambda: long_poll(client, job_id, tag, wait_s=1.2))
+        wait_for(lambda: live.runtime.job_watch.waiters() == 1, what="the poll to be held")
+        while_held = client.get("/metrics").text
+        thread.join(timeout=30)
+        after = client.get("/metrics").text
+    assert out[0][0].status_code == 304 and out[0][1] >= 1.2
+    assert sample(while_held, "torchyard_long_polls_waiting") == 1
+    assert sample(after, "torchyard_long_polls_waiting") == 0
+    labels = {"method": "GET", "route": route, "status": "304"}
+    assert sample(after, "torchyard_http_request_duration_seconds_count", **labels) == 1
+    # Held 1.2 s, answered in milliseconds of work: it lies in the half-second bucket.
+    assert sample(after, "torchyard_http_request_duration_seconds_bucket", le="0.5", **labels) == 1
