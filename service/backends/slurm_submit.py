@@ -10,6 +10,7 @@ it from SLURM_ARRAY_TASK_ID, so every element reads and writes inside its own jo
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import shlex
@@ -106,13 +107,19 @@ def link_array_folders(root: Path, folders: Sequence[Path]) -> None:
 
 def pythonpath_setup() -> list[str]:
     """Make `worker` importable in the job when it is run from a checkout rather than installed."""
+    return list(_pythonpath_setup())
+
+
+@functools.cache
+def _pythonpath_setup() -> tuple[str, ...]:
+    # Once per process: resolving the site folders is a dozen file system calls, every batch.
     import worker
 
     top = Path(worker.__file__).resolve().parent.parent
     installed = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
     if top in installed:
-        return []
-    return [f"export PYTHONPATH={shlex.quote(str(top))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+        return ()
+    return (f"export PYTHONPATH={shlex.quote(str(top))}${{PYTHONPATH:+:$PYTHONPATH}}",)
 
 
 class _SubmittedJob(submitit_slurm.SlurmJob[Any]):

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,14 @@ def test_sigkill_with_twenty_jobs_in_flight_on_both_backends(tmp_path: Path) -> 
                 got[c.name] == "pending" for c in early[4:])
 
         wait_for(early_settled, 90, "4 sleepers running and 2 whole-cluster jobs pending")
-        for case in late + burst:
+        for case in late:
             case.id = api.submit(**case.body())["id"]
+        # All at once, and the kill as soon as the last is answered: the dispatcher takes a batch
+        # within milliseconds of its commit, so one POST after another would leave nothing queued.
+        with ThreadPoolExecutor(len(burst)) as pool:
+            answers = pool.map(lambda one: api.submit(**one.body()), burst)
+            for case, created in zip(burst, answers, strict=True):
+                case.id = created["id"]
     finally:
         first.kill()
     at_kill = ledger_states(database)
