@@ -38,13 +38,13 @@ from service.states import JobState
 from worker.launch import RankLauncher
 from worker.spec import Resources, RunSpec
 
-TRIVIAL = {
+TRIVIAL: dict[str, object] = {
     "name": "bench-trivial",
     "entrypoint": "worker.tasks.faults:sleep",
     "kwargs": {"seconds": 0},
     "resources": {"timeout_min": 1},
 }
-DDP = {
+DDP: dict[str, object] = {
     "name": "bench-ddp",
     "entrypoint": "worker.tasks.seed:ddp_parameters",
     "resources": {"tasks_per_node": 3, "timeout_min": 5},
