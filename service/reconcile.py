@@ -114,6 +114,8 @@ class Reconciler:
         to_cancel: list[str] = []
         with session_scope(self._engine) as session:
             for job_id, external_id in watched:
+                if self._stop.is_set():
+                    break  # stopping: what is done so far commits, the rest waits for the next start
                 # Replicas reconcile the same jobs. A row another one holds is being written right now,
                 # and a row changed since our poll already has a newer word than ours: leave both to
                 # the next tick, so no transition is written twice or undone by a stale status.
