@@ -3,7 +3,7 @@
 The ledger clock knows which jobs every commit stamped (service.ledger_clock.on_stamped_commit);
 JobWatch hears of those commits and wakes only the requests waiting on one of those jobs, on their
 own event loop. A commit made by another replica is not heard here, so a waiter also looks again
-every `recheck_s` (one primary-key read), whatever it was told.
+about every second (the route's RECHECK_S; one primary-key read), whatever it was told.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Collection, Iterator
-from contextlib import contextmanager
 
 # When the service stops, uvicorn waits for requests in flight, held long polls among them, before
 # the lifespan can stop anything: give them this long, then cut them (clients ask again elsewhere).
@@ -58,7 +57,7 @@ class JobWatch:
         for change in woken:
             change.notify()
 
-    @contextmanager
+    @contextlib.contextmanager
     def watching(self, job_id: int) -> Iterator[JobChange]:
         """Register before reading the job, so that no commit between the read and the wait is missed."""
         change = JobChange(asyncio.get_running_loop())

@@ -55,13 +55,21 @@ def in_background(work: Any) -> tuple[threading.Thread, list[Any]]:
     return thread, out
 
 
+def held_poll(
+    live: LiveServer, client: httpx.Client, job_id: int, tag: str, wait_s: float
+) -> tuple[threading.Thread, list[Any]]:
+    """A long poll started on a thread, returned once the service holds it."""
+    thread, out = in_background(lambda: long_poll(client, job_id, tag, wait_s=wait_s))
+    wait_for(lambda: live.runtime.job_watch.waiters() == 1, what="the poll to be held")
+    return thread, out
+
+
 def test_a_long_poll_answers_when_the_job_ends_not_when_the_wait_does(
     live: LiveServer, fake: FakeBackend
 ) -> None:
     with live.client() as client:
         job_id, tag = running_job(client)
-        thread, out = in_background(lambda: long_poll(client, job_id, tag, wait_s=25))
-        wait_for(lambda: live.runtime.job_watch.waiters() == 1, what="the poll to be held")
+        thread, out = held_poll(live, client, job_id, tag, wait_s=25)
         fake.finish(job_id, {"ok": True})
         thread.join(timeout=30)
         answer, took = out[0]
@@ -75,8 +83,7 @@ def test_a_long_poll_answers_when_the_job_ends_not_when_the_wait_does(
 def test_a_cancel_ends_a_long_poll_on_that_job(live: LiveServer) -> None:
     with live.client() as client:
         job_id, tag = running_job(client)
-        thread, out = in_background(lambda: long_poll(client, job_id, tag, wait_s=25))
-        wait_for(lambda: live.runtime.job_watch.waiters() == 1, what="the poll to be held")
+        thread, out = held_poll(live, client, job_id, tag, wait_s=25)
         with live.client() as other:
             other.post(f"{JOBS}/{job_id}/cancel").raise_for_status()
         thread.join(timeout=30)
@@ -97,8 +104,7 @@ def test_another_jobs_change_does_not_end_the_wait(live: LiveServer, fake: FakeB
     with live.client() as client:
         watched, tag = running_job(client)
         other, _ = running_job(client)
-        thread, out = in_background(lambda: long_poll(client, watched, tag, wait_s=1.5))
-        wait_for(lambda: live.runtime.job_watch.waiters() == 1, what="the poll to be held")
+        thread, out = held_poll(live, client, watched, tag, wait_s=1.5)
         fake.finish(other, {"ok": True})
         wait_for(lambda: client.get(f"{JOBS}/{other}").json()["state"] == "succeeded", what="the other")
         thread.join(timeout=30)
@@ -124,8 +130,7 @@ def test_a_change_made_by_another_replica_is_seen_within_the_recheck(
     """Another replica's commit does not wake this one: the held poll reads the job again every second."""
     with live.client() as client:
         job_id, tag = running_job(client)
-        thread, out = in_background(lambda: long_poll(client, job_id, tag, wait_s=25))
-        wait_for(lambda: live.runtime.job_watch.waiters() == 1, what="the poll to be held")
+        thread, out = held_poll(live, client, job_id, tag, wait_s=25)
         replica = make_engine(settings.resolved_database_url())  # no listener of this service on it
         try:
             with session_scope(replica) as session:
@@ -252,8 +257,7 @@ def test_a_held_poll_is_a_gauge_while_held_and_its_wait_is_not_counted_as_latenc
     route = "/api/v1/jobs/{job_id}"
     with live.client() as client:
         job_id, tag = running_job(client)
-        thread, out = in_background(lambda: long_poll(client, job_id, tag, wait_s=1.2))
-        wait_for(lambda: live.runtime.job_watch.waiters() == 1, what="the poll to be held")
+        thread, out = held_poll(live, client, job_id, tag, wait_s=1.2)
         while_held = client.get("/metrics").text
         thread.join(timeout=30)
         after = client.get("/metrics").text
