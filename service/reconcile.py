@@ -100,7 +100,7 @@ class Reconciler:
         backend = self._backends[backend_name]
         with session_scope(self._engine) as session:
             watched = session.exec(
-                select(Job.id, Job.external_id).where(
+                select(Job.id, Job.external_id, Job.state, Job.reason).where(
                     Job.backend == backend_name,
                     col(Job.state).in_([s.value for s in WATCHED_STATES]),
                     col(Job.external_id).is_not(None),
@@ -109,20 +109,23 @@ class Reconciler:
         if not watched:
             return 0
         polled_at = utcnow()
-        statuses = backend.poll([str(external_id) for _, external_id in watched])  # the one query
+        statuses = backend.poll([str(external_id) for _, external_id, _, _ in watched])  # the one query
         self.ticks[backend_name] += 1
         to_cancel: list[str] = []
         with session_scope(self._engine) as session:
-            for job_id, external_id in watched:
+            for job_id, external_id, state, reason in watched:
                 if self._stop.is_set():
                     break  # stopping: what is done so far commits, the rest waits for the next start
+                status = statuses.get(str(external_id))
+                if _still_waiting(state, reason, status):
+                    continue  # most of a long queue, most ticks: nothing to lock, read or write
                 # Replicas reconcile the same jobs. A row another one holds is being written right now,
                 # and a row changed since our poll already has a newer word than ours: leave both to
                 # the next tick, so no transition is written twice or undone by a stale status.
                 job = session.get(Job, job_id, with_for_update={"skip_locked": True})
                 if job is None or is_terminal(JobState(job.state)) or job.updated_at > polled_at:
                     continue
-                if self._apply(session, job, statuses.get(str(external_id)), backend_name):
+                if self._apply(session, job, status, backend_name):
                     to_cancel.append(str(external_id))
         if to_cancel:
             backend.cancel(to_cancel)
@@ -138,7 +141,9 @@ class Reconciler:
                 return False  # the scheduler does not list it (yet): ask again next tick
             status = BackendStatus(JobState.succeeded, reason="process gone")
         target = JobState(status.state)
-        if not is_terminal(target):
+        if target is JobState.running:
+            # Only running ranks write these files; a job waiting in the queue has none of its own,
+            # and on a long queue each look is a file system call per job per tick.
             failure = error_summary(files)
             if failure is not None:
                 # One rank raised while the others still run: end the job now rather than let
@@ -146,11 +151,12 @@ class Reconciler:
                 record_transition(session, job, JobState.failed, failure, exit_code=status.exit_code)
                 return True
             result = _read_result(files)
-            if result is not None and target is JobState.running:
+            if result is not None:
                 # Rank 0 has its result: the job is done for its user; the processes are only exiting.
                 job.result = result["value"]
                 self._move(session, job, JobState.succeeded, "completed")
                 return False
+        if not is_terminal(target):
             self._move(session, job, target, status.reason)
             return False
         final, reason, result = settle(job, files, status, self._backends[backend_name])
@@ -167,6 +173,18 @@ class Reconciler:
         elif current is JobState.submitted and can_transition(JobState.pending, target):
             record_transition(session, job, JobState.pending, None)
             record_transition(session, job, target, reason)
+
+
+def _still_waiting(state: str, reason: str | None, status: BackendStatus | None) -> bool:
+    """Pending in the ledger and still pending, for the same reason, in the scheduler: no change.
+
+    Its ranks have not started, so it has no progress, result or error file to read either."""
+    return (
+        status is not None
+        and state == JobState.pending
+        and status.state is JobState.pending
+        and status.reason in (None, reason)
+    )
 
 
 def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -> tuple[JobState, str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import event
 
 from service.app import create_app
 from service.config import Settings
@@ -200,6 +201,39 @@ def test_the_pending_reason_is_kept(api: TestClient, fake_slurm: FakeBackend) ->
     fake_slurm.set_status(job_id, JobState.pending, "Resources")
 
     wait_for(lambda: get_job(api, job_id)["reason"] == "Resources", what="the pending reason")
+
+
+def test_a_tick_over_a_still_queue_costs_one_statement_not_one_per_job(
+    quiet_api: TestClient, fake_slurm: FakeBackend
+) -> None:
+    api = quiet_api
+    runtime = runtime_of(api)
+    waiting = [submit(api, name=f"w{n}", backend="slurm")["id"] for n in range(40)]
+    for job_id in waiting:
+        wait_state(api, job_id, "submitted")
+    # A leftover of an earlier attempt: only running ranks write these, so it must not fail a job
+    # that waits in the queue (nor be looked for, on every tick, in every waiting job's folder).
+    leftover = 'Traceback (most recent call last):\nRuntimeError: from the attempt before\n'
+    fake_slurm.specs[waiting[0]].files.error(0).write_text(leftover)
+    runtime.reconciler.reconcile_once("slurm")
+    before = {job_id: get_job(api, job_id) for job_id in waiting}
+    assert {job["state"] for job in before.values()} == {"pending"}
+
+    statements: list[str] = []
+    listener = lambda *args: statements.append(args[2])  # noqa: E731 (conn, cursor, statement, ...)
+    event.listen(runtime.engine, "before_cursor_execute", listener)
+    try:
+        assert runtime.reconciler.reconcile_once("slurm") == 40
+    finally:
+        event.remove(runtime.engine, "before_cursor_execute", listener)
+
+    assert len(statements) == 1, statements  # the one SELECT of the watched jobs; no lock per job
+    assert len(fake_slurm.poll_calls[-1]) == 40
+    assert {job_id: get_job(api, job_id) for job_id in waiting} == before  # nothing written
+
+    fake_slurm.set_status(waiting[1], JobState.pending, "Priority")
+    runtime.reconciler.reconcile_once("slurm")
+    assert get_job(api, waiting[1])["reason"] == "Priority"  # a new reason is still a change
 
 
 def test_a_failed_job_keeps_its_reason_and_exit_code(api: TestClient, fake: FakeBackend) -> None:
