@@ -213,7 +213,7 @@ def test_a_tick_over_a_still_queue_costs_one_statement_not_one_per_job(
         wait_state(api, job_id, "submitted")
     # A leftover of an earlier attempt: only running ranks write these, so it must not fail a job
     # that waits in the queue (nor be looked for, on every tick, in every waiting job's folder).
-    leftover = 'Traceback (most recent call last):\nRuntimeError: from the attempt before\n'
+    leftover = "Traceback (most recent call last):\nRuntimeError: from the attempt before\n"
     fake_slurm.specs[waiting[0]].files.error(0).write_text(leftover)
     runtime.reconciler.reconcile_once("slurm")
     before = {job_id: get_job(api, job_id) for job_id in waiting}
