@@ -28,7 +28,7 @@ from service.jobs import error_summary
 from service.models import Job, utcnow
 from service.progress import ingest_progress
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
-from service.transitions import record_transition
+from service.transitions import record_transition, record_waiting
 from worker.spec import JobFiles
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,7 @@ class Reconciler:
         statuses = backend.poll([str(external_id) for _, external_id, _, _ in watched])  # the one query
         self.ticks[backend_name] += 1
         to_cancel: list[str] = []
+        newly_queued: dict[int, str | None] = {}  # submitted -> pending, written together below
         with session_scope(self._engine) as session:
             for job_id, external_id, state, reason in watched:
                 if self._stop.is_set():
@@ -119,6 +120,10 @@ class Reconciler:
                 status = statuses.get(str(external_id))
                 if _still_waiting(state, reason, status):
                     continue  # most of a long queue, most ticks: nothing to lock, read or write
+                if status is not None and state == JobState.submitted and status.state is JobState.pending:
+                    assert job_id is not None  # a primary key, typed optional by the model
+                    newly_queued[job_id] = status.reason  # not started: no file of its own to read
+                    continue
                 # Replicas reconcile the same jobs. A row another one holds is being written right now,
                 # and a row changed since our poll already has a newer word than ours: leave both to
                 # the next tick, so no transition is written twice or undone by a stale status.
@@ -127,6 +132,7 @@ class Reconciler:
                     continue
                 if self._apply(session, job, status, backend_name):
                     to_cancel.append(str(external_id))
+            record_waiting(session, newly_queued, unchanged_since=polled_at)
         if to_cancel:
             backend.cancel(to_cancel)
         self.last_duration_s[backend_name] = time.perf_counter() - started

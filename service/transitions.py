@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import bindparam, insert, update
 from sqlmodel import Session, col
 
-from service.ledger_clock import note_changed
+from service.ledger_clock import id_chunks, note_changed
 from service.models import Job, JobEvent, utcnow
 from service.states import JobState, check_transition, is_terminal, starts_new_attempt
 
@@ -109,3 +110,44 @@ def record_submissions(session: Session, accepted: Sequence[Submission]) -> None
         ],
     )
     note_changed(session, [one.job_id for one in accepted])
+
+
+def record_waiting(
+    session: Session, reasons: Mapping[int, str | None], *, unchanged_since: datetime
+) -> list[int]:
+    """Move many submitted jobs to pending at once (the scheduler queued them): a few statements per
+    distinct reason instead of a row lock and an ORM object per job. Returns the ids it moved.
+
+    A job is moved only while it is still submitted and unchanged since `unchanged_since` (when the
+    scheduler was asked): one another replica, or a cancel, wrote meanwhile is left to the next tick.
+    """
+    check_transition(JobState.submitted, JobState.pending)
+    by_reason: dict[str | None, list[int]] = {}
+    for job_id, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(job_id)
+    now = utcnow()
+    moved: list[tuple[int, int, str | None]] = []  # (job id, attempt, reason)
+    for reason, job_ids in by_reason.items():
+        for chunk in id_chunks(sorted(job_ids)):
+            rows = session.connection().execute(
+                update(Job)
+                .where(
+                    col(Job.id).in_(chunk),
+                    col(Job.state) == JobState.submitted,
+                    col(Job.updated_at) <= unchanged_since,
+                )
+                .values(state=JobState.pending, reason=reason, updated_at=now)
+                .returning(col(Job.id), col(Job.attempt))
+            )
+            moved.extend((row["id"], row["attempt"], reason) for row in rows.mappings())
+    if moved:
+        session.connection().execute(
+            insert(JobEvent),
+            [
+                {"job_id": job_id, "from_state": JobState.submitted, "to_state": JobState.pending,
+                 "reason": reason, "attempt": attempt, "time": now}
+                for job_id, attempt, reason in moved
+            ],
+        )  # fmt: skip
+        note_changed(session, [job_id for job_id, _, _ in moved])
+    return [job_id for job_id, _, _ in moved]

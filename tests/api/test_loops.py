@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +18,10 @@ from sqlalchemy import event
 
 from service.app import create_app
 from service.config import Settings
+from service.db import session_scope
+from service.models import utcnow
 from service.states import JobState
+from service.transitions import record_waiting
 from tests.fakes import FakeBackend
 from tests.support import JOBS, authorize, get_job, runtime_of, submit, wait_for, wait_state
 
@@ -234,6 +238,45 @@ def test_a_tick_over_a_still_queue_costs_one_statement_not_one_per_job(
     fake_slurm.set_status(waiting[1], JobState.pending, "Priority")
     runtime.reconciler.reconcile_once("slurm")
     assert get_job(api, waiting[1])["reason"] == "Priority"  # a new reason is still a change
+
+
+def test_jobs_the_scheduler_queued_move_to_pending_together_each_with_its_event(
+    quiet_api: TestClient, fake_slurm: FakeBackend
+) -> None:
+    api = quiet_api
+    queued = [submit(api, name=f"q{n}", backend="slurm")["id"] for n in range(12)]
+    for job_id in queued:
+        wait_state(api, job_id, "submitted")
+    tags = {job_id: api.get(f"{JOBS}/{job_id}").headers["etag"] for job_id in queued}
+
+    runtime_of(api).reconciler.reconcile_once("slurm")
+
+    for job_id in queued:
+        job = get_job(api, job_id)
+        assert (job["state"], job["reason"], job["attempt"]) == ("pending", None, 1)
+        history = [(e["from_state"], e["to_state"], e["attempt"]) for e in events(api, job_id)]
+        assert history == [(None, "queued", 1), ("queued", "submitted", 1), ("submitted", "pending", 1)]
+        assert api.get(f"{JOBS}/{job_id}").headers["etag"] != tags[job_id]  # readers see the change
+
+
+def test_a_job_written_since_the_poll_is_left_for_the_next_tick(quiet_api: TestClient) -> None:
+    api = quiet_api
+    engine = runtime_of(api).engine
+    job_id = submit(api, backend="slurm")["id"]
+    wait_state(api, job_id, "submitted")
+
+    with session_scope(engine) as session:
+        stale = record_waiting(session, {job_id: "Resources"}, unchanged_since=utcnow() - timedelta(hours=1))
+    assert stale == [] and get_job(api, job_id)["state"] == "submitted"
+
+    with session_scope(engine) as session:
+        moved = record_waiting(session, {job_id: "Resources"}, unchanged_since=utcnow())
+    assert moved == [job_id]
+    assert (get_job(api, job_id)["state"], get_job(api, job_id)["reason"]) == ("pending", "Resources")
+
+    with session_scope(engine) as session:  # no longer submitted: nothing to move, no second event
+        assert record_waiting(session, {job_id: "Priority"}, unchanged_since=utcnow()) == []
+    assert [e["to_state"] for e in events(api, job_id)].count("pending") == 1
 
 
 def test_a_failed_job_keeps_its_reason_and_exit_code(api: TestClient, fake: FakeBackend) -> None:
