@@ -2,8 +2,10 @@
 
 A job is first *claimed* (claimed_by/claimed_at, FOR UPDATE SKIP LOCKED on PostgreSQL) and stays
 queued while a backend takes it; only the backend's answer moves it on. A replica that dies between
-the two leaves a claim behind: the job's submitit folder then tells whether the backend already has
-it (submitit writes `<id>_submitted.pkl` before it submits), so it is adopted, never resubmitted.
+the two leaves a claim behind. The job's submitit folder then tells whether the backend already has
+it (`<id>_submitted.pkl`, named once the backend answered); when the replica died while the backend
+was still answering, the backend's `recover` asks the scheduler. What it has is adopted, never
+submitted again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine, RowMapping
 from sqlmodel import Session, col, select
 
-from service.backends.base import Backend, SubmitOutcome
+from service.backends.base import SUBMITTED_SUFFIX, Backend, SubmitOutcome
 from service.config import Settings
 from service.db import session_scope
 from service.errors import BackendError
@@ -46,7 +48,6 @@ _CLAIM_COLUMNS = (
     col(Job.latest_checkpoint),
     col(Job.cancel_requested),
 )
-SUBMITTED_SUFFIX = "_submitted.pkl"
 
 
 def replica_id() -> str:
@@ -165,16 +166,35 @@ class Dispatcher:
         return spec
 
     def _recover_stale_claims(self, session: Session) -> None:
+        """Claims left by a dispatcher that died: adopt what the backend has, free the rest for a new
+        submission, and keep the ones the backend cannot tell yet (its sbatch may still be running)."""
         query = select(Job).where(Job.state == JobState.queued, col(Job.claimed_by).is_not(None))
+        unsure: dict[str, list[Job]] = defaultdict(list)
         for job in session.exec(query).all():
             if not self._is_stale(job):
                 continue
             external_id = submitted_external_id(JobFiles(Path(job.folder or ".")))
-            job.claimed_by = job.claimed_at = None
-            if external_id is not None:
-                job.external_id = external_id
-                record_transition(session, job, JobState.submitted, "adopted after a dispatcher restart")
-            session.add(job)
+            if external_id is None:
+                unsure[job.backend].append(job)
+            else:
+                _release_claim(session, job, external_id)
+        for backend_name, jobs in unsure.items():
+            answers = self._recovered_by_backend(backend_name, [Path(job.folder or ".") for job in jobs])
+            for job in jobs:
+                folder = Path(job.folder or ".")
+                if folder in answers:
+                    _release_claim(session, job, answers[folder])
+        session.flush()  # the claim below is a Core query: it sees freed jobs only once they are written
+
+    def _recovered_by_backend(self, backend_name: str, folders: list[Path]) -> dict[Path, str | None]:
+        backend = self._backends.get(backend_name)
+        if backend is None:  # submitting again fails and says why
+            return {folder: None for folder in folders}
+        try:
+            return backend.recover(folders)
+        except BackendError as error:
+            log.warning("cannot recover %d claim(s) on %s yet: %s", len(folders), backend_name, error)
+            return {}
 
     def _is_stale(self, job: Job) -> bool:
         if job.claimed_at is not None and utcnow() - job.claimed_at > CLAIM_TTL:
@@ -250,6 +270,15 @@ class Dispatcher:
             return True
         record_transition(session, job, JobState.submitted, f"{backend.name} id {job.external_id}")
         return False
+
+
+def _release_claim(session: Session, job: Job, external_id: str | None) -> None:
+    """End a dead dispatcher's claim: the job is the backend's `external_id`, or queued again."""
+    job.claimed_by = job.claimed_at = None
+    if external_id is not None:
+        job.external_id = external_id
+        record_transition(session, job, JobState.submitted, "adopted after a dispatcher restart")
+    session.add(job)
 
 
 _QUEUE_COLUMNS = (col(Job.id), col(Job.state), col(Job.attempt), col(Job.cancel_requested))

@@ -25,6 +25,8 @@ class FakeBackend:
     - `reject`: job name -> message; submit() refuses those jobs one by one (outcome with an error).
     - `refuse_validation`: when set, validate() raises InvalidRequest with it (e.g. too many nodes).
     - `set_status()` / `finish()`: what poll() answers for a job; unscripted jobs answer `default`.
+    - `recovered` / `undecided` / `recover_error`: what recover() answers for a job folder (an id the
+      scheduler got anyway; a folder it cannot tell yet; BackendError); other folders answer None.
     """
 
     def __init__(self, name: str = "local", default: JobState = JobState.running) -> None:
@@ -37,6 +39,10 @@ class FakeBackend:
         self.poll_calls: list[list[str]] = []
         self.cancel_calls: list[list[str]] = []
         self.validate_calls = 0
+        self.recovered: dict[Path, str] = {}
+        self.undecided: set[Path] = set()
+        self.recover_error: str | None = None
+        self.recover_calls: list[list[Path]] = []
         self.specs: dict[int, RunSpec] = {}
         self._statuses: dict[str, BackendStatus] = {}
         self._lock = threading.Lock()
@@ -107,6 +113,13 @@ class FakeBackend:
                 external_id: self._statuses.get(external_id, BackendStatus(self.default))
                 for external_id in external_ids
             }
+
+    def recover(self, folders: Sequence[Path]) -> dict[Path, str | None]:
+        with self._lock:
+            self.recover_calls.append(list(folders))
+            if self.recover_error is not None:
+                raise BackendError(self.recover_error)
+            return {folder: self.recovered.get(folder) for folder in folders if folder not in self.undecided}
 
     def cancel(self, external_ids: Sequence[str]) -> None:
         with self._lock:

@@ -15,6 +15,8 @@ from typing import Protocol, runtime_checkable
 from service.states import JobState
 from worker.spec import RunSpec
 
+SUBMITTED_SUFFIX = "_submitted.pkl"  # submitit's `<external id>_submitted.pkl`, once a job is submitted
+
 
 @dataclass(frozen=True)
 class SubmitOutcome:
@@ -61,6 +63,13 @@ class Backend(Protocol):
 
     def poll(self, external_ids: Sequence[str]) -> dict[str, BackendStatus]:
         """ONE batched status query for all these jobs. Ids the scheduler no longer knows may be absent."""
+        ...
+
+    def recover(self, folders: Sequence[Path]) -> dict[Path, str | None]:
+        """For job folders whose dispatcher died during submit, with no `<id>_submitted.pkl`: the id of
+        the job the scheduler got anyway (made whole, so that it runs), or None when it surely has
+        none (safe to submit again). A folder left out cannot be told yet (a submission may still be
+        in flight): keep its claim. Raises BackendError when the scheduler cannot be asked."""
         ...
 
     def cancel(self, external_ids: Sequence[str]) -> None:

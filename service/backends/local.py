@@ -54,6 +54,11 @@ class LocalBackend:
     def poll(self, external_ids: Sequence[str]) -> dict[str, BackendStatus]:
         return {external_id: self._status(external_id) for external_id in external_ids}
 
+    def recover(self, folders: Sequence[Path]) -> dict[Path, str | None]:
+        # A controller started by a dispatcher that died before submitit renamed its pickle waits
+        # for it in vain and ends on its own, before any user code: submitting again is safe.
+        return {folder: None for folder in folders}
+
     def cancel(self, external_ids: Sequence[str]) -> None:
         for external_id in external_ids:
             self._signal_group(external_id, signal.SIGINT)

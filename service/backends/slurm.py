@@ -25,16 +25,20 @@ from typing import Any
 
 from service.backends import slurm_parse as parse
 from service.backends.base import BackendStatus, SubmitOutcome
-from service.backends.slurm_states import UnknownSlurmState
+from service.backends.slurm_states import UnknownSlurmState, map_slurm_state
 from service.backends.slurm_submit import (
     check_argv,
     check_folder,
     group_key,
     sbatch_parameters,
+    sbatch_still_running,
+    script_token,
+    staged_pickles,
     submit_group,
 )
 from service.config import Settings
 from service.errors import BackendError, InvalidRequest
+from service.states import is_terminal
 from worker.spec import JobFiles, RunSpec
 
 log = logging.getLogger(__name__)
@@ -171,6 +175,30 @@ class SlurmBackend:
                 log.warning("sacct failed, %d job(s) left for the next poll: %s", len(missing), error)
         return self._statuses(wanted, records)
 
+    def recover(self, folders: Sequence[Path]) -> dict[Path, str | None]:
+        """Find jobs whose sbatch ran while their dispatcher died, by the token their staged pickle
+        shares with the script path SLURM keeps (see slurm_submit): the pickle gets its final name, so
+        the job SLURM already holds runs instead of a second one. One squeue for all the folders."""
+        staged = {folder: staged_pickles(JobFiles(folder).submitit) for folder in folders}
+        answers: dict[Path, str | None] = {folder: None for folder, found in staged.items() if not found}
+        staged = {folder: found for folder, found in staged.items() if found}
+        if not staged:
+            return answers
+        tokens = {one.token for found in staged.values() for one in found}
+        in_flight = sbatch_still_running(tokens)  # before squeue: one that ends in between shows there
+        known = self._submissions(tokens)
+        for folder, found in staged.items():
+            match = next((one for one in found if (one.token, one.index) in known), None)
+            if match is not None:
+                external_id = known[(match.token, match.index)]
+                match.adopt(external_id)
+                answers[folder] = external_id
+            elif not any(one.token in in_flight for one in found):
+                for one in found:  # that sbatch is over and queued nothing that can still run
+                    one.path.unlink(missing_ok=True)
+                answers[folder] = None
+        return answers
+
     def cancel(self, external_ids: Sequence[str]) -> None:
         """One scancel per POLL_CHUNK ids. Unknown and finished jobs are not an error."""
         for chunk in _chunks(list(dict.fromkeys(str(one) for one in external_ids)), POLL_CHUNK):
@@ -230,6 +258,23 @@ class SlurmBackend:
         argv = ["squeue", "-h", "-t", "all", "-r", "-O", parse.SQUEUE_FORMAT, "-j", ",".join(ids)]
         result = self._query(argv, self.controller_backoff)
         return parse.parse_squeue(result.stdout) if result.returncode == 0 else {}
+
+    def _submissions(self, tokens: set[str]) -> dict[tuple[str, int], str]:
+        """(script token, array index) -> SLURM id, for this user's jobs of these scripts that can
+        still run (one that already ended gave up waiting for its pickle)."""
+        argv = ["squeue", "--me", "-h", "-t", "all", "-r", "-O", parse.SUBMISSIONS_FORMAT]
+        found: dict[tuple[str, int], str] = {}
+        for row in parse.parse_submissions(self._query(argv, self.controller_backoff).stdout):
+            token = script_token(row.command)
+            if token not in tokens:
+                continue
+            try:
+                state, _ = map_slurm_state(row.state)
+            except UnknownSlurmState:
+                continue
+            if not is_terminal(state):
+                found[(token, row.array_index)] = row.job_id
+        return found
 
     def _sacct(self, ids: list[str]) -> dict[str, parse.SchedulerRecord]:
         # An array whose elements never started is one row "35_[0-3]": ask for the array's own id.

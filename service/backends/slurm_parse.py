@@ -21,6 +21,8 @@ from service.states import JobState, is_terminal
 # squeue -O "name:|": no width means no padding and no truncation, and "|" follows the field.
 SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "exit_code", "RestartCnt", "NodeList")
 SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
+# Which script each job was submitted with: how a submission whose sbatch never answered is found again.
+SUBMISSIONS_FORMAT = "JobArrayID:|,State:|,Command:"
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "NodeList")
 SACCT_FORMAT = ",".join(SACCT_FIELDS)
 
@@ -83,6 +85,30 @@ def parse_squeue(text: str) -> dict[str, SchedulerRecord]:
         for one in expand_job_ids(job_id):  # only a pending array without -r prints a range
             records[one] = record
     return records
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One row of `squeue -h -r -t all -O SUBMISSIONS_FORMAT`."""
+
+    job_id: str  # "7", or "35_2" for an array element
+    state: str
+    command: str  # the script path as given to sbatch; "(null)" for --wrap
+
+    @property
+    def array_index(self) -> int:
+        _, _, index = self.job_id.partition("_")
+        return int(index) if index.isdigit() else 0
+
+
+def parse_submissions(text: str) -> list[Submission]:
+    rows: list[Submission] = []
+    for line in text.splitlines():
+        job_id, _, rest = line.partition("|")
+        state, _, command = rest.partition("|")
+        if job_id.strip() and command:
+            rows.append(Submission(job_id.strip(), state.strip(), command.strip()))
+    return rows
 
 
 def parse_sacct(text: str) -> dict[str, SchedulerRecord]:

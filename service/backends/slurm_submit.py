@@ -18,12 +18,14 @@ import site
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from submitit.core import core, utils
 from submitit.slurm import slurm as submitit_slurm
 
+from service.backends.base import SUBMITTED_SUFFIX
 from worker.spec import Resources, RunSpec
 
 # The only Resources fields that reach sbatch as options of their own (the allow-list): each value is
@@ -31,6 +33,11 @@ from worker.spec import Resources, RunSpec
 ALLOWED_SBATCH_OPTIONS = ("partition", "account", "qos", "constraint")
 SRUN_ARGS = ("--kill-on-bad-exit=1",)  # one rank that fails ends the job, not a hang at rendezvous
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
+# One sbatch's files share a token: its script `.submission_file_<token>.sh` (SLURM keeps that path as
+# the job's command) and each element's pickle `.staged-<token>-<index>.pkl` until sbatch answers. A
+# dispatcher killed in between leaves both names behind, and they are how recovery finds the job.
+STAGED_PREFIX = ".staged-"
+_SCRIPT_TOKEN = re.compile(r"\.submission_file_(?P<token>[0-9a-f]{32})\.sh$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 SbatchRunner = Callable[[Path], str]  # runs sbatch on a script, returns the job id or raises
@@ -105,6 +112,56 @@ def link_array_folders(root: Path, folders: Sequence[Path]) -> None:
         (root / str(index)).symlink_to(target, target_is_directory=True)
 
 
+def script_name(token: str) -> str:
+    return f".submission_file_{token}.sh"
+
+
+def script_token(command: str) -> str | None:
+    """The token of a script path as SLURM reports it (squeue's Command), None for any other command."""
+    match = _SCRIPT_TOKEN.search(command.strip())
+    return match["token"] if match else None
+
+
+def staged_pickle(folder: Path, token: str, index: int) -> Path:
+    return folder / f"{STAGED_PREFIX}{token}-{index}.pkl"
+
+
+@dataclass(frozen=True)
+class StagedPickle:
+    """A pickle written for an sbatch that never answered: element `index` of the script `token`."""
+
+    path: Path
+    token: str
+    index: int
+
+    def adopt(self, external_id: str) -> None:
+        """Give it the name submitit's runtime waits for, so the job SLURM already has can run."""
+        self.path.rename(self.path.with_name(f"{external_id}{SUBMITTED_SUFFIX}"))
+
+
+def staged_pickles(folder: Path) -> list[StagedPickle]:
+    found: list[StagedPickle] = []
+    for path in folder.glob(f"{STAGED_PREFIX}*.pkl"):
+        token, _, index = path.name[len(STAGED_PREFIX) : -len(".pkl")].rpartition("-")
+        if token and index.isdigit():
+            found.append(StagedPickle(path, token, int(index)))
+    return found
+
+
+def sbatch_still_running(tokens: set[str], proc: Path = Path("/proc")) -> set[str]:
+    """The tokens whose script a process on this host still has on its command line: an sbatch that a
+    dead dispatcher started outlives it, and may yet queue the job."""
+    names = {script_name(token).encode(): token for token in tokens}
+    running: set[str] = set()
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:  # the process ended while we looked
+            continue
+        running.update(token for name, token in names.items() if any(arg.endswith(name) for arg in argv))
+    return running
+
+
 def pythonpath_setup() -> list[str]:
     """Make `worker` importable in the job when it is run from a checkout rather than installed."""
     return list(_pythonpath_setup())
@@ -160,6 +217,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         count = len(delayed_submissions)
         root = utils.JobPaths.get_first_id_independent_folder(self.folder)
         root.mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex
         # Pickles first, under temporary names inside each job's own folder (same filesystem, so the
         # rename after sbatch is atomic); submitit's runtime waits up to 60 s for the final name.
         staged: list[Path] = []
@@ -169,12 +227,12 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
                 target = self._job_folders[index]
             else:
                 target = root / str(index) if count > 1 else root
-            staged.append(target / f".{uuid.uuid4().hex}.pkl")
+            staged.append(staged_pickle(target, token, index))
             delayed.dump(staged[-1])
         params = dict(self.parameters)
         if count > 1:
             params.update(map_count=count, array_parallelism=count)  # no throttle: independent jobs
-        script = root / f".submission_file_{uuid.uuid4().hex}.sh"
+        script = root / script_name(token)
         text = submitit_slurm._make_sbatch_string(
             command=self._submitit_command_str, folder=self.folder, **params
         )

@@ -73,6 +73,22 @@ sacct -n -P -X -o "$SACCT_FMT" -j "$ids,$node_fail" >sacct_final.txt
 squeue -h -t all -r -O "$SQUEUE_FMT" -j "$ids,$node_fail" >squeue_final.txt
 { squeue -h -t all -r -O "$SQUEUE_FMT" -j 999999 2>&1 || echo "exit=$?"; } >squeue_unknown.txt
 
+# Jobs found again by the script path SLURM keeps as their command (staged submissions, slurm_submit.py):
+# a held array, a held single job, one cancelled, and a --wrap job (no script).
+scripts=$(mktemp -d)
+for token in 0123456789abcdef0123456789abcdef fedcba9876543210fedcba9876543210 00000000000000000000000000000000; do
+  printf '#!/bin/bash\nsleep 1\n' >"$scripts/.submission_file_$token.sh"
+done
+staged_array=$(submit --hold --array=0-2 "$scripts/.submission_file_0123456789abcdef0123456789abcdef.sh")
+staged_single=$(submit --hold "$scripts/.submission_file_fedcba9876543210fedcba9876543210.sh")
+staged_cancelled=$(submit --hold "$scripts/.submission_file_00000000000000000000000000000000.sh")
+wrapped=$(submit --hold --wrap true)
+scancel "$staged_cancelled"
+squeue --me -h -t all -r -O 'JobArrayID:|,State:|,Command:' \
+  -j "$staged_array,$staged_single,$staged_cancelled,$wrapped" >squeue_submissions.txt
+scancel "$staged_array" "$staged_single" "$wrapped"
+rm -r "$scripts"
+
 # What the controller says about limits and refusals.
 scontrol show config | grep -E '^(MaxArraySize|MaxJobCount|ClusterName|SLURM_VERSION) ' >scontrol_show_config.txt
 scontrol show partition -o >scontrol_show_partition.txt

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import shutil
 import sqlite3
 import subprocess
 import threading
@@ -180,6 +181,57 @@ def test_sigkill_with_twenty_jobs_in_flight_on_both_backends(tmp_path: Path) -> 
     # Some jobs were handed to a backend only after the restart: the kill really caught jobs in intake.
     assert at_kill.get("queued", 0) + at_kill.get("queued+claimed", 0) >= 1, at_kill
     assert at_kill["running"] >= 4 and at_kill["pending"] >= 2, at_kill
+
+
+def slow_sbatch(folder: Path, started: Path, seconds: float) -> Path:
+    """A `sbatch` first on PATH that, for a real submission, notes that it began and waits before it
+    runs the real one: a window in which to kill the service while its sbatch is in flight."""
+    real = shutil.which("sbatch")
+    assert real is not None
+    folder.mkdir(parents=True)
+    wrapper = folder / "sbatch"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        f'[[ " $* " == *" --test-only "* ]] || {{ touch {started}; sleep {seconds}; }}\n'
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return folder
+
+
+def test_sigkill_while_its_sbatch_runs_adopts_the_job_that_sbatch_queued(tmp_path: Path) -> None:
+    """The sbatch a killed service started outlives it and queues the job. The restarted service must
+    wait for that sbatch, find the job by its script, and let it run: one SLURM job, not two."""
+    database = tmp_path / "ledger.db"
+    workdir = tmp_path / "cwd"
+    started = tmp_path / "sbatch-started"
+    env = service_env(tmp_path / "data", f"sqlite:///{database}", default_backend="slurm",
+                      reconcile_interval_s="1")
+    env["PATH"] = f"{slow_sbatch(tmp_path / 'bin', started, 4)}:{env['PATH']}"
+    token = ledger_token(f"sqlite:///{database}")
+    since = slurm_now()
+    case = ok("killed-in-sbatch", "slurm")
+
+    first = ServiceProcess(env, tmp_path / "first.log", cwd=workdir)
+    try:
+        case.id = Api(first.url, token).submit(**case.body())["id"]
+        wait_for(started.exists, 30, "the dispatcher's sbatch to start")
+    finally:
+        first.kill()
+    assert ledger_states(database) == {"queued+claimed": 1}  # the kill caught it inside sbatch
+
+    second = ServiceProcess(env, tmp_path / "second.log", cwd=workdir)
+    api = Api(second.url, token)
+    try:
+        check_end(api, case, timeout=120)
+        jobs = api.all_jobs()
+        check_history(api, case.id)
+        check_one_submission_each(jobs, workdir, since)
+        reasons = [event["reason"] for event in api.get(f"/api/v1/jobs/{case.id}/events").json()]
+        assert "adopted after a dispatcher restart" in reasons, reasons
+    finally:
+        second.stop()
+        scancel(one["external_id"] for one in _rows(database))
 
 
 def _rows(database: Path) -> list[dict[str, Any]]:
