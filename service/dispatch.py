@@ -29,7 +29,7 @@ from service.backends.base import SUBMITTED_SUFFIX, Backend, SubmitOutcome
 from service.config import Settings
 from service.db import session_scope
 from service.errors import BackendError
-from service.ledger_clock import id_chunks
+from service.ledger_clock import id_conditions
 from service.models import Job, utcnow
 from service.states import JobState, is_terminal
 from service.transitions import Submission, record_submissions, record_transition
@@ -130,11 +130,9 @@ class Dispatcher:
                     unfit.append((row["id"], f"cannot write the job folder: {error}"))
                     continue
                 claimed.append((row["backend"], spec))
-            for chunk in id_chunks([spec.job_id for _, spec in claimed]):
+            for condition in id_conditions(col(Job.id), [spec.job_id for _, spec in claimed]):
                 session.execute(
-                    update(Job)
-                    .where(col(Job.id).in_(chunk))
-                    .values(claimed_by=self._replica, claimed_at=utcnow()),
+                    update(Job).where(condition).values(claimed_by=self._replica, claimed_at=utcnow()),
                     execution_options={"synchronize_session": False},
                 )
             for job_id, failure in unfit:
@@ -287,10 +285,8 @@ def _locked_queue_rows(session: Session, job_ids: Sequence[int]) -> dict[int, Ro
     per chunk rather than one each."""
     found: dict[int, RowMapping] = {}
     connection = session.connection()
-    for chunk in id_chunks(job_ids):
-        query = (
-            core_select(*_QUEUE_COLUMNS).where(col(Job.id).in_(chunk)).order_by(col(Job.id)).with_for_update()
-        )
+    for condition in id_conditions(col(Job.id), job_ids):
+        query = core_select(*_QUEUE_COLUMNS).where(condition).order_by(col(Job.id)).with_for_update()
         found.update((row["id"], row) for row in connection.execute(query).mappings())
     return found
 

@@ -22,7 +22,7 @@ from sqlmodel import Session, col, select
 
 from service.db import session_scope
 from service.jobs import check_same_request
-from service.ledger_clock import id_chunks, stamp_jobs
+from service.ledger_clock import id_conditions, stamp_jobs
 from service.models import AuditEntry, Job, JobEvent, JobPublic, NewJob
 from service.states import JobState
 
@@ -154,10 +154,10 @@ class JobIntake:
             insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True), values
         )
         ids = [int(job_id) for job_id in inserted.scalars()]
-        for chunk in id_chunks(ids):
+        for condition in id_conditions(_JOBS.c.id, ids):
             connection.execute(
                 update(_JOBS)
-                .where(_JOBS.c.id.in_(chunk))
+                .where(condition)
                 .values(folder=literal(self._folder_prefix) + cast(_JOBS.c.id, String))
             )
         connection.execute(

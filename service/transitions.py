@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import bindparam, insert, update
 from sqlmodel import Session, col
 
-from service.ledger_clock import id_chunks, note_changed
+from service.ledger_clock import id_conditions, note_changed
 from service.models import Job, JobEvent, utcnow
 from service.states import JobState, check_transition, is_terminal, starts_new_attempt
 
@@ -128,11 +128,11 @@ def record_waiting(
     now = utcnow()
     moved: list[tuple[int, int, str | None]] = []  # (job id, attempt, reason)
     for reason, job_ids in by_reason.items():
-        for chunk in id_chunks(sorted(job_ids)):
+        for condition in id_conditions(col(Job.id), job_ids):
             rows = session.connection().execute(
                 update(Job)
                 .where(
-                    col(Job.id).in_(chunk),
+                    condition,
                     col(Job.state) == JobState.submitted,
                     col(Job.updated_at) <= unchanged_since,
                 )
