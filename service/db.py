@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +75,28 @@ def session_scope(engine: Engine) -> Iterator[Session]:
         except BaseException:
             session.rollback()
             raise
+
+
+_sqlite_writers: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+_writers_guard = threading.Lock()
+
+
+@contextmanager
+def write_scope(engine: Engine) -> Iterator[Session]:
+    """session_scope for the loops' write transactions (intake, dispatch, reconcile).
+
+    SQLite lets one writer in at a time and makes the others wait in its busy handler, which sleeps
+    between tries (up to 100 ms a sleep). Under a burst of POSTs the intake commits again and again,
+    and the dispatcher's claim waited hundreds of milliseconds for a turn. So on SQLite this process's
+    writers take turns on a lock, and the next one starts as soon as the last commits. PostgreSQL
+    locks rows, not the database: no lock there.
+    """
+    with _writer_lock(engine), session_scope(engine) as session:
+        yield session
+
+
+def _writer_lock(engine: Engine) -> AbstractContextManager[object]:
+    if not is_sqlite(str(engine.url)):
+        return nullcontext()
+    with _writers_guard:
+        return _sqlite_writers.setdefault(engine, threading.RLock())  # re-entrant: a scope inside one

@@ -27,7 +27,7 @@ from sqlmodel import Session, col, select
 
 from service.backends.base import SUBMITTED_SUFFIX, Backend, SubmitOutcome
 from service.config import Settings
-from service.db import session_scope
+from service.db import write_scope
 from service.errors import BackendError
 from service.ledger_clock import id_conditions
 from service.models import Job, utcnow
@@ -109,7 +109,7 @@ class Dispatcher:
         Core rather than ORM objects: a batch is hundreds of rows, and the claim is bookkeeping only
         (no state change, nothing a reader sees), so it is one SELECT and one UPDATE.
         """
-        with session_scope(self._engine) as session:
+        with write_scope(self._engine) as session:
             self._recover_stale_claims(session)
             query = (
                 core_select(*_CLAIM_COLUMNS)
@@ -215,7 +215,7 @@ class Dispatcher:
         self._record(backend, outcomes)
 
     def _release(self, job_ids: Sequence[int], reason: str) -> None:
-        with session_scope(self._engine) as session:
+        with write_scope(self._engine) as session:
             for job_id in job_ids:
                 job = session.get(Job, job_id)
                 if job is None:
@@ -229,7 +229,7 @@ class Dispatcher:
         """The backend's answers into the ledger. The usual one (accepted, still queued, nobody asked
         to cancel) goes in bulk; refusals and cancels that raced the submission go one by one."""
         to_cancel: list[str] = []
-        with session_scope(self._engine) as session:
+        with write_scope(self._engine) as session:
             found = _locked_queue_rows(session, [outcome.job_id for outcome in outcomes])
             accepted: list[Submission] = []
             for outcome in outcomes:

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from service.db import session_scope
+from service.db import write_scope
 from service.jobs import check_same_request
 from service.ledger_clock import id_conditions, stamp_jobs
 from service.models import AuditEntry, Job, JobEvent, JobPublic, NewJob
@@ -120,7 +120,7 @@ class JobIntake:
         self._on_commit()
 
     def _store(self, rows: list[NewJob]) -> list[Accepted | Exception]:
-        with session_scope(self._engine) as session:
+        with write_scope(self._engine) as session:
             earlier = _jobs_by_key(session, rows)
             fresh: list[NewJob] = []
             first_in_batch: dict[Key, int] = {}  # a retry in this same batch answers with that job

@@ -22,7 +22,7 @@ from sqlmodel import Session, col, select
 
 from service.backends.base import Backend, BackendStatus
 from service.config import Settings
-from service.db import session_scope
+from service.db import session_scope, write_scope
 from service.errors import BackendError
 from service.jobs import error_summary
 from service.models import Job, utcnow
@@ -113,7 +113,7 @@ class Reconciler:
         self.ticks[backend_name] += 1
         to_cancel: list[str] = []
         newly_queued: dict[int, str | None] = {}  # submitted -> pending, written together below
-        with session_scope(self._engine) as session:
+        with write_scope(self._engine) as session:
             for job_id, external_id, state, reason in watched:
                 if self._stop.is_set():
                     break  # stopping: what is done so far commits, the rest waits for the next start
