@@ -283,6 +283,13 @@ class SlurmBackend:
         for chunk in _chunks(queried, POLL_CHUNK):
             argv = ["sacct", "-n", "-P", "-X", "-o", parse.SACCT_FORMAT, "-j", ",".join(chunk)]
             records.update(parse.parse_sacct(self._query(argv, self.accounting_backoff).stdout))
+        # An array cancelled before any element left the queue can be one row under the array's
+        # bare id ("62530", not "62530_[0-99]"), and squeue then lists none of its elements: that row
+        # is the word for every element it still held. Without it they would wait here forever.
+        for one in ids:
+            base, _, index = one.partition("_")
+            if index and one not in records and base in records:
+                records[one] = records[base]
         return records
 
     @staticmethod

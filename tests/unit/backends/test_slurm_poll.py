@@ -84,6 +84,24 @@ def test_jobs_squeue_forgot_are_asked_of_sacct_once(commands: FakeCommands, tmp_
     assert "999" not in statuses  # nobody knows it: absent, asked again next time
 
 
+def test_an_array_cancelled_before_it_split_is_one_bare_row_for_all_its_elements(
+    commands: FakeCommands, tmp_path: Path
+) -> None:
+    # Real output: two arrays of 100 cancelled while every element waited; neither squeue nor sacct
+    # lists an element, sacct has one row per array under its bare id.
+    commands.on("squeue", ok(recorded("squeue_array_cancelled_unsplit.txt")))
+    commands.on("sacct", ok(recorded("sacct_array_cancelled_unsplit.txt")))
+    statuses = backend(commands, tmp_path).poll(["62530_0", "62530_99", "62533_7", "62534_0"])
+
+    (argv,) = commands.named("sacct")
+    assert argv[-1] == "62530,62533,62534"
+    assert {one: status.state for one, status in statuses.items()} == {
+        "62530_0": JobState.cancelled,
+        "62530_99": JobState.cancelled,
+        "62533_7": JobState.cancelled,
+    }  # 62534 has no row at all: still unknown, asked again next time
+
+
 def test_one_unknown_id_is_an_empty_squeue_not_a_failure(commands: FakeCommands, tmp_path: Path) -> None:
     commands.on("squeue", fail(recorded("squeue_unknown.txt")))
     commands.on("sacct", ok(""))
