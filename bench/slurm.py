@@ -106,8 +106,8 @@ def torchyard_dispatch(url: str, auth: dict[str, str], ledger: Path, count: int)
         ids = [row[0] for row in db.execute(query, (TRIVIAL["name"],))][already:]
     if refused:
         raise SystemExit(f"{refused} jobs were refused by SLURM")
-    sizes = Counter(one.split("_")[0] for one in ids).values()
-    print(f"    ({len(sizes)} sbatch calls, of {', '.join(str(n) for n in sorted(sizes, reverse=True))} jobs)")
+    sizes = sorted(Counter(one.split("_")[0] for one in ids).values(), reverse=True)
+    print(f"    ({len(sizes)} sbatch calls, of {', '.join(str(n) for n in sizes)} jobs)")
     return elapsed
 
 
@@ -184,7 +184,9 @@ def main() -> None:
                   f"= {calls / max(ticks, 1):.2f} per interval (target 1)")
 
 
-def dispatch_rate(client: httpx.Client, url: str, auth: dict[str, str], ledger: Path, jobs: int, rounds: int) -> None:
+def dispatch_rate(
+    client: httpx.Client, url: str, auth: dict[str, str], ledger: Path, jobs: int, rounds: int
+) -> None:
     """(a), under a blocker so that nothing runs on either side; the median ratio of `rounds` rounds,
     each an sbatch loop and then torchyard, so that a noisy moment of the machine hits both."""
     client.post("/api/v1/jobs", json=TRIVIAL).raise_for_status()  # warm: validation cache
@@ -197,8 +199,8 @@ def dispatch_rate(client: httpx.Client, url: str, auth: dict[str, str], ledger: 
         loop_rate, ours_rate = jobs / loop_s, (jobs + 1) / ours_s
         ratios.append(ours_rate / loop_rate)
         print(f"(a) round {n + 1}: sbatch loop {jobs} jobs in {loop_s:.2f} s = {loop_rate:.0f} jobs/s; "
-              f"torchyard {jobs + 1} jobs POSTed -> accepted by SLURM in {ours_s:.2f} s = {ours_rate:.0f} jobs/s; "
-              f"ratio {ratios[-1]:.2f}x")
+              f"torchyard {jobs + 1} jobs POSTed -> accepted by SLURM in {ours_s:.2f} s "
+              f"= {ours_rate:.0f} jobs/s; ratio {ratios[-1]:.2f}x")
         while squeue_ids(str(TRIVIAL["name"])):
             time.sleep(0.5)
     print(f"    ratio torchyard / sbatch loop, median of {rounds}: {statistics.median(ratios):.2f}x "
