@@ -36,6 +36,9 @@ class NullBackend:
     def poll(self, external_ids: Sequence[str]) -> dict[str, BackendStatus]:
         return {}
 
+    def recover(self, folders: Sequence[Path]) -> dict[Path, str | None]:
+        return {folder: None for folder in folders}
+
     def cancel(self, external_ids: Sequence[str]) -> None:
         return None
 

@@ -26,7 +26,7 @@ def settled(client: TestClient, headers: dict[str, str] | None = None) -> None:
     def still() -> bool:
         first = client.get(QUERY, headers=headers).headers["etag"]
         time.sleep(0.2)
-        return client.get(QUERY, headers=headers).headers["etag"] == first
+        return bool(client.get(QUERY, headers=headers).headers["etag"] == first)
 
     wait_for(still, what="the ledger to settle")
 

@@ -228,6 +228,7 @@ def test_a_held_long_poll_does_not_hold_up_the_services_stop(settings: Settings)
             )
             session.add(job)
             session.flush()
+            assert job.id is not None
             job_id = job.id
     finally:
         writer.dispose()

@@ -8,6 +8,7 @@ while the database is down, so that the reconciler must write them once it is ba
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import tempfile
@@ -122,6 +123,10 @@ def assert_unavailable(response: httpx.Response) -> None:
     assert "database is unavailable" in detail["msg"], detail
 
 
+def logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return text in caplog.text
+
+
 def loop_threads() -> set[str]:
     return {thread.name for thread in threading.enumerate() if thread.name.startswith("torchyard-")}
 
@@ -163,7 +168,7 @@ def test_the_api_answers_503_while_postgres_is_down_and_recovers_with_every_job(
         # The dashboard's files need no database; the loops keep running (and failing) meanwhile.
         assert httpx.get(f"{live.url}/", timeout=10).status_code == 200
         for failure in ("reconcile of local failed", "dispatch tick failed"):
-            wait_for(lambda text=failure: text in caplog.text, 10, f"a loop to log '{failure}'")
+            wait_for(functools.partial(logged, caplog, failure), 10, f"a loop to log '{failure}'")
         assert loop_threads() == threads  # ... and lived on
 
         postgres.restart()

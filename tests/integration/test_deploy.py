@@ -184,7 +184,8 @@ def test_the_service_starts_from_the_env_example(postgres_server: PostgresServer
     }
     example = ENV_EXAMPLE.read_text()
     for name, value in site.items():
-        example, replaced = re.subn(rf"(?m)^{name}=.*$", lambda _m, n=name, v=value: f"{n}={v}", example)
+        line = f"{name}={value}".replace("\\", "\\\\")  # a replacement string: backslashes doubled
+        example, replaced = re.subn(rf"(?m)^{name}=.*$", line, example)
         assert replaced == 1, name
     env_file = tmp_path / "torchyard.env"
     env_file.write_text(example)

@@ -76,4 +76,4 @@ def test_a_default_backend_that_does_not_run_is_a_settings_error() -> None:
     with pytest.raises(ValueError, match="default_backend 'local' is not among the backends run"):
         Settings(backends=["slurm"], default_backend="local")
     with pytest.raises(ValueError):
-        Settings(backends=["kubernetes"])  # type: ignore[list-item]
+        Settings(backends=["kubernetes"])

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]
 import pytest
 from submitit.helpers import DelayedSubmission
 
-from worker import launch
+from worker import distributed
 from worker.launch import RankLauncher, apply_env, setup_logging, watch_preemption
 from worker.spec import RunSpec, parse_error_text
 
@@ -29,7 +29,7 @@ def make_spec(tmp_path: Path, **fields: Any) -> RunSpec:
 def bare_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No scheduler variables, and the signal handler and root handlers put back afterwards."""
     for name in list(os.environ):
-        if name.startswith(("SLURM_", "SUBMITIT_")) or name in launch.RANK_ENV_NAMES:
+        if name.startswith(("SLURM_", "SUBMITIT_")) or name in distributed.RANK_ENV_NAMES:
             monkeypatch.delenv(name)
     previous = signal.getsignal(signal.SIGUSR2)
     handlers = list(logging.getLogger().handlers)
