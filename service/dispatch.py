@@ -104,7 +104,7 @@ class Dispatcher:
     # ---------------------------------------------------------------- claim
 
     def _claim(self) -> list[tuple[str, RunSpec]]:
-        """Up to a batch of queued jobs, marked as this replica's, with their job folders made.
+        """Up to a batch of queued jobs, marked as this replica's, with their folders made.
 
         Core rather than ORM objects: a batch is hundreds of rows, and the claim is bookkeeping only
         (no state change, nothing a reader sees), so it is one SELECT and one UPDATE.
@@ -155,10 +155,12 @@ class Dispatcher:
             resume_from=job["latest_checkpoint"],
             **job["spec"],
         )
-        # The job folder only: what goes inside it is the backend's (submitit's folder, its pickle),
-        # and each metadata call is costly on a busy disk, so none is made twice. The spec travels in
-        # submitit's pickle; rank 0 writes spec.json when it starts.
-        spec.files.folder.mkdir(parents=True, exist_ok=True)
+        files = spec.files
+        # The job folder first, then submitit's inside it: mkdir(parents=True) on the inner one tries
+        # and fails before it makes the outer, and each metadata call is costly on a busy disk. The
+        # spec travels in submitit's pickle; rank 0 writes spec.json when it starts.
+        files.folder.mkdir(parents=True, exist_ok=True)
+        files.submitit.mkdir(exist_ok=True)
         return spec
 
     def _recover_stale_claims(self, session: Session) -> None:

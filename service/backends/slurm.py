@@ -358,9 +358,8 @@ class SlurmBackend:
         for index, spec in enumerate(specs):
             try:
                 params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
-                folder = spec.files.submitit
-                check_folder(folder)
-                folder.mkdir(parents=True, exist_ok=True)  # one call: the job folder is made at claim
+                check_folder(spec.files.submitit)
+                spec.files.submitit.mkdir(parents=True, exist_ok=True)
             except (OSError, ValueError) as error:
                 outcomes[index] = SubmitOutcome(spec.job_id, error=f"cannot prepare the job: {error}")
                 continue
