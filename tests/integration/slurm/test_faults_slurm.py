@@ -223,9 +223,12 @@ def test_sigkill_while_its_sbatch_runs_adopts_the_job_that_sbatch_queued(tmp_pat
     second = ServiceProcess(env, tmp_path / "second.log", cwd=workdir)
     api = Api(second.url, token)
     try:
-        check_end(api, case, timeout=120)
+        done = check_end(api, case, timeout=120)
         jobs = api.all_jobs()
         check_history(api, case.id)
+        # Accounting learns of a job that ended a moment ago a little later than squeue does.
+        wait_for(lambda: any(row["id"] == done["external_id"] for row in sacct_jobs(since, workdir)), 60,
+                 "the job in SLURM's accounting")
         check_one_submission_each(jobs, workdir, since)
         reasons = [event["reason"] for event in api.get(f"/api/v1/jobs/{case.id}/events").json()]
         assert "adopted after a dispatcher restart" in reasons, reasons
