@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import SQLColumnExpression, event, insert, select, update
+from sqlalchemy import SQLColumnExpression, Table, event, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.orm.attributes import set_committed_value
@@ -54,6 +54,7 @@ def read_version(session: Session) -> LedgerVersion:
     return read_version_on(session.connection())
 
 
+_CLOCK: Table = LedgerClock.__table__  # type: ignore[attr-defined]
 _CLOCK_ROW = select(col(LedgerClock.seq), col(LedgerClock.stamped_at)).where(col(LedgerClock.id) == 1)
 
 
@@ -164,23 +165,20 @@ def _after_transaction_end(session: Session, transaction: SessionTransaction) ->
 
 
 def _tick(session: Session) -> datetime:
-    """Bump the clock (taking its lock) and return a stamp strictly after the last committed one."""
-    bumped = session.execute(
-        update(LedgerClock)
-        .where(col(LedgerClock.id) == 1)
-        .values(seq=col(LedgerClock.seq) + 1)
-        .returning(col(LedgerClock.stamped_at)),
-        execution_options={"synchronize_session": False},
+    """Bump the clock (taking its lock) and return a stamp strictly after the last committed one.
+
+    Core statements on the session's connection: through the ORM, the RETURNING row went through
+    its object loading, which under a burst of POSTs came to two thirds of the intake's time."""
+    connection = session.connection()
+    bumped = connection.execute(
+        update(_CLOCK).where(_CLOCK.c.id == 1).values(seq=_CLOCK.c.seq + 1).returning(_CLOCK.c.stamped_at)
     ).first()
     now = utcnow()
     if bumped is None:
-        session.execute(insert(LedgerClock).values(id=1, seq=1, stamped_at=now))
+        connection.execute(insert(_CLOCK).values(id=1, seq=1, stamped_at=now))
         return now
     stamp: datetime = max(now, bumped[0] + _TICK)  # monotonic even if the wall clock steps back
-    session.execute(
-        update(LedgerClock).where(col(LedgerClock.id) == 1).values(stamped_at=stamp),
-        execution_options={"synchronize_session": False},
-    )
+    connection.execute(update(_CLOCK).where(_CLOCK.c.id == 1).values(stamped_at=stamp))
     return stamp
 
 
