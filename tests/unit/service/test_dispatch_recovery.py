@@ -3,7 +3,6 @@ again, and a job the backend cannot tell about yet keeps its claim (no second su
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,21 +10,12 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from service.config import Settings
-from service.db import make_engine, migrate
 from service.dispatch import Dispatcher
 from service.models import Job, JobEvent, utcnow
 from service.states import JobState
 from tests.fakes import FakeBackend
 
 DEAD_REPLICA = "nowhere:1"  # another host: only the claim's age makes it stale
-
-
-@pytest.fixture
-def engine(settings: Settings) -> Iterator[Engine]:
-    made = make_engine(settings.database_url)
-    migrate(made)
-    yield made
-    made.dispose()
 
 
 def stale_claims(engine: Engine, tmp_path: Path, count: int) -> list[int]:

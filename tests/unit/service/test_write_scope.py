@@ -4,23 +4,12 @@ would make them sleep-and-retry instead); on PostgreSQL they run side by side, r
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
-import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
-from service.config import Settings
-from service.db import is_sqlite, make_engine, migrate, write_scope
+from service.db import is_sqlite, write_scope
 from service.models import Job
-
-
-@pytest.fixture
-def engine(settings: Settings) -> Iterator[Engine]:
-    made = make_engine(settings.database_url)
-    migrate(made)
-    yield made
-    made.dispose()
 
 
 def test_a_second_writer_starts_when_the_first_commits_and_sees_its_rows(engine: Engine) -> None:
