@@ -177,9 +177,9 @@ class Dispatcher:
             else:
                 _release_claim(session, job, external_id)
         for backend_name, jobs in unsure.items():
-            answers = self._recovered_by_backend(backend_name, [Path(job.folder or ".") for job in jobs])
-            for job in jobs:
-                folder = Path(job.folder or ".")
+            folders = [Path(job.folder or ".") for job in jobs]
+            answers = self._recovered_by_backend(backend_name, folders)
+            for job, folder in zip(jobs, folders, strict=True):
                 if folder in answers:
                     _release_claim(session, job, answers[folder])
         session.flush()  # the claim below is a Core query: it sees freed jobs only once they are written

@@ -122,20 +122,20 @@ def script_token(command: str) -> str | None:
     return match["token"] if match else None
 
 
-def staged_pickle(folder: Path, token: str, index: int) -> Path:
-    return folder / f"{STAGED_PREFIX}{token}-{index}.pkl"
-
-
 @dataclass(frozen=True)
 class StagedPickle:
-    """A pickle written for an sbatch that never answered: element `index` of the script `token`."""
+    """A pickle written before its sbatch answered: element `index` of the script `token`."""
 
     path: Path
     token: str
     index: int
 
+    @classmethod
+    def in_folder(cls, folder: Path, token: str, index: int) -> StagedPickle:
+        return cls(folder / f"{STAGED_PREFIX}{token}-{index}.pkl", token, index)
+
     def adopt(self, external_id: str) -> None:
-        """Give it the name submitit's runtime waits for, so the job SLURM already has can run."""
+        """Give it the name submitit's runtime waits for (`<id>_submitted.pkl`): now the job can run."""
         self.path.rename(self.path.with_name(f"{external_id}{SUBMITTED_SUFFIX}"))
 
 
@@ -220,15 +220,15 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         token = uuid.uuid4().hex
         # Pickles first, under temporary names inside each job's own folder (same filesystem, so the
         # rename after sbatch is atomic); submitit's runtime waits up to 60 s for the final name.
-        staged: list[Path] = []
+        staged: list[StagedPickle] = []
         for index, delayed in enumerate(delayed_submissions):
             delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
             if index < len(self._job_folders):
                 target = self._job_folders[index]
             else:
                 target = root / str(index) if count > 1 else root
-            staged.append(staged_pickle(target, token, index))
-            delayed.dump(staged[-1])
+            staged.append(StagedPickle.in_folder(target, token, index))
+            delayed.dump(staged[-1].path)
         params = dict(self.parameters)
         if count > 1:
             params.update(map_count=count, array_parallelism=count)  # no throttle: independent jobs
@@ -241,7 +241,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
             self._before_sbatch()
             job_id = self._sbatch(script)
         except BaseException:
-            for path in [script, *staged]:
+            for path in [script, *(one.path for one in staged)]:
                 path.unlink(missing_ok=True)
             raise
         ids = [f"{job_id}_{index}" for index in range(count)] if count > 1 else [job_id]
@@ -249,8 +249,8 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         jobs: list[core.Job[Any]] = [
             _SubmittedJob(folder=self.folder, job_id=one, tasks=tasks) for one in ids
         ]
-        for job, path in zip(jobs, staged, strict=True):
-            path.rename(path.parent / job.paths.submitted_pickle.name)  # the same file, without the link
+        for job, pickle in zip(jobs, staged, strict=True):
+            pickle.adopt(str(job.job_id))
         script.rename(root / f"{job_id}_submission.sh")
         return jobs
 
