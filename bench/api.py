@@ -19,8 +19,8 @@ from pathlib import Path
 from sqlalchemy import insert
 
 from bench.harness import header_script, post_script, server, torchyard, wrk
-from service.db import make_engine, migrate
-from service.models import Job, JobEvent, utcnow
+from service.ledger.db import make_engine, migrate
+from service.ledger.models import Job, JobEvent, utcnow
 
 JOB_BODY = json.dumps(
     {"name": "bench", "entrypoint": "worker.tasks.seed:ddp_parameters", "resources": {"tasks_per_node": 3}}

@@ -32,8 +32,8 @@ from bench.harness import post_many, time_job, torchyard
 from service.backends.slurm import SlurmBackend
 from service.backends.slurm_submit import SRUN_ARGS, pythonpath_setup
 from service.config import Settings
-from service.db import session_scope
-from service.models import Job
+from service.ledger.db import session_scope
+from service.ledger.models import Job
 from service.runtime import Runtime
 from service.states import JobState
 from worker.launch import RankLauncher

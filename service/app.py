@@ -10,12 +10,12 @@ from fastapi import FastAPI
 
 from service.api.errors import install_error_handlers
 from service.api.list_fast_path import ListFastPath
+from service.api.loopback import is_loopback
+from service.api.metrics import LatencyMiddleware, ServiceMetrics
 from service.api.routes import access, dashboard, health, jobs
 from service.api.routes import metrics as metrics_routes
 from service.backends.base import Backend
 from service.config import Settings, get_settings
-from service.loopback import is_loopback
-from service.metrics import LatencyMiddleware, ServiceMetrics
 from service.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from types import TracebackType
 
 import uvicorn
 
+from service.api.watch import SHUTDOWN_GRACE_S
 from service.app import create_app
 from service.config import Settings
-from service.job_watch import SHUTDOWN_GRACE_S
 
 START_TIMEOUT_S = 60.0
 

@@ -6,19 +6,19 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 
-from service.auth import TokenCheck
+from service.api.page_cache import ClockReader, PageCache
+from service.api.watch import JobWatch
 from service.backends import make_backends
 from service.backends.base import Backend
 from service.config import Settings
-from service.db import make_engine, migrate
-from service.dispatch import Dispatcher
-from service.intake import JobIntake
-from service.job_watch import JobWatch
-from service.ledger_clock import on_stamped_commit
-from service.page_cache import ClockReader, PageCache
-from service.quotas import QuotaBook
-from service.reconcile import Reconciler
-from service.storage import RoomCheck, jobs_root
+from service.domain.auth import TokenCheck
+from service.domain.quotas import QuotaBook
+from service.domain.storage import RoomCheck, jobs_root
+from service.ledger.clock import on_stamped_commit
+from service.ledger.db import make_engine, migrate
+from service.loops.dispatch import Dispatcher
+from service.loops.intake import JobIntake
+from service.loops.reconcile import Reconciler
 
 
 @dataclass

@@ -21,7 +21,7 @@ def torchyard_command() -> list[str]:
     script = Path(sys.executable).parent / "torchyard"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from service.cli import main; main()"]
+    return [sys.executable, "-c", "from service.cli.main import main; main()"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

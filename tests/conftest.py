@@ -30,7 +30,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.config import Settings
-from service.db import make_engine, migrate
+from service.ledger.db import make_engine, migrate
 from service.states import JobState
 from tests.fakes import FakeBackend
 from tests.support import PostgresServer, bearer, issue_token, missing_dependency

@@ -177,8 +177,8 @@ def wait_state(
 
 def issue_token(engine: sa.Engine, user: str, admin: bool = False) -> str:
     """A real API token for `user`, made as `torchyard token create` makes one."""
-    from service import auth
-    from service.db import session_scope
+    from service.domain import auth
+    from service.ledger.db import session_scope
 
     with session_scope(engine) as session:
         return auth.create_token(session, user, admin=admin, actor="test")

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from service.app import create_app
-from service.cli import load_spec
+from service.cli.main import load_spec
 from service.client import TERMINAL_STATES, TorchyardClient
 from service.config import Settings
-from service.models import JobCreate
+from service.ledger.models import JobCreate
 from tests.cli_service import clean_env, serving
 from tests.serving import free_port
 from tests.support import ROOT

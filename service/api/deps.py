@@ -9,11 +9,11 @@ from fastapi import Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
-from service.auth import DEV_PRINCIPAL, Principal, bearer_token
+from service.api.loopback import is_loopback
 from service.config import Settings
-from service.db import session_scope
+from service.domain.auth import DEV_PRINCIPAL, Principal, bearer_token
 from service.errors import Forbidden
-from service.loopback import is_loopback
+from service.ledger.db import session_scope
 from service.runtime import Runtime
 
 

@@ -16,6 +16,8 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from service.domain.quotas import RetryLater
+from service.domain.storage import ledger_storage_problem
 from service.errors import (
     BackendError,
     Conflict,
@@ -28,9 +30,7 @@ from service.errors import (
     Unauthenticated,
     Unavailable,
 )
-from service.quotas import RetryLater
 from service.states import IllegalTransition
-from service.storage import ledger_storage_problem
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A repeat poll of the job list, answered before routing when nothing changed since it was rendered.
 
 Dashboards and `torchyard ls --watch` poll GET /api/v1/jobs with the same query again and again.
-The route renders a page once per ledger clock value (service.page_cache); this middleware serves
+The route renders a page once per ledger clock value (service.api.page_cache); this middleware serves
 that same page again for the same caller and the same raw query string without FastAPI's routing,
 dependency solving and query parsing, which cost more than everything else on that path.
 
@@ -22,8 +22,8 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service import etag
-from service.auth import bearer_token
+from service.api import etag
+from service.domain.auth import bearer_token
 from service.errors import ServiceError
 from service.runtime import Runtime
 

@@ -9,11 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from service import auth
 from service.app import create_app
 from service.config import Settings
-from service.db import session_scope
-from service.models import ApiToken
+from service.domain import auth
+from service.ledger.db import session_scope
+from service.ledger.models import ApiToken
 from tests.conftest import Login
 from tests.fakes import FakeBackend
 from tests.support import JOBS, bearer, runtime_of, submit, wait_state

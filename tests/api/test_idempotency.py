@@ -8,7 +8,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
-from service.models import Job
+from service.ledger.models import Job
 from tests.conftest import Login
 from tests.support import JOBS, runtime_of
 

@@ -8,10 +8,10 @@ import time
 from fastapi.testclient import TestClient
 from httpx import Response
 
-from service import auth
 from service.app import create_app
 from service.config import Settings
-from service.db import session_scope
+from service.domain import auth
+from service.ledger.db import session_scope
 from tests.conftest import Login
 from tests.fakes import FakeBackend
 from tests.support import bearer, runtime_of, submit, wait_for

@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
+from service.api.watch import JobWatch
 from service.app import create_app
 from service.config import Settings
-from service.db import make_engine, session_scope
-from service.job_watch import JobWatch
-from service.models import Job
+from service.ledger.db import make_engine, session_scope
+from service.ledger.models import Job
+from service.loops.transitions import record_transition
 from service.states import JobState
-from service.transitions import record_transition
 from tests.fakes import FakeBackend
 from tests.serving import LiveServer, serve
 from tests.support import wait_for
@@ -184,7 +184,7 @@ def test_the_watch_wakes_only_the_waiters_of_the_changed_job() -> None:
 
 
 def test_a_commit_that_stamps_jobs_tells_the_listener_which(settings: Settings) -> None:
-    from service.ledger_clock import on_stamped_commit
+    from service.ledger.clock import on_stamped_commit
     from service.runtime import Runtime
 
     runtime = Runtime.build(settings, backends={"local": FakeBackend("local")})
@@ -211,8 +211,8 @@ def test_a_commit_that_stamps_jobs_tells_the_listener_which(settings: Settings) 
 
 def test_a_held_long_poll_does_not_hold_up_the_services_stop(settings: Settings) -> None:
     """uvicorn waits for requests in flight before the lifespan stops anything: a long poll is cut."""
+    from service.api.watch import SHUTDOWN_GRACE_S
     from service.embedded import EmbeddedService
-    from service.job_watch import SHUTDOWN_GRACE_S
 
     service = EmbeddedService(settings.model_copy(update={"dev_mode": True, "port": 0}))
     service.start()

@@ -18,10 +18,10 @@ from sqlalchemy import event
 
 from service.app import create_app
 from service.config import Settings
-from service.db import session_scope
-from service.models import utcnow
+from service.ledger.db import session_scope
+from service.ledger.models import utcnow
+from service.loops.transitions import record_waiting
 from service.states import JobState
-from service.transitions import record_waiting
 from tests.fakes import FakeBackend
 from tests.support import JOBS, authorize, get_job, runtime_of, submit, wait_for, wait_state
 

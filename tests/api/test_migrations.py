@@ -14,7 +14,7 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
-from service.db import alembic_config, make_engine, migrate
+from service.ledger.db import alembic_config, make_engine, migrate
 from tests.support import PostgresServer
 
 

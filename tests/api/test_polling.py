@@ -11,9 +11,9 @@ from sqlmodel import Session
 
 from service.app import create_app
 from service.config import Settings
-from service.models import Job
+from service.ledger.models import Job
+from service.loops.transitions import record_transition
 from service.states import JobState
-from service.transitions import record_transition
 from tests.fakes import FakeBackend
 from tests.serving import serve
 from tests.support import login_headers, runtime_of, wait_for

@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.config import Settings
-from service.db import session_scope
-from service.models import UserQuota
+from service.ledger.db import session_scope
+from service.ledger.models import UserQuota
 from tests.conftest import Login
 from tests.fakes import FakeBackend
 from tests.support import JOBS, authorize, runtime_of

@@ -16,7 +16,7 @@ from sqlmodel import Session, func, select
 
 from service.app import create_app
 from service.config import Settings
-from service.models import Job, JobEvent
+from service.ledger.models import Job, JobEvent
 from tests.fakes import FakeBackend
 from tests.support import login_headers, runtime_of
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 RUN_DEMO = """
 import sys
-from service.cli import main
+from service.cli.main import main
 try:
     main()
 finally:

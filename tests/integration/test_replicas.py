@@ -22,9 +22,9 @@ import sqlalchemy as sa
 from sqlmodel import Session, select
 
 from service.config import Settings
-from service.db import make_engine, migrate
-from service.dispatch import Dispatcher
-from service.models import Job
+from service.ledger.db import make_engine, migrate
+from service.ledger.models import Job
+from service.loops.dispatch import Dispatcher
 from service.states import JobState
 from tests.fakes import FakeBackend
 from tests.integration.slurm.conftest import (

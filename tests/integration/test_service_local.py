@@ -21,7 +21,7 @@ import pytest
 
 from service.app import create_app
 from service.config import Settings
-from service.db import make_engine
+from service.ledger.db import make_engine
 from tests.cli_service import clean_env
 from tests.serving import LiveServer, free_port, serve
 from tests.support import ROOT, bearer, issue_token, wait_for

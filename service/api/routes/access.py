@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from service import audit
 from service.api.deps import AdminUser, CurrentUser, SessionDep
 from service.api.errors import error_responses
-from service.models import AuditEntryPublic
+from service.domain import audit
+from service.ledger.models import AuditEntryPublic
 
 router = APIRouter(prefix="/api/v1", tags=["access"])
 

@@ -1,4 +1,4 @@
-"""/api/v1/jobs: thin routes that validate, call service.jobs, and return public models."""
+"""/api/v1/jobs: thin routes that validate, call service.domain.jobs, and return public models."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from fastapi.responses import PlainTextResponse
 from pydantic import AfterValidator, BeforeValidator
 from sqlmodel import Session
 
-from service import etag, jobs, policy
-from service.api import list_fast_path
+from service.api import etag, list_fast_path
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
-from service.auth import Principal
-from service.db import session_scope
-from service.ledger_clock import LedgerVersion
-from service.metrics import HELD_S
-from service.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
+from service.api.metrics import HELD_S
+from service.domain import jobs, policy
+from service.domain.auth import Principal
+from service.ledger.clock import LedgerVersion
+from service.ledger.db import session_scope
+from service.ledger.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
 from service.runtime import Runtime
 from service.states import JobState
 from worker.spec import RunSpec

@@ -1,4 +1,4 @@
-"""GET /metrics: Prometheus text format (service.metrics builds it)."""
+"""GET /metrics: Prometheus text format (service.api.metrics builds it)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from service.api.deps import CurrentUser
 from service.api.errors import error_responses
-from service.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+from service.api.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 
 router = APIRouter(tags=["monitoring"])
 

@@ -23,7 +23,7 @@ import pytest
 
 from service.backends.slurm import SlurmBackend
 from service.config import Settings
-from service.db import make_engine, migrate
+from service.ledger.db import make_engine, migrate
 from tests.cli_service import clean_env
 from tests.serving import free_port
 from tests.support import ROOT, bearer, issue_token, missing_dependency, wait_for

@@ -22,7 +22,7 @@ from sqlmodel import Session, col, select
 from service.app import create_app
 from service.backends.slurm import SlurmBackend
 from service.config import Settings
-from service.models import Job
+from service.ledger.models import Job
 from service.states import JobState
 from tests.integration.slurm.conftest import Api, ServiceProcess, ledger_token, scancel, service_env
 from tests.serving import LiveServer, serve

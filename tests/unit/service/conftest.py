@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from service.config import Settings
-from service.db import make_engine, migrate
+from service.ledger.db import make_engine, migrate
 
 
 @pytest.fixture

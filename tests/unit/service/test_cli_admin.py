@@ -8,10 +8,10 @@ import pytest
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
-from service import auth
-from service.cli import app
-from service.db import make_engine
-from service.models import ApiToken, AuditEntry, UserQuota
+from service.cli.main import app
+from service.domain import auth
+from service.ledger.db import make_engine
+from service.ledger.models import ApiToken, AuditEntry, UserQuota
 
 
 @pytest.fixture

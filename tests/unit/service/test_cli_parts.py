@@ -18,14 +18,14 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-import service.cli as cli
-from service.cli_logs import LogFollower, new_part
-from service.cli_progress import bar_position, carry_progress, watch_jobs
-from service.cli_render import job_details, jobs_table, progress_text
+import service.cli.main as cli
+from service.cli.demo import DDP_SPEC, SAMPLER_SPEC
+from service.cli.demo_checks import check_ddp, check_sampler
+from service.cli.logs import LogFollower, new_part
+from service.cli.progress import bar_position, carry_progress, watch_jobs
+from service.cli.render import job_details, jobs_table, progress_text
 from service.client import TorchyardClient
-from service.demo import DDP_SPEC, SAMPLER_SPEC
-from service.demo_checks import check_ddp, check_sampler
-from service.models import JobCreate
+from service.ledger.models import JobCreate
 from tests.support import ROOT
 
 EXAMPLES = ROOT / "examples"
@@ -330,7 +330,7 @@ def test_outcome_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_the_cli_client_and_demo_import_no_torch() -> None:
     """The demo's process runs the service; only the ranks (other processes) may import torch."""
-    modules = "service.cli, service.client, service.demo, service.embedded"
+    modules = "service.cli.main, service.client, service.cli.demo, service.embedded"
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
+from service.domain.jobs import MAX_ID, _decode_cursor, _encode_cursor
 from service.errors import InvalidRequest
-from service.jobs import MAX_ID, _decode_cursor, _encode_cursor
 
 
 @pytest.mark.parametrize("job_id", [1, 2, 9, 10, 63, 64, 999, 123_456_789, 2**31 - 1, MAX_ID])

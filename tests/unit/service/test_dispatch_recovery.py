@@ -10,8 +10,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from service.config import Settings
-from service.dispatch import Dispatcher
-from service.models import Job, JobEvent, utcnow
+from service.ledger.models import Job, JobEvent, utcnow
+from service.loops.dispatch import Dispatcher
 from service.states import JobState
 from tests.fakes import FakeBackend
 

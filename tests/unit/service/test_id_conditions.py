@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from service.ledger_clock import _CHUNK, id_conditions
+from service.ledger.clock import _CHUNK, id_conditions
 
 
 @pytest.fixture

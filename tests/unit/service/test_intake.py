@@ -13,10 +13,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import StatementError
 from sqlmodel import Session, func, select
 
-from service.db import make_engine, migrate
 from service.errors import Conflict
-from service.intake import MAX_BATCH, Accepted, JobIntake
-from service.models import Job, JobEvent, JobPublic, NewJob
+from service.ledger.db import make_engine, migrate
+from service.ledger.models import Job, JobEvent, JobPublic, NewJob
+from service.loops.intake import MAX_BATCH, Accepted, JobIntake
 
 T = TypeVar("T")
 

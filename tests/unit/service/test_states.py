@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from service.db import make_engine, migrate
-from service.models import Job, JobEvent
+from service.ledger.db import make_engine, migrate
+from service.ledger.models import Job, JobEvent
+from service.loops.transitions import record_transition
 from service.states import (
     ACTIVE_STATES,
     ALLOWED_TRANSITIONS,
@@ -24,7 +25,6 @@ from service.states import (
     is_terminal,
     starts_new_attempt,
 )
-from service.transitions import record_transition
 
 S = JobState
 ALLOWED = [(a, b) for a, targets in ALLOWED_TRANSITIONS.items() for b in sorted(targets)]

@@ -8,8 +8,8 @@ import threading
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
-from service.db import is_sqlite, write_scope
-from service.models import Job
+from service.ledger.db import is_sqlite, write_scope
+from service.ledger.models import Job
 
 
 def test_a_second_writer_starts_when_the_first_commits_and_sees_its_rows(engine: Engine) -> None:

@@ -1,0 +1,154 @@
+"""Prometheus metrics: what the ledger and the loops say at scrape time, and API latency by route.
+
+Job counts are read from the ledger when Prometheus scrapes (one GROUP BY), not kept in counters the
+code must remember to update: the ledger is the truth, and several replicas then agree. Loop timings
+and query counts come from the Dispatcher / Reconciler / backends this process runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from sqlmodel import Session
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.domain import jobs
+from service.states import JobState
+
+if TYPE_CHECKING:
+    from service.runtime import Runtime
+
+__all__ = ["CONTENT_TYPE_LATEST", "LatencyMiddleware", "ServiceMetrics"]
+
+# Seconds; the API answers in milliseconds, a slow database in seconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ServiceMetrics:
+    """One registry per app (tests build many apps in one process; the global registry would clash)."""
+
+    def __init__(self, runtime: Callable[[], Runtime | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.request_seconds = Histogram(
+            "torchyard_http_request_duration_seconds",
+            "API request latency by route template (not raw path: ids would explode the label set).",
+            ["method", "route", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(LedgerCollector(runtime))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class LedgerCollector:
+    """Collected at scrape time from the running Runtime (nothing when the app is not started)."""
+
+    def __init__(self, runtime: Callable[[], Runtime | None]) -> None:
+        self._runtime = runtime
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected lazily: describing would query the ledger at registration
+
+    def collect(self) -> Iterable[Metric]:
+        runtime = self._runtime()
+        if runtime is None:
+            return []
+        return [*self._jobs(runtime), *self._loops(runtime)]
+
+    @staticmethod
+    def _jobs(runtime: Runtime) -> Iterable[Metric]:
+        with Session(runtime.engine) as session:
+            counts = jobs.count_by_state_and_backend(session)
+            changes = jobs.ledger_version(session).seq
+        family = GaugeMetricFamily(
+            "torchyard_jobs", "Jobs in the ledger by state and backend.", labels=["state", "backend"]
+        )
+        backends = sorted(set(runtime.backends) | {backend for _, backend in counts})
+        for backend in backends:
+            for state in JobState:  # zeros too: a series that vanishes reads as "no data", not 0
+                family.add_metric([state.value, backend], counts.get((state.value, backend), 0))
+        yield family
+        yield CounterMetricFamily(
+            "torchyard_ledger_changes", "Committed transactions that changed a job.", value=changes
+        )
+
+    @staticmethod
+    def _loops(runtime: Runtime) -> Iterable[Metric]:
+        yield CounterMetricFamily(
+            "torchyard_list_fast_answers",
+            "Repeat list polls answered from the rendered page before routing.",
+            value=runtime.list_fast_answers,
+        )
+        yield GaugeMetricFamily(
+            "torchyard_long_polls_waiting",
+            "Requests held open waiting for a job to change (GET /api/v1/jobs/{id}?wait_s=).",
+            value=runtime.job_watch.waiters(),
+        )
+        yield GaugeMetricFamily(
+            "torchyard_dispatch_last_duration_seconds",
+            "How long the last dispatch tick took.",
+            value=runtime.dispatcher.last_duration_s,
+        )
+        reconcile = GaugeMetricFamily(
+            "torchyard_reconcile_last_duration_seconds",
+            "How long the last reconcile tick with work took, per backend.",
+            labels=["backend"],
+        )
+        polls = CounterMetricFamily(
+            "torchyard_reconcile_polls",
+            "Batched status queries the reconcile loop made (one per tick with active jobs).",
+            labels=["backend"],
+        )
+        scheduler = CounterMetricFamily(
+            "torchyard_scheduler_calls",
+            "Commands run against the scheduler (squeue, sacct, sbatch, scancel ...), where counted.",
+            labels=["backend"],
+        )
+        for name, backend in sorted(runtime.backends.items()):
+            reconcile.add_metric([name], runtime.reconciler.last_duration_s.get(name, 0.0))
+            polls.add_metric([name], runtime.reconciler.ticks.get(name, 0))
+            calls = getattr(backend, "scheduler_calls", None)
+            if isinstance(calls, int):
+                scheduler.add_metric([name], calls)
+        yield reconcile
+        yield polls
+        yield scheduler
+
+
+HELD_S = "torchyard.held_s"  # scope key: seconds a long poll spent waiting, left out of its latency
+
+
+class LatencyMiddleware:
+    """Plain ASGI (no BaseHTTPMiddleware: it costs a task per request on the polling hot path)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+        self._app = app
+        self._histogram = metrics.request_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # what the client gets if the app raises before answering
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self._app(scope, receive, send_and_note)
+        finally:
+            # The router writes the matched route into the shared scope: its template, not the path.
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            took = time.perf_counter() - started - scope.get(HELD_S, 0.0)
+            self._histogram.labels(scope["method"], route, str(status)).observe(max(0.0, took))

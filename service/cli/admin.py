@@ -1,0 +1,144 @@
+"""`torchyard token ...` and `torchyard quota ...`: run on the service host, straight on the ledger.
+
+They read the same TORCHYARD_* settings as `torchyard serve` (the database URL above all), so the
+first admin token can be made before anyone can call the API: that is the bootstrap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlmodel import Session
+
+from service.errors import ServiceError
+
+token_app = typer.Typer(
+    help="Create, list and revoke API tokens (on the service host).", no_args_is_help=True
+)
+quota_app = typer.Typer(help="Per-user limits (on the service host).", no_args_is_help=True)
+EXIT_REFUSED = 2
+
+
+@contextmanager
+def _ledger() -> Iterator[Session]:
+    from service.config import Settings
+    from service.ledger.db import make_engine, migrate, session_scope
+
+    settings = Settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        migrate(engine)
+        with session_scope(engine) as session:
+            yield session
+    except ServiceError as error:
+        where = f"{error.field}: " if error.field else ""
+        Console(stderr=True).print(f"[bold red]error:[/] {where}{error.message}", soft_wrap=True)
+        raise typer.Exit(EXIT_REFUSED) from None
+    finally:
+        engine.dispose()
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Option(help="Whose token: jobs submitted with it belong to this user.")],
+    admin: Annotated[bool, typer.Option("--admin", help="May see and cancel every user's jobs.")] = False,
+    save: Annotated[
+        bool, typer.Option("--save", help="Also write it where this machine's CLI and client look (0600).")
+    ] = False,
+) -> None:
+    """Make a token and print it, alone, on the last line. It is shown only this once."""
+    from service.client import token_path
+    from service.domain import auth
+
+    with _ledger() as session:
+        raw = auth.create_token(session, user, admin=admin, actor="cli")
+    kind = "admin token" if admin else "token"
+    if save:
+        path = token_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(raw + "\n")
+        typer.echo(f"saved to {path}")
+    typer.echo(f"new {kind} for {user} (stored only as a hash: copy it now):")
+    typer.echo(raw)
+
+
+@token_app.command("list")
+def token_list(
+    all_: Annotated[bool, typer.Option("--all", help="Include revoked tokens.")] = False,
+) -> None:
+    """Tokens by id, user and first characters; never the tokens themselves."""
+    from service.domain import auth
+
+    table = Table("id", "user", "admin", "starts with", "created", "revoked")
+    with _ledger() as session:
+        for row in auth.list_tokens(session, include_revoked=all_):
+            revoked = row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else ""
+            created = row.created_at.isoformat(timespec="seconds")
+            table.add_row(str(row.id), row.username, "yes" if row.admin else "", row.prefix, created, revoked)
+    Console(highlight=False, width=160).print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: Annotated[int, typer.Argument(metavar="ID", help="From `token list`.")]) -> None:
+    """Revoke a token (idempotent). Replicas stop accepting it within TORCHYARD_TOKEN_CACHE_S."""
+    from service.domain import auth
+
+    with _ledger() as session:
+        row = auth.revoke_token(session, token_id, actor="cli")
+        user = row.username
+    typer.echo(f"token {token_id} of {user} revoked")
+
+
+@quota_app.command("set")
+def quota_set(
+    user: Annotated[str, typer.Option(help="Whose limits.")],
+    max_active_jobs: Annotated[int | None, typer.Option(min=0, help="Unfinished jobs at once.")] = None,
+    max_submissions_per_minute: Annotated[int | None, typer.Option(min=0)] = None,
+    max_nodes: Annotated[int | None, typer.Option(min=0, help="Nodes per job.")] = None,
+    max_tasks: Annotated[int | None, typer.Option(min=0, help="Tasks (ranks) per job.")] = None,
+    max_gpus: Annotated[int | None, typer.Option(min=0, help="GPUs per job.")] = None,
+    reset: Annotated[bool, typer.Option("--reset", help="Back to the service's defaults.")] = False,
+) -> None:
+    """Set some of a user's limits; the ones not given keep their value."""
+    from service.domain import audit, auth
+    from service.ledger.models import UserQuota
+
+    given = {
+        "max_active_jobs": max_active_jobs,
+        "max_submissions_per_minute": max_submissions_per_minute,
+        "max_nodes": max_nodes,
+        "max_tasks": max_tasks,
+        "max_gpus": max_gpus,
+    }
+    with _ledger() as session:
+        auth.check_user_name(user)
+        row = UserQuota(username=user) if reset else session.get(UserQuota, user) or UserQuota(username=user)
+        for name, value in given.items():
+            if value is not None:
+                setattr(row, name, value)
+        session.merge(row)
+        detail = ", ".join(f"{k}={v}" for k, v in given.items() if v is not None) or "reset"
+        audit.record(session, "cli", "quota.set", f"user {user}", detail)
+    typer.echo(f"limits for {user}: {detail} (replicas apply them within seconds)")
+
+
+@quota_app.command("show")
+def quota_show(user: Annotated[str, typer.Option(help="Whose limits.")]) -> None:
+    """A user's limits in force: their own where set, else the service's defaults."""
+    from service.config import Settings
+    from service.domain.quotas import count_unfinished, limits_for
+
+    with _ledger() as session:
+        limits = limits_for(session, user, Settings())
+        active = count_unfinished(session, user)
+    for name, value in vars(limits).items():
+        typer.echo(f"{name}: {value}")
+    typer.echo(f"unfinished jobs now: {active}")

@@ -1,0 +1,143 @@
+"""API tokens and who may see and touch which job.
+
+A token is 32 random bytes shown once; the ledger keeps only its SHA-256. A slow password hash buys
+nothing here: the secret is random, not a guessable word, and every request has to check one.
+Users exist only as the names on their tokens. A job belongs to the user who submitted it; admins
+see and touch every job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from service.domain import audit
+from service.errors import InvalidRequest, NotFound, Unauthenticated
+from service.ledger.models import ApiToken, utcnow
+
+TOKEN_PREFIX = "ty_"
+USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
+DEV_USER = "dev"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is asking."""
+
+    user: str
+    admin: bool = False
+
+    def may_see(self, owner: str) -> bool:
+        return self.admin or owner == self.user
+
+    def owner_filter(self) -> str | None:
+        """The owner to restrict a listing to: None for an admin, who sees everyone's jobs."""
+        return None if self.admin else self.user
+
+
+DEV_PRINCIPAL = Principal(DEV_USER, admin=True)
+
+
+def hash_token(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def check_user_name(user: str) -> str:
+    if not USER_NAME.fullmatch(user):
+        raise InvalidRequest(
+            "must be 1-100 letters, digits or . _ @ - and start with a letter or digit", field="user"
+        )
+    return user
+
+
+# ---------------------------------------------------------------- managing tokens
+
+
+def create_token(session: Session, user: str, *, admin: bool = False, actor: str = "operator") -> str:
+    """A new token for `user`; the caller commits. The raw token is returned once and never stored."""
+    raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken(username=check_user_name(user), admin=admin, token_hash=hash_token(raw), prefix=raw[:10])
+    session.add(row)
+    session.flush()
+    audit.record(session, actor, "token.create", f"token {row.id}", f"user={user} admin={admin}")
+    return raw
+
+
+def list_tokens(session: Session, *, include_revoked: bool = False) -> Sequence[ApiToken]:
+    query = select(ApiToken)
+    if not include_revoked:
+        query = query.where(col(ApiToken.revoked_at).is_(None))
+    return session.exec(query.order_by(col(ApiToken.id))).all()
+
+
+def revoke_token(session: Session, token_id: int, *, actor: str = "operator") -> ApiToken:
+    """Idempotent: revoking a revoked token changes nothing. The caller commits."""
+    row = session.get(ApiToken, token_id)
+    if row is None:
+        raise NotFound(f"token {token_id} not found", field="token_id")
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+        session.add(row)
+        audit.record(session, actor, "token.revoke", f"token {token_id}", f"user={row.username}")
+    return row
+
+
+# ---------------------------------------------------------------- checking a request
+
+
+def bearer_token(authorization: str | None) -> str:
+    if not authorization:
+        raise Unauthenticated("send an API token: 'Authorization: Bearer <token>'")
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
+    return value.strip()
+
+
+class TokenCheck:
+    """Token -> Principal, remembered for `ttl_s` seconds so a polling dashboard costs no query.
+
+    A revoked token therefore keeps working on a replica for at most `ttl_s` seconds.
+    """
+
+    def __init__(self, engine: Engine, ttl_s: float) -> None:
+        self._engine = engine
+        self._ttl_s = ttl_s
+        self._known: dict[str, tuple[float, Principal | None]] = {}
+        self._lock = threading.Lock()
+
+    def cached(self, raw: str) -> Principal | None:
+        """The cached answer for this token, or None when it must be looked up (`lookup`)."""
+        entry = self._known.get(hash_token(raw))
+        if entry is None or entry[0] < time.monotonic():
+            return None
+        if entry[1] is None:
+            raise Unauthenticated("this API token is not valid (unknown or revoked)")
+        return entry[1]
+
+    def lookup(self, raw: str) -> Principal:
+        digest = hash_token(raw)
+        with Session(self._engine) as session:
+            row = session.exec(select(ApiToken).where(ApiToken.token_hash == digest)).first()
+            any_token = row is not None or session.exec(select(ApiToken.id).limit(1)).first() is not None
+        principal = Principal(row.username, row.admin) if row is not None and row.revoked_at is None else None
+        with self._lock:
+            if len(self._known) > 10_000:  # a flood of made-up tokens must not grow memory
+                self._known.clear()
+            self._known[digest] = (time.monotonic() + self._ttl_s, principal)
+        if principal is None:
+            if not any_token:
+                raise Unauthenticated(
+                    "this service has no API tokens yet: create one on the service host with "
+                    "`torchyard token create --user NAME --admin`"
+                )
+            raise Unauthenticated("this API token is not valid (unknown or revoked)")
+        return principal

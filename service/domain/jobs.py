@@ -1,0 +1,325 @@
+"""The job domain: list, read, cancel, logs. Never imports FastAPI; the caller owns the transaction.
+
+Creation goes through service.loops.intake (group commit); this module builds the rows it writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from service.backends.base import Backend
+from service.config import Settings
+from service.domain import audit
+from service.domain.auth import Principal
+from service.errors import Conflict, InvalidRequest, NotFound
+from service.ledger.clock import LedgerVersion, read_version
+from service.ledger.models import Job, JobCreate, JobEvent, JobMetric, JobPage, JobPublic, NewJob
+from service.loops.transitions import record_transition
+from service.states import JobState, is_terminal
+from worker.spec import JobFiles, parse_error_text
+
+MAX_PAGE = 500
+MAX_ID = 2**63 - 1  # the largest id a ledger can hold: beyond it SQLite's driver raises, not answers
+
+
+# ---------------------------------------------------------------- creation
+
+
+def check_request(payload: JobCreate, settings: Settings) -> str:
+    """Validate what pydantic cannot know (limits, files); return the backend name to use."""
+    res = payload.resources
+    limits = [
+        ("resources.nodes", res.nodes, settings.max_nodes),
+        ("resources.tasks_per_node", res.tasks_per_node, settings.max_tasks_per_node),
+        ("resources.gpus_per_node", res.gpus_per_node, settings.max_gpus_per_node),
+        ("resources.timeout_min", res.timeout_min, settings.max_timeout_min),
+    ]
+    for field, value, maximum in limits:
+        if value > maximum:
+            raise InvalidRequest(f"is {value}, above this service's maximum of {maximum}", field=field)
+    backend = payload.backend or settings.default_backend
+    if backend == "local" and res.nodes > 1:
+        raise InvalidRequest(
+            "the local backend runs on one node; use backend 'slurm' for more", field="resources.nodes"
+        )
+    return backend
+
+
+def new_job_row(payload: JobCreate, owner: str, backend: str, idempotency_key: str | None = None) -> NewJob:
+    spec = payload.model_dump(exclude={"name", "backend"}, mode="json")
+    return NewJob(name=payload.name, owner=owner, backend=backend, spec=spec, idempotency_key=idempotency_key)
+
+
+def find_by_idempotency_key(session: Session, owner: str, key: str) -> Job | None:
+    return session.exec(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).first()
+
+
+def check_same_request(existing: JobPublic, row: NewJob) -> None:
+    """A retry must be the same request: one key reused for a different job is the caller's bug."""
+    if (existing.name, existing.backend, existing.spec) != (row.name, row.backend, row.spec):
+        raise Conflict(
+            f"this Idempotency-Key was already used for a different request (job {existing.id})",
+            field="Idempotency-Key",
+        )
+
+
+def job_folder(settings: Settings, job_id: int) -> Path:
+    return (settings.data_dir / "jobs" / str(job_id)).resolve()
+
+
+# ---------------------------------------------------------------- reading
+
+
+def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
+    """The job, if it exists and `viewer` may see it; another user's job is as missing as no job."""
+    job = session.get(Job, job_id)
+    if job is None or not viewer.may_see(job.owner):
+        raise NotFound(f"job {job_id} not found", field="job_id")
+    return job
+
+
+def ledger_version(session: Session) -> LedgerVersion:
+    """The ledger clock: changes whenever any job changes (the list endpoint's ETag)."""
+    return read_version(session)
+
+
+def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
+    """One job's `updated_at`, restamped by every change to it, its events or its metrics."""
+    query = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == job_id)
+    row = session.connection().execute(query).first()  # Core: the 304 path of every job poll
+    if row is None or not viewer.may_see(row[1]):
+        raise NotFound(f"job {job_id} not found", field="job_id")
+    stamp: datetime = row[0]
+    return stamp
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        job_id = int(base64.urlsafe_b64decode(cursor.encode()).decode())
+    except (ValueError, binascii.Error, UnicodeDecodeError) as error:
+        raise InvalidRequest("is not a cursor this service handed out", field="cursor") from error
+    if not 1 <= job_id <= MAX_ID:
+        raise InvalidRequest("is not a cursor this service handed out", field="cursor")
+    return job_id
+
+
+def _encode_cursor(job_id: int) -> str:
+    return base64.urlsafe_b64encode(str(job_id).encode()).decode()
+
+
+def list_jobs(
+    session: Session,
+    *,
+    state: Sequence[JobState] = (),
+    name: str | None = None,
+    owner: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+    updated_since: datetime | None = None,
+    as_of: LedgerVersion | None = None,
+) -> JobPage:
+    """Newest first, `limit` at a time; `updated_since` keeps only jobs changed at or after that time.
+
+    The page's `server_time` is the ledger clock read before the rows (`as_of`, or read here): passed
+    back as `updated_since` it yields every job changed after this page, plus the jobs of the last
+    commit this page already holds (`>=`: a tie is sent again rather than missed).
+    """
+    as_of = as_of or read_version(session)
+    limit = max(1, min(limit, MAX_PAGE))
+    query = select(Job)
+    if state:
+        query = query.where(col(Job.state).in_([s.value for s in state]))
+    if name:
+        query = query.where(col(Job.name).contains(name, autoescape=True))
+    if owner is not None:
+        query = query.where(Job.owner == owner)
+    if updated_since is not None:
+        query = query.where(Job.updated_at >= updated_since)
+    if cursor:
+        query = query.where(col(Job.id) < _decode_cursor(cursor))
+    rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit + 1)).all()
+    items = [JobPublic.model_validate(row, from_attributes=True) for row in rows[:limit]]
+    next_cursor = _encode_cursor(items[-1].id) if len(rows) > limit else None
+    return JobPage(items=items, next_cursor=next_cursor, server_time=as_of.stamped_at)
+
+
+def count_by_state_and_backend(session: Session) -> dict[tuple[str, str], int]:
+    """How many jobs per (state, backend): one GROUP BY over the (state, backend) index."""
+    query = select(Job.state, Job.backend, func.count()).group_by(col(Job.state), col(Job.backend))
+    rows = session.exec(query).all()
+    return {(JobState(state).value, backend): int(count) for state, backend, count in rows}
+
+
+def list_events(session: Session, job_id: int, viewer: Principal) -> Sequence[JobEvent]:
+    get_job(session, job_id, viewer)
+    query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))
+    return session.exec(query).all()
+
+
+def list_metrics(
+    session: Session,
+    job_id: int,
+    viewer: Principal,
+    *,
+    name: str | None = None,
+    after_step: int | None = None,
+) -> Sequence[JobMetric]:
+    get_job(session, job_id, viewer)
+    query = select(JobMetric).where(JobMetric.job_id == job_id)
+    if name:
+        query = query.where(JobMetric.name == name)
+    if after_step is not None:
+        query = query.where(JobMetric.step > after_step)
+    return session.exec(query.order_by(col(JobMetric.attempt), col(JobMetric.step), col(JobMetric.id))).all()
+
+
+# ---------------------------------------------------------------- cancel
+
+
+def cancel_job(session: Session, job_id: int, backends: Mapping[str, Backend], viewer: Principal) -> Job:
+    """Idempotent: a terminal job is returned as it is; anything else ends up cancelled.
+
+    A job still queued may be in a dispatcher's hands right now: the flag makes the dispatcher
+    cancel what it submits instead of letting it run.
+    """
+    job = get_job(session, job_id, viewer)
+    # Decide on the row as it is now, locked: a reconciler (this replica's or another's) may have just
+    # ended the job, and two `cancelled` events for one cancel would be a lie in its history.
+    session.refresh(job, with_for_update=True)
+    state = JobState(job.state)
+    if is_terminal(state):
+        return job
+    audit.record(session, viewer.user, "job.cancel", f"job {job_id}", f"owner={job.owner} was={state.value}")
+    job.cancel_requested = True
+    if job.external_id is not None:
+        require_backend(backends, job.backend).cancel([job.external_id])
+    if state is not JobState.queued or job.claimed_by is None:
+        record_transition(session, job, JobState.cancelled, "cancelled by user")
+    session.add(job)
+    return job
+
+
+# ---------------------------------------------------------------- logs
+
+
+@dataclass(frozen=True)
+class LogWindow:
+    text: str
+    size: int  # the whole file's size in bytes
+    end: int  # the byte after the last one read: where the next read starts
+
+
+def read_log(
+    job: Job,
+    backend: Backend,
+    *,
+    rank: int,
+    tail: int | None,
+    stream: str,
+    max_bytes: int,
+    offset: int | None = None,
+) -> LogWindow:
+    """One rank's log: the last `tail` lines of its last `max_bytes`, or `max_bytes` from `offset` on.
+
+    Only ever one window of the file is read: a log of many gigabytes costs what a small one does.
+    """
+    ranks = _world_size(job)
+    if not 0 <= rank < ranks:
+        raise InvalidRequest(f"must be between 0 and {ranks - 1} for this job", field="rank")
+    if offset is not None and tail is not None:
+        raise InvalidRequest("give either tail or offset, not both", field="offset")
+    if job.external_id is None or job.folder is None:
+        return LogWindow("", 0, 0)
+    folder = Path(job.folder)
+    path = backend.log_path(folder, job.external_id, rank, stream)
+    if not _inside(path, folder):
+        raise InvalidRequest("log path escapes the job folder", field="rank")
+    if not path.is_file():
+        return LogWindow("", 0, 0)
+    if offset is not None:
+        return _window_at(path, offset, max_bytes)
+    size = path.stat().st_size
+    return LogWindow(_tail_text(path, tail, max_bytes), size, size)
+
+
+def _window_at(path: Path, offset: int, max_bytes: int) -> LogWindow:
+    with path.open("rb") as handle:
+        size = handle.seek(0, 2)
+        handle.seek(min(offset, size))
+        data = handle.read(max_bytes)
+    start = min(offset, size)
+    if len(data) == max_bytes and b"\n" in data:  # stop at a line's end: never split a character
+        data = data[: data.rindex(b"\n") + 1]
+    return LogWindow(data.decode("utf-8", errors="replace"), size, start + len(data))
+
+
+def _world_size(job: Job) -> int:
+    resources: dict[str, Any] = job.spec.get("resources", {})
+    return int(resources.get("nodes", 1)) * int(resources.get("tasks_per_node", 1))
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _tail_text(path: Path, tail: int | None, max_bytes: int) -> str:
+    with path.open("rb") as handle:
+        handle.seek(0, 2)
+        size = handle.tell()
+        start = max(0, size - max_bytes)
+        handle.seek(max(0, start - 1))  # one byte early: does the window begin a line?
+        data = handle.read(max_bytes + 1 if start > 0 else max_bytes)
+    if start > 0:
+        before, data = data[:1], data[1:]
+        if before != b"\n":
+            data = data.split(b"\n", 1)[-1]  # drop the partial first line
+    text = data.decode("utf-8", errors="replace")
+    if tail is not None:
+        lines = text.splitlines(keepends=True)
+        text = "".join(lines[-tail:]) if tail > 0 else ""
+    return text
+
+
+def error_summary(files: JobFiles, limit: int = 4000) -> str | None:
+    """The first failing rank's traceback, trimmed from the front (the end says what broke).
+
+    The first error file written is the cause; ranks that fail after it usually fail *because* of it
+    (their peer vanished), so they are only named.
+    """
+    failed: list[tuple[float, str, str]] = []
+    for path in files.errors():
+        try:
+            _, text = parse_error_text(path.read_text(errors="replace"))
+            text = text.strip()
+            written = path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if text:
+            failed.append((written, path.stem.removeprefix("error-rank"), text))
+    if not failed:
+        return None
+    failed.sort(key=lambda item: (item[0], int(item[1]) if item[1].isdigit() else 0))
+    _, rank, text = failed[0]
+    others = ", ".join(item[1] for item in failed[1:])
+    after = f"\n(ranks {others} failed after it)" if others else ""
+    return f"rank {rank} raised:\n{text[-limit:]}{after}"
+
+
+def require_backend(backends: Mapping[str, Backend], name: str) -> Backend:
+    backend = backends.get(name)
+    if backend is None:
+        raise InvalidRequest(f"backend '{name}' is not available on this service", field="backend")
+    return backend

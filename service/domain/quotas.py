@@ -1,0 +1,140 @@
+"""Per-user limits: how big one job may be, how many may be unfinished, how fast one may submit.
+
+Defaults come from Settings; a `UserQuota` row overrides them for one user (`torchyard quota set`).
+Job size over a limit is 403 (asking again will not help); too many unfinished jobs or too many
+submissions a minute is 429 with Retry-After (it will pass later).
+
+The counts are kept per replica, refreshed from the ledger every `refresh_s` seconds, so a POST costs
+no count query. With several replicas the limits hold per replica between refreshes, and the
+unfinished-job count is exact again at every refresh.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from sqlalchemy import func
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from service.config import Settings
+from service.errors import Forbidden, LimitExceeded
+from service.ledger.models import Job, UserQuota
+from service.states import JobState, is_terminal
+from worker.spec import Resources
+
+UNFINISHED = [state.value for state in JobState if not is_terminal(state)]
+WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_active_jobs: int
+    max_submissions_per_minute: int
+    max_nodes: int
+    max_tasks: int
+    max_gpus: int
+
+
+class RetryLater(LimitExceeded):
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Book:
+    limits: Limits
+    active: int
+    fetched_at: float
+    submissions: deque[float] = field(default_factory=deque)
+
+
+def limits_for(session: Session, user: str, settings: Settings) -> Limits:
+    row = session.get(UserQuota, user) or UserQuota(username=user)
+
+    def pick(override: int | None, default: int) -> int:
+        return default if override is None else override
+
+    return Limits(
+        max_active_jobs=pick(row.max_active_jobs, settings.max_active_jobs_per_user),
+        max_submissions_per_minute=pick(row.max_submissions_per_minute, settings.max_submissions_per_minute),
+        max_nodes=pick(row.max_nodes, settings.max_nodes),
+        max_tasks=pick(row.max_tasks, settings.max_tasks_per_job),
+        max_gpus=pick(row.max_gpus, settings.max_gpus_per_job),
+    )
+
+
+def count_unfinished(session: Session, user: str) -> int:
+    query = select(func.count()).where(Job.owner == user, col(Job.state).in_(UNFINISHED))
+    return int(session.exec(query).one())
+
+
+def check_job_size(resources: Resources, limits: Limits) -> None:
+    tasks = resources.nodes * resources.tasks_per_node
+    gpus = resources.nodes * resources.gpus_per_node
+    for what, value, maximum, field_name in (
+        ("nodes", resources.nodes, limits.max_nodes, "resources.nodes"),
+        ("tasks (nodes x tasks_per_node)", tasks, limits.max_tasks, "resources.tasks_per_node"),
+        ("GPUs (nodes x gpus_per_node)", gpus, limits.max_gpus, "resources.gpus_per_node"),
+    ):
+        if value > maximum:
+            raise Forbidden(f"this job asks for {value} {what}; your limit is {maximum}", field=field_name)
+
+
+class QuotaBook:
+    """The per-user counts of one replica. `refresh` runs in a worker thread, `admit` on the event loop."""
+
+    def __init__(self, engine: Engine, settings: Settings, refresh_s: float = 2.0) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._refresh_s = refresh_s
+        self._books: dict[str, _Book] = {}
+
+    def needs_refresh(self, user: str) -> bool:
+        book = self._books.get(user)
+        return book is None or time.monotonic() - book.fetched_at > self._refresh_s
+
+    def refresh(self, user: str) -> None:
+        with Session(self._engine) as session:
+            limits = limits_for(session, user, self._settings)
+            active = count_unfinished(session, user)
+        old = self._books.get(user)
+        book = _Book(limits, active, time.monotonic(), old.submissions if old else deque())
+        self._books[user] = book
+
+    def limits(self, user: str) -> Limits:
+        return self._books[user].limits
+
+    def admit(self, user: str, resources: Resources) -> None:
+        """Count one submission, or raise: Forbidden for size, RetryLater for count and rate."""
+        book = self._books[user]
+        check_job_size(resources, book.limits)
+        now = time.monotonic()
+        while book.submissions and book.submissions[0] <= now - WINDOW_S:
+            book.submissions.popleft()
+        if len(book.submissions) >= book.limits.max_submissions_per_minute:
+            wait = book.submissions[0] + WINDOW_S - now
+            raise RetryLater(
+                f"over your limit of {book.limits.max_submissions_per_minute} submissions per minute; "
+                f"try again in {wait:.0f} s",
+                retry_after_s=wait,
+            )
+        if book.active >= book.limits.max_active_jobs:
+            raise RetryLater(
+                f"you have {book.active} unfinished jobs, your limit is {book.limits.max_active_jobs}; "
+                "submit more when some finish",
+                retry_after_s=max(self._refresh_s, 1.0),
+            )
+        book.submissions.append(now)
+        book.active += 1
+
+    def release(self, user: str) -> None:
+        """A counted submission that was not stored after all (validation or the database said no)."""
+        book = self._books.get(user)
+        if book is not None:
+            book.active = max(0, book.active - 1)
+            if book.submissions:
+                book.submissions.pop()

@@ -1,0 +1,102 @@
+"""The ledger's engine, sessions and migrations (Alembic, applied on start)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, create_engine
+
+from service.ledger import clock as ledger_clock
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine tuned for the ledger: WAL SQLite for one machine, pooled PostgreSQL for production."""
+    ledger_clock.install()  # every session stamps the jobs it changes at commit
+    if is_sqlite(url):
+        _ensure_sqlite_folder(url)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    # connect_timeout: an unreachable database host must be a prompt 503, not the OS's TCP timeout
+    connect_args = {"connect_timeout": 5} if url.startswith("postgresql") else {}
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
+
+
+def _ensure_sqlite_folder(url: str) -> None:
+    path = url.split("///", 1)[-1]
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets readers run beside the single writer; NORMAL sync is safe with WAL.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["engine"] = engine
+    return config
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest revision (idempotent; safe with several replicas on PostgreSQL)."""
+    command.upgrade(alembic_config(engine), "head")
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """One transaction: commit on success, roll back on error."""
+    with Session(engine, expire_on_commit=False) as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+_sqlite_writers: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+_writers_guard = threading.Lock()
+
+
+@contextmanager
+def write_scope(engine: Engine) -> Iterator[Session]:
+    """session_scope for the loops' write transactions (intake, dispatch, reconcile).
+
+    SQLite lets one writer in at a time and makes the others wait in its busy handler, which sleeps
+    between tries (up to 100 ms a sleep). Under a burst of POSTs the intake commits again and again,
+    and the dispatcher's claim waited hundreds of milliseconds for a turn. So on SQLite this process's
+    writers take turns on a lock, and the next one starts as soon as the last commits. PostgreSQL
+    locks rows, not the database: no lock there.
+    """
+    with _writer_lock(engine), session_scope(engine) as session:
+        yield session
+
+
+def _writer_lock(engine: Engine) -> AbstractContextManager[object]:
+    if not is_sqlite(str(engine.url)):
+        return nullcontext()
+    with _writers_guard:
+        return _sqlite_writers.setdefault(engine, threading.RLock())  # re-entrant: a scope inside one

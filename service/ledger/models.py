@@ -1,0 +1,308 @@
+"""Ledger tables and their API model families (JobCreate -> Job -> JobPublic ...)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import ConfigDict, field_validator, model_validator
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, String, TypeDecorator
+from sqlalchemy.engine import Dialect
+from sqlmodel import Field, SQLModel
+
+from service.states import JobState
+from worker.spec import Resources, check_entrypoint, check_one_target
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Store UTC, always hand back timezone-aware datetimes (SQLite forgets the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+def _time_column(nullable: bool = True, index: bool = False) -> Any:
+    return Field(default=None, sa_type=UTCDateTime, nullable=nullable, index=index)
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class JobBase(SQLModel):
+    name: str = Field(min_length=1, max_length=200, description="A name to find the job by.")
+
+
+class JobCreate(JobBase):
+    """The body of POST /api/v1/jobs."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    entrypoint: str | None = Field(
+        default=None, max_length=300, description="'package.module:function' called on every rank."
+    )
+    script: str | None = Field(
+        default=None, max_length=4096, description="Path to a torchrun-style Python script."
+    )
+    args: list[str] = Field(default_factory=list, description="Arguments for the script.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the function.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every rank.")
+    # A Literal, not a str checked later: the OpenAPI schema then says which values are accepted.
+    backend: Literal["local", "slurm"] | None = Field(
+        default=None, description="'local' or 'slurm'; default from settings."
+    )
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, value: str | None) -> str | None:
+        return check_entrypoint(value)
+
+    @field_validator("name", "script")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:  # PostgreSQL text and the OS's paths cannot hold it
+            raise ValueError("must not contain a NUL character")
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _no_nul_in_args(cls, value: list[str]) -> list[str]:
+        if any("\x00" in arg for arg in value):  # no process can be given such an argument
+            raise ValueError("must not contain a NUL character")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _no_nul_in_env(cls, value: dict[str, str]) -> dict[str, str]:
+        if any("\x00" in key + item for key, item in value.items()):
+            raise ValueError("must not contain a NUL character")
+        return value
+
+    @field_validator("kwargs")
+    @classmethod
+    def _json_numbers_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not _finite(value):  # Python's parser takes NaN and Infinity; JSON (and PostgreSQL) cannot
+            raise ValueError("must hold finite numbers only (NaN and Infinity are not JSON)")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_target(self) -> JobCreate:
+        check_one_target(self.entrypoint, self.script)
+        return self
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(item) for item in value.values())
+    if isinstance(value, list):
+        return all(_finite(item) for item in value)
+    return True
+
+
+class Job(JobBase, table=True):
+    __table_args__ = (
+        Index("ix_job_state_backend", "state", "backend"),
+        Index("ix_job_updated_at_id", "updated_at", "id"),
+        Index("ix_job_owner_idempotency", "owner", "idempotency_key", unique=True),
+        Index("ix_job_owner_state", "owner", "state"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    owner: str = Field(default="anonymous", max_length=200, index=True)
+    spec: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    backend: str = Field(max_length=20)
+    state: JobState = Field(default=JobState.queued, sa_type=String(20))  # plain text: no DB enum to migrate
+    reason: str | None = Field(default=None)
+    exit_code: int | None = None
+    external_id: str | None = Field(default=None, max_length=64, index=True)
+    folder: str | None = None
+    attempt: int = 1
+    result: Any | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    progress: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    progress_offset: int = 0  # bytes of the progress file already read into the ledger
+    latest_checkpoint: str | None = None
+    cancel_requested: bool = False
+    claimed_by: str | None = Field(default=None, max_length=100)  # dispatcher replica holding it
+    claimed_at: datetime | None = _time_column()
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    submitted_at: datetime | None = _time_column()
+    started_at: datetime | None = _time_column()
+    finished_at: datetime | None = _time_column()
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job as a request asks for it, before it is stored: what service.loops.intake writes in batches.
+
+    A plain dataclass, not a Job: building an ORM object per POST costs the event loop more than
+    the whole group-commit insert of that row costs the writer."""
+
+    name: str
+    owner: str
+    backend: str
+    spec: dict[str, Any]
+    idempotency_key: str | None = None
+    created_at: datetime = dataclass_field(default_factory=utcnow)
+
+
+class JobPublic(JobBase):
+    id: int
+    owner: str
+    backend: str
+    state: JobState
+    reason: str | None
+    exit_code: int | None
+    external_id: str | None
+    folder: str | None
+    attempt: int
+    spec: dict[str, Any]
+    result: Any | None
+    progress: dict[str, Any] | None
+    latest_checkpoint: str | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    submitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobPage(SQLModel):
+    items: list[JobPublic]
+    next_cursor: str | None = None
+    server_time: datetime | None = Field(
+        default=None,
+        description="The ledger clock when this page was read: pass it as `since` to get every job "
+        "changed after this page (see service.ledger.clock).",
+    )
+
+
+class LedgerClock(SQLModel, table=True):
+    """One row, bumped at commit by every transaction that changes a job (service.ledger.clock)."""
+
+    id: int = Field(default=1, primary_key=True)
+    seq: int = Field(default=0, sa_type=BigInteger)  # one per commit: 32 bits run out on a busy cluster
+    stamped_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+# ---------------------------------------------------------------- history and metrics
+
+
+class JobEvent(SQLModel, table=True):
+    """One state change of one job."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    from_state: JobState | None = Field(default=None, sa_type=String(20))
+    to_state: JobState = Field(sa_type=String(20))
+    reason: str | None = None
+    attempt: int = 1
+    time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class JobEventPublic(SQLModel):
+    id: int
+    job_id: int
+    from_state: JobState | None
+    to_state: JobState
+    reason: str | None
+    attempt: int
+    time: datetime
+
+
+class JobMetric(SQLModel, table=True):
+    """One reported value: (step, name, value) as rank 0 wrote it."""
+
+    __table_args__ = (Index("ix_jobmetric_job_step", "job_id", "step"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    step: int
+    name: str = Field(max_length=100)
+    value: float
+    attempt: int = 1
+    time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class JobMetricPublic(SQLModel):
+    step: int
+    name: str
+    value: float
+    attempt: int
+    time: datetime
+
+
+# ---------------------------------------------------------------- access: tokens and the audit log
+
+
+class ApiToken(SQLModel, table=True):
+    """One API token. Only its SHA-256 is stored: the ledger never holds a usable secret."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    username: str = Field(max_length=100, index=True)
+    admin: bool = False
+    token_hash: str = Field(max_length=64, unique=True)
+    prefix: str = Field(max_length=16, description="The token's first characters, to tell tokens apart.")
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    revoked_at: datetime | None = _time_column()
+
+
+class ApiTokenPublic(SQLModel):
+    id: int
+    username: str
+    admin: bool
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class AuditEntry(SQLModel, table=True):
+    """Who did what to which job or token, and when. Written in the same transaction as the act."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
+    actor: str = Field(max_length=100, index=True)
+    action: str = Field(max_length=40)
+    target: str = Field(max_length=100)
+    detail: str | None = None
+
+
+class AuditEntryPublic(SQLModel):
+    id: int
+    time: datetime
+    actor: str
+    action: str
+    target: str
+    detail: str | None
+
+
+class UserQuota(SQLModel, table=True):
+    """One user's limits where they differ from the service's defaults (a missing value: the default)."""
+
+    username: str = Field(primary_key=True, max_length=100)
+    max_active_jobs: int | None = None
+    max_submissions_per_minute: int | None = None
+    max_nodes: int | None = None
+    max_tasks: int | None = None
+    max_gpus: int | None = None

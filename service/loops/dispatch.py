@@ -1,0 +1,302 @@
+"""The dispatch loop: queued jobs -> backends, in batches, safe with several service replicas.
+
+A job is first *claimed* (claimed_by/claimed_at, FOR UPDATE SKIP LOCKED on PostgreSQL) and stays
+queued while a backend takes it; only the backend's answer moves it on. A replica that dies between
+the two leaves a claim behind. The job's submitit folder then tells whether the backend already has
+it (`<id>_submitted.pkl`, named once the backend answered); when the replica died while the backend
+was still answering, the backend's `recover` asks the scheduler. What it has is adopted, never
+submitted again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import select as core_select
+from sqlalchemy import update
+from sqlalchemy.engine import Engine, RowMapping
+from sqlmodel import Session, col, select
+
+from service.backends.base import SUBMITTED_SUFFIX, Backend, SubmitOutcome
+from service.config import Settings
+from service.errors import BackendError
+from service.ledger.clock import id_conditions
+from service.ledger.db import write_scope
+from service.ledger.models import Job, utcnow
+from service.loops.transitions import Submission, record_submissions, record_transition
+from service.states import JobState, is_terminal
+from worker.spec import JobFiles, RunSpec
+
+log = logging.getLogger(__name__)
+
+CLAIM_TTL = timedelta(seconds=60)
+_CLAIM_COLUMNS = (
+    col(Job.id),
+    col(Job.name),
+    col(Job.backend),
+    col(Job.attempt),
+    col(Job.folder),
+    col(Job.spec),
+    col(Job.latest_checkpoint),
+    col(Job.cancel_requested),
+)
+
+
+def replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Dispatcher:
+    def __init__(self, engine: Engine, backends: Mapping[str, Backend], settings: Settings) -> None:
+        self._engine = engine
+        self._backends = backends
+        self._settings = settings
+        self._replica = replica_id()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="torchyard-dispatch", daemon=True)
+        self.last_duration_s = 0.0
+
+    # ---------------------------------------------------------------- loop
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def wake(self) -> None:
+        """Called when new jobs are committed: dispatch now, not at the next interval."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._settings.dispatch_interval_s)
+            self._wake.clear()
+            try:
+                while not self._stop.is_set() and self.dispatch_once() >= self._settings.dispatch_batch_size:
+                    pass
+            except Exception:  # the loop must outlive a bad tick (database down, ...)
+                log.exception("dispatch tick failed; retrying")
+
+    def dispatch_once(self) -> int:
+        """Claim one batch of queued jobs and hand them to their backends. Returns how many were claimed."""
+        started = time.perf_counter()
+        claimed = self._claim()
+        by_backend: dict[str, list[RunSpec]] = defaultdict(list)
+        for backend_name, spec in claimed:
+            by_backend[backend_name].append(spec)
+        for backend_name, specs in by_backend.items():
+            self._submit(backend_name, specs)
+        self.last_duration_s = time.perf_counter() - started
+        return len(claimed)
+
+    # ---------------------------------------------------------------- claim
+
+    def _claim(self) -> list[tuple[str, RunSpec]]:
+        """Up to a batch of queued jobs, marked as this replica's, with their folders made.
+
+        Core rather than ORM objects: a batch is hundreds of rows, and the claim is bookkeeping only
+        (no state change, nothing a reader sees), so it is one SELECT and one UPDATE.
+        """
+        with write_scope(self._engine) as session:
+            self._recover_stale_claims(session)
+            query = (
+                core_select(*_CLAIM_COLUMNS)
+                .where(col(Job.state) == JobState.queued, col(Job.claimed_by).is_(None))
+                .order_by(col(Job.id))
+                .limit(self._settings.dispatch_batch_size)
+                .with_for_update(skip_locked=True)
+            )
+            claimed: list[tuple[str, RunSpec]] = []
+            unfit: list[tuple[int, str]] = []  # (job id, why it ends here) for the ORM path below
+            for row in session.connection().execute(query).mappings():
+                if row["cancel_requested"]:
+                    unfit.append((row["id"], ""))
+                    continue
+                try:
+                    spec = self._prepare(row)
+                except OSError as error:
+                    unfit.append((row["id"], f"cannot write the job folder: {error}"))
+                    continue
+                claimed.append((row["backend"], spec))
+            for condition in id_conditions(col(Job.id), [spec.job_id for _, spec in claimed]):
+                session.execute(
+                    update(Job).where(condition).values(claimed_by=self._replica, claimed_at=utcnow()),
+                    execution_options={"synchronize_session": False},
+                )
+            for job_id, failure in unfit:
+                job = session.get(Job, job_id)
+                assert job is not None  # locked by the SELECT above
+                if failure:
+                    record_transition(session, job, JobState.failed, failure)
+                else:
+                    record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
+            return claimed
+
+    def _prepare(self, job: RowMapping) -> RunSpec:
+        assert job["folder"] is not None
+        spec = RunSpec(
+            job_id=job["id"],
+            name=job["name"],
+            attempt=job["attempt"],
+            folder=job["folder"],
+            rendezvous_timeout_s=self._settings.rendezvous_timeout_s,
+            resume_from=job["latest_checkpoint"],
+            **job["spec"],
+        )
+        files = spec.files
+        # The job folder first, then submitit's inside it: mkdir(parents=True) on the inner one tries
+        # and fails before it makes the outer, and each metadata call is costly on a busy disk. The
+        # spec travels in submitit's pickle; rank 0 writes spec.json when it starts.
+        files.folder.mkdir(parents=True, exist_ok=True)
+        files.submitit.mkdir(exist_ok=True)
+        return spec
+
+    def _recover_stale_claims(self, session: Session) -> None:
+        """Claims left by a dispatcher that died: adopt what the backend has, free the rest for a new
+        submission, and keep the ones the backend cannot tell yet (its sbatch may still be running)."""
+        query = select(Job).where(Job.state == JobState.queued, col(Job.claimed_by).is_not(None))
+        unsure: dict[str, list[Job]] = defaultdict(list)
+        for job in session.exec(query).all():
+            if not self._is_stale(job):
+                continue
+            external_id = submitted_external_id(JobFiles(Path(job.folder or ".")))
+            if external_id is None:
+                unsure[job.backend].append(job)
+            else:
+                _release_claim(session, job, external_id)
+        for backend_name, jobs in unsure.items():
+            folders = [Path(job.folder or ".") for job in jobs]
+            answers = self._recovered_by_backend(backend_name, folders)
+            for job, folder in zip(jobs, folders, strict=True):
+                if folder in answers:
+                    _release_claim(session, job, answers[folder])
+        session.flush()  # the claim below is a Core query: it sees freed jobs only once they are written
+
+    def _recovered_by_backend(self, backend_name: str, folders: list[Path]) -> dict[Path, str | None]:
+        backend = self._backends.get(backend_name)
+        if backend is None:  # submitting again fails and says why
+            return {folder: None for folder in folders}
+        try:
+            return backend.recover(folders)
+        except BackendError as error:
+            log.warning("cannot recover %d claim(s) on %s yet: %s", len(folders), backend_name, error)
+            return {}
+
+    def _is_stale(self, job: Job) -> bool:
+        if job.claimed_at is not None and utcnow() - job.claimed_at > CLAIM_TTL:
+            return True
+        host, _, pid = (job.claimed_by or "").rpartition(":")
+        if host != socket.gethostname() or not pid.isdigit() or job.claimed_by == self._replica:
+            return False
+        return not Path(f"/proc/{pid}").exists()
+
+    # ---------------------------------------------------------------- submit
+
+    def _submit(self, backend_name: str, specs: Sequence[RunSpec]) -> None:
+        backend = self._backends.get(backend_name)
+        try:
+            if backend is None:
+                raise BackendError(f"backend '{backend_name}' is not configured on this service")
+            outcomes = backend.submit(specs)
+        except BackendError as error:
+            log.warning("backend %s refused a batch of %d: %s", backend_name, len(specs), error)
+            self._release([spec.job_id for spec in specs], f"dispatch failed, will retry: {error}")
+            return
+        self._record(backend, outcomes)
+
+    def _release(self, job_ids: Sequence[int], reason: str) -> None:
+        with write_scope(self._engine) as session:
+            for job_id in job_ids:
+                job = session.get(Job, job_id)
+                if job is None:
+                    continue
+                job.claimed_by = job.claimed_at = None
+                job.reason = reason
+                job.updated_at = utcnow()
+                session.add(job)
+
+    def _record(self, backend: Backend, outcomes: Sequence[SubmitOutcome]) -> None:
+        """The backend's answers into the ledger. The usual one (accepted, still queued, nobody asked
+        to cancel) goes in bulk; refusals and cancels that raced the submission go one by one."""
+        to_cancel: list[str] = []
+        with write_scope(self._engine) as session:
+            found = _locked_queue_rows(session, [outcome.job_id for outcome in outcomes])
+            accepted: list[Submission] = []
+            for outcome in outcomes:
+                row = found.get(outcome.job_id)
+                if row is None:
+                    continue
+                state = JobState(row["state"])
+                if outcome.accepted and state is JobState.queued and not row["cancel_requested"]:
+                    reason = f"{backend.name} id {outcome.external_id}"
+                    accepted.append(
+                        Submission(outcome.job_id, state, row["attempt"], str(outcome.external_id), reason)
+                    )
+                    continue
+                job = session.get(Job, outcome.job_id)
+                assert job is not None  # locked above
+                if self._record_one(session, job, outcome, backend):
+                    to_cancel.append(str(outcome.external_id))
+            record_submissions(session, accepted)
+        if to_cancel:
+            backend.cancel(to_cancel)
+
+    @staticmethod
+    def _record_one(session: Session, job: Job, outcome: SubmitOutcome, backend: Backend) -> bool:
+        """A refusal, or an acceptance that came too late for the job; True when it must be cancelled."""
+        job.claimed_by = job.claimed_at = None
+        session.add(job)
+        if not outcome.accepted:
+            record_transition(session, job, JobState.failed, outcome.error or "rejected by the backend")
+            return False
+        job.external_id = outcome.external_id
+        if job.cancel_requested or is_terminal(JobState(job.state)):
+            if not is_terminal(JobState(job.state)):
+                record_transition(session, job, JobState.cancelled, "cancelled by user during dispatch")
+            return True
+        record_transition(session, job, JobState.submitted, f"{backend.name} id {job.external_id}")
+        return False
+
+
+def _release_claim(session: Session, job: Job, external_id: str | None) -> None:
+    """End a dead dispatcher's claim: the job is the backend's `external_id`, or queued again."""
+    job.claimed_by = job.claimed_at = None
+    if external_id is not None:
+        job.external_id = external_id
+        record_transition(session, job, JobState.submitted, "adopted after a dispatcher restart")
+    session.add(job)
+
+
+_QUEUE_COLUMNS = (col(Job.id), col(Job.state), col(Job.attempt), col(Job.cancel_requested))
+
+
+def _locked_queue_rows(session: Session, job_ids: Sequence[int]) -> dict[int, RowMapping]:
+    """These jobs' state, attempt and cancel flag, row-locked (FOR UPDATE on PostgreSQL) in one query
+    per chunk rather than one each."""
+    found: dict[int, RowMapping] = {}
+    connection = session.connection()
+    for condition in id_conditions(col(Job.id), job_ids):
+        query = core_select(*_QUEUE_COLUMNS).where(condition).order_by(col(Job.id)).with_for_update()
+        found.update((row["id"], row) for row in connection.execute(query).mappings())
+    return found
+
+
+def submitted_external_id(files: JobFiles) -> str | None:
+    """The id submitit gave a job, read from its `<id>_submitted.pkl` (present once it submitted)."""
+    if not files.submitit.is_dir():
+        return None
+    for path in files.submitit.glob(f"*{SUBMITTED_SUFFIX}"):
+        return path.name[: -len(SUBMITTED_SUFFIX)]
+    return None

@@ -1,0 +1,240 @@
+"""The reconcile loop: backend states, progress files and results -> ledger.
+
+Per backend and per interval it makes ONE batched status query for all the jobs that backend holds;
+API readers never cause one. Several replicas may reconcile the same jobs: each job is updated under
+a row lock (FOR UPDATE SKIP LOCKED on PostgreSQL), and never from a status older than its last change.
+A terminal state from the scheduler is confirmed against the job folder (rank 0's result, the ranks'
+error files) before it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from service.backends.base import Backend, BackendStatus
+from service.config import Settings
+from service.domain.jobs import error_summary
+from service.errors import BackendError
+from service.ledger.db import session_scope, write_scope
+from service.ledger.models import Job, utcnow
+from service.loops.progress import ingest_progress
+from service.loops.transitions import record_transition, record_waiting
+from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
+from worker.spec import JobFiles
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 60.0  # the scheduler is down: ask it rarely
+MAX_LEDGER_BACKOFF_S = 5.0  # the database is down: it is ours, and the ledger should catch up soon after
+
+
+class Reconciler:
+    """One thread per backend, each on its own interval, woken early by its backend."""
+
+    def __init__(self, engine: Engine, backends: Mapping[str, Backend], settings: Settings) -> None:
+        self._engine = engine
+        self._backends = backends
+        self._settings = settings
+        self._stop = threading.Event()
+        self._wakes = {name: threading.Event() for name in backends}
+        self._threads = [
+            threading.Thread(target=self._run, args=(name,), name=f"torchyard-reconcile-{name}", daemon=True)
+            for name in backends
+        ]
+        self.ticks: dict[str, int] = dict.fromkeys(backends, 0)
+        self.last_duration_s: dict[str, float] = dict.fromkeys(backends, 0.0)
+        for name, backend in backends.items():
+            backend.set_wakeup(self._wakes[name].set)
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for wake in self._wakes.values():
+            wake.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def wake(self, backend_name: str) -> None:
+        if backend_name in self._wakes:
+            self._wakes[backend_name].set()
+
+    def interval(self, backend_name: str) -> float:
+        if backend_name == "local":
+            return self._settings.local_reconcile_interval_s
+        return self._settings.reconcile_interval_s
+
+    def _run(self, backend_name: str) -> None:
+        delay = 0.0
+        while not self._stop.is_set():
+            self._wakes[backend_name].wait(delay)
+            self._wakes[backend_name].clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.reconcile_once(backend_name)
+                delay = self.interval(backend_name)
+            except BackendError as error:
+                delay = min(MAX_BACKOFF_S, max(self.interval(backend_name), delay) * 2)
+                log.warning("%s status query failed (%s); next try in %.0f s", backend_name, error, delay)
+            except Exception:
+                delay = min(MAX_LEDGER_BACKOFF_S, max(self.interval(backend_name), delay) * 2)
+                log.exception("reconcile of %s failed; next try in %.0f s", backend_name, delay)
+
+    # ---------------------------------------------------------------- one tick
+
+    def reconcile_once(self, backend_name: str) -> int:
+        """Bring every job `backend_name` holds up to date. Returns how many jobs were looked at."""
+        started = time.perf_counter()
+        backend = self._backends[backend_name]
+        with session_scope(self._engine) as session:
+            watched = session.exec(
+                select(Job.id, Job.external_id, Job.state, Job.reason).where(
+                    Job.backend == backend_name,
+                    col(Job.state).in_([s.value for s in WATCHED_STATES]),
+                    col(Job.external_id).is_not(None),
+                )
+            ).all()
+        if not watched:
+            return 0
+        polled_at = utcnow()
+        statuses = backend.poll([str(external_id) for _, external_id, _, _ in watched])  # the one query
+        self.ticks[backend_name] += 1
+        to_cancel: list[str] = []
+        newly_queued: dict[int, str | None] = {}  # submitted -> pending, written together below
+        with write_scope(self._engine) as session:
+            for job_id, external_id, state, reason in watched:
+                if self._stop.is_set():
+                    break  # stopping: what is done so far commits, the rest waits for the next start
+                status = statuses.get(str(external_id))
+                if _still_waiting(state, reason, status):
+                    continue  # most of a long queue, most ticks: nothing to lock, read or write
+                if status is not None and state == JobState.submitted and status.state is JobState.pending:
+                    assert job_id is not None  # a primary key, typed optional by the model
+                    newly_queued[job_id] = status.reason  # not started: no file of its own to read
+                    continue
+                # Replicas reconcile the same jobs. A row another one holds is being written right now,
+                # and a row changed since our poll already has a newer word than ours: leave both to
+                # the next tick, so no transition is written twice or undone by a stale status.
+                job = session.get(Job, job_id, with_for_update={"skip_locked": True})
+                if job is None or is_terminal(JobState(job.state)) or job.updated_at > polled_at:
+                    continue
+                if self._apply(session, job, status, backend_name):
+                    to_cancel.append(str(external_id))
+            record_waiting(session, newly_queued, unchanged_since=polled_at)
+        if to_cancel:
+            backend.cancel(to_cancel)
+        self.last_duration_s[backend_name] = time.perf_counter() - started
+        return len(watched)
+
+    def _apply(self, session: Session, job: Job, status: BackendStatus | None, backend_name: str) -> bool:
+        """Update one job; returns True when its remaining ranks must be stopped."""
+        files = JobFiles(Path(job.folder or "."))
+        ingest_progress(session, job, files.progress)
+        if status is None:
+            if backend_name != "local":
+                return False  # the scheduler does not list it (yet): ask again next tick
+            status = BackendStatus(JobState.succeeded, reason="process gone")
+        target = JobState(status.state)
+        if target is JobState.running:
+            # Only running ranks write these files; a job waiting in the queue has none of its own,
+            # and on a long queue each look is a file system call per job per tick.
+            failure = error_summary(files)
+            if failure is not None:
+                # One rank raised while the others still run: end the job now rather than let
+                # the survivors wait out the rendezvous timeout.
+                record_transition(session, job, JobState.failed, failure, exit_code=status.exit_code)
+                return True
+            result = _read_result(files)
+            if result is not None:
+                # Rank 0 has its result: the job is done for its user; the processes are only exiting.
+                job.result = result["value"]
+                self._move(session, job, JobState.succeeded, "completed")
+                return False
+        if not is_terminal(target):
+            self._move(session, job, target, status.reason)
+            return False
+        final, reason, result = settle(job, files, status, self._backends[backend_name])
+        if final is JobState.succeeded:
+            job.result = result
+        record_transition(session, job, final, reason, exit_code=status.exit_code)
+        return False
+
+    @staticmethod
+    def _move(session: Session, job: Job, target: JobState, reason: str | None) -> None:
+        current = JobState(job.state)
+        if current is target or can_transition(current, target):
+            record_transition(session, job, target, reason)
+        elif current is JobState.submitted and can_transition(JobState.pending, target):
+            record_transition(session, job, JobState.pending, None)
+            record_transition(session, job, target, reason)
+
+
+def _still_waiting(state: str, reason: str | None, status: BackendStatus | None) -> bool:
+    """Pending in the ledger and still pending, for the same reason, in the scheduler: no change.
+
+    Its ranks have not started, so it has no progress, result or error file to read either."""
+    return (
+        status is not None
+        and state == JobState.pending
+        and status.state is JobState.pending
+        and status.reason in (None, reason)
+    )
+
+
+def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -> tuple[JobState, str, Any]:
+    """The final state of a job whose processes have ended, from the scheduler's word and the files."""
+    result = _read_result(files)
+    if result is not None and status.state in (JobState.succeeded, JobState.failed):
+        return JobState.succeeded, "completed", result["value"]
+    failure = error_summary(files)
+    if failure is not None:
+        return JobState.failed, failure, None
+    if status.state is JobState.timeout or _ran_out_of_time(job):
+        return JobState.timeout, status.reason or "exceeded its time limit", None
+    if status.state is JobState.cancelled:
+        return JobState.cancelled, status.reason or "cancelled", None
+    if status.state is JobState.failed:
+        return JobState.failed, status.reason or "failed", None
+    tail = _log_tail(job, backend)
+    code = f" (exit code {status.exit_code})" if status.exit_code is not None else ""
+    return JobState.failed, f"ended without a result{code}{tail}", None
+
+
+def _read_result(files: JobFiles) -> dict[str, Any] | None:
+    try:
+        value = json.loads(files.result.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(value, dict) or "value" not in value:
+        return None
+    return value
+
+
+def _ran_out_of_time(job: Job) -> bool:
+    started = job.started_at or job.submitted_at
+    limit_min = float(job.spec.get("resources", {}).get("timeout_min", 0) or 0)
+    return started is not None and limit_min > 0 and (utcnow() - started).total_seconds() >= limit_min * 60
+
+
+def _log_tail(job: Job, backend: Backend, lines: int = 20) -> str:
+    if job.folder is None or job.external_id is None:
+        return ""
+    path = backend.log_path(Path(job.folder), job.external_id, 0, "err")
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    tail = "".join(text.splitlines(keepends=True)[-lines:]).strip()
+    return f"; rank 0 stderr ends:\n{tail}" if tail else ""

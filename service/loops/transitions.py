@@ -1,0 +1,153 @@
+"""Apply a state change to a job row: the state machine, the event row and the timestamps together."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import bindparam, insert, update
+from sqlmodel import Session, col
+
+from service.ledger.clock import id_conditions, note_changed
+from service.ledger.models import Job, JobEvent, utcnow
+from service.states import JobState, check_transition, is_terminal, starts_new_attempt
+
+
+def record_transition(
+    session: Session,
+    job: Job,
+    target: JobState,
+    reason: str | None = None,
+    *,
+    exit_code: int | None = None,
+) -> bool:
+    """Move `job` to `target` (raises IllegalTransition when the machine forbids it).
+
+    Returns False, changing nothing, when the job is already in `target` with the same reason.
+    """
+    current = JobState(job.state)
+    if current is target:
+        if reason is not None and reason != job.reason:
+            job.reason = reason
+            job.updated_at = utcnow()
+            session.add(job)
+        return False
+    check_transition(current, target)
+    now = utcnow()
+    if starts_new_attempt(target):
+        job.attempt += 1
+    job.state = target
+    job.reason = reason
+    if exit_code is not None:
+        job.exit_code = exit_code
+    if target is JobState.submitted:
+        job.submitted_at = now
+    if target is JobState.running and job.started_at is None:
+        job.started_at = now
+    if is_terminal(target):
+        job.finished_at = now
+    job.updated_at = now
+    session.add(job)
+    assert job.id is not None, "flush the job before recording its history"
+    session.add(
+        JobEvent(
+            job_id=job.id, from_state=current, to_state=target, reason=reason, attempt=job.attempt, time=now
+        )
+    )
+    return True
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One job a backend accepted, as the dispatcher read it (row-locked) before recording it."""
+
+    job_id: int
+    current: JobState
+    attempt: int
+    external_id: str
+    reason: str
+
+
+def record_submissions(session: Session, accepted: Sequence[Submission]) -> None:
+    """Move many jobs to submitted at once: record_transition's rules and columns, in two statements
+    (an executemany UPDATE and one INSERT of their events) instead of an ORM object per job.
+
+    Also releases the dispatcher's claim. The jobs are stamped by the ledger clock at commit.
+    """
+    if not accepted:
+        return
+    for one in accepted:
+        check_transition(one.current, JobState.submitted)
+    now = utcnow()
+    connection = session.connection()
+    connection.execute(
+        update(Job)
+        .where(col(Job.id) == bindparam("b_id"))
+        .values(
+            state=JobState.submitted,
+            reason=bindparam("b_reason"),
+            external_id=bindparam("b_external_id"),
+            submitted_at=now,
+            updated_at=now,
+            claimed_by=None,
+            claimed_at=None,
+        ),
+        [{"b_id": one.job_id, "b_reason": one.reason, "b_external_id": one.external_id} for one in accepted],
+    )
+    connection.execute(
+        insert(JobEvent),
+        [
+            {
+                "job_id": one.job_id,
+                "from_state": one.current,
+                "to_state": JobState.submitted,
+                "reason": one.reason,
+                "attempt": one.attempt,
+                "time": now,
+            }
+            for one in accepted
+        ],
+    )
+    note_changed(session, [one.job_id for one in accepted])
+
+
+def record_waiting(
+    session: Session, reasons: Mapping[int, str | None], *, unchanged_since: datetime
+) -> list[int]:
+    """Move many submitted jobs to pending at once (the scheduler queued them): a few statements per
+    distinct reason instead of a row lock and an ORM object per job. Returns the ids it moved.
+
+    A job is moved only while it is still submitted and unchanged since `unchanged_since` (when the
+    scheduler was asked): one another replica, or a cancel, wrote meanwhile is left to the next tick.
+    """
+    check_transition(JobState.submitted, JobState.pending)
+    by_reason: dict[str | None, list[int]] = {}
+    for job_id, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(job_id)
+    now = utcnow()
+    moved: list[tuple[int, int, str | None]] = []  # (job id, attempt, reason)
+    for reason, job_ids in by_reason.items():
+        for condition in id_conditions(col(Job.id), job_ids):
+            rows = session.connection().execute(
+                update(Job)
+                .where(
+                    condition,
+                    col(Job.state) == JobState.submitted,
+                    col(Job.updated_at) <= unchanged_since,
+                )
+                .values(state=JobState.pending, reason=reason, updated_at=now)
+                .returning(col(Job.id), col(Job.attempt))
+            )
+            moved.extend((row["id"], row["attempt"], reason) for row in rows.mappings())
+    if moved:
+        session.connection().execute(
+            insert(JobEvent),
+            [
+                {"job_id": job_id, "from_state": JobState.submitted, "to_state": JobState.pending,
+                 "reason": reason, "attempt": attempt, "time": now}
+                for job_id, attempt, reason in moved
+            ],
+        )  # fmt: skip
+        note_changed(session, [job_id for job_id, _, _ in moved])
+    return [job_id for job_id, _, _ in moved]
