@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.api.errors import install_error_handlers
-from service.api.list_fast_path import ListFastPath
 from service.api.loopback import is_loopback
 from service.api.metrics import LatencyMiddleware, ServiceMetrics
 from service.api.routes import access, dashboard, health, jobs
@@ -50,8 +49,7 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
     )
     install_error_handlers(app)
     app.state.metrics = ServiceMetrics(lambda: getattr(app.state, "runtime", None))
-    app.add_middleware(ListFastPath, runtime=lambda: getattr(app.state, "runtime", None))
-    app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)  # outermost: times both
+    app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(access.router)

@@ -35,7 +35,6 @@ class Runtime:
     room: RoomCheck
     pages: PageCache = field(default_factory=PageCache)
     job_watch: JobWatch = field(default_factory=JobWatch)  # long polls on one job (GET ?wait_s=)
-    list_fast_answers: int = 0  # list polls answered before routing (service.api.list_fast_path)
 
     @classmethod
     def build(cls, settings: Settings, backends: dict[str, Backend] | None = None) -> Runtime:
@@ -45,7 +44,7 @@ class Runtime:
         backends = backends if backends is not None else make_backends(settings)
         dispatcher = Dispatcher(engine, backends, settings)
         intake = JobIntake(engine, str(jobs_root(settings)), dispatcher.wake)
-        reconciler = Reconciler(engine, backends, settings)
+        reconciler = Reconciler(engine, backends)
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)
         clock = ClockReader(engine)

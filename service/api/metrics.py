@@ -18,6 +18,7 @@ from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.domain import jobs
+from service.ledger.clock import read_version
 from service.states import JobState
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class LedgerCollector:
     def _jobs(runtime: Runtime) -> Iterable[Metric]:
         with Session(runtime.engine) as session:
             counts = jobs.count_by_state_and_backend(session)
-            changes = jobs.ledger_version(session).seq
+            changes = read_version(session).seq
         family = GaugeMetricFamily(
             "torchyard_jobs", "Jobs in the ledger by state and backend.", labels=["state", "backend"]
         )
@@ -82,9 +83,9 @@ class LedgerCollector:
     @staticmethod
     def _loops(runtime: Runtime) -> Iterable[Metric]:
         yield CounterMetricFamily(
-            "torchyard_list_fast_answers",
-            "Repeat list polls answered from the rendered page before routing.",
-            value=runtime.list_fast_answers,
+            "torchyard_list_page_hits",
+            "List polls answered with a page already rendered under the same ledger clock value.",
+            value=runtime.pages.hits,
         )
         yield GaugeMetricFamily(
             "torchyard_long_polls_waiting",
