@@ -25,13 +25,18 @@ class FakeBackend:
     - `reject`: job name -> message; submit() refuses those jobs one by one (outcome with an error).
     - `refuse_validation`: when set, validate() raises InvalidRequest with it (e.g. too many nodes).
     - `set_status()` / `finish()`: what poll() answers for a job; unscripted jobs answer `default`.
+    - `poll_interval_s`: how often the reconciler polls it (the tests' settings use 0.05 s too).
     - `recovered` / `undecided` / `recover_error`: what recover() answers for a job folder (an id the
       scheduler got anyway; a folder it cannot tell yet; BackendError); other folders answer None.
     """
 
-    def __init__(self, name: str = "local", default: JobState = JobState.running) -> None:
+    def __init__(
+        self, name: str = "local", default: JobState = JobState.running, poll_interval_s: float = 0.05
+    ) -> None:
         self.name = name
         self.default = default
+        self.poll_interval_s = poll_interval_s
+        self.max_nodes = 1 if name == "local" else None  # as the real backend of that name declares
         self.submit_error: str | None = None
         self.reject: dict[str, str] = {}
         self.refuse_validation: str | None = None

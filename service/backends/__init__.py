@@ -1,10 +1,9 @@
-"""Backend factory: which backends this service runs, and which one a job goes to."""
+"""Backend factory: which backends this service runs."""
 
 from __future__ import annotations
 
 from service.backends.base import Backend
 from service.config import Settings
-from service.errors import InvalidRequest
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
@@ -17,17 +16,10 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     if "local" in settings.backends:
         from service.backends.local import LocalBackend
 
-        backends["local"] = LocalBackend()
+        backends["local"] = LocalBackend(poll_interval_s=settings.local_reconcile_interval_s)
     if "slurm" in settings.backends:
         from service.backends.slurm import SlurmBackend
 
         backends["slurm"] = SlurmBackend(settings)
     return backends
 
-
-def choose_backend(requested: str | None, settings: Settings, available: dict[str, Backend]) -> str:
-    """The job's own choice, else the service default; refused when this service cannot run it."""
-    name = requested or settings.default_backend
-    if name not in available:
-        raise InvalidRequest(f"backend '{name}' is not available on this service", field="backend")
-    return name

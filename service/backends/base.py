@@ -47,7 +47,20 @@ class BackendStatus:
 
 @runtime_checkable
 class Backend(Protocol):
+    """What differs between backends is declared here (interval, node limit, how quick validation is),
+    so the loops and the admission never test a backend's name."""
+
     name: str
+
+    @property
+    def poll_interval_s(self) -> float:
+        """How often the reconcile loop asks this backend about its jobs, in seconds."""
+        ...
+
+    @property
+    def max_nodes(self) -> int | None:
+        """The most nodes one job can span here; None: the scheduler decides (validate asks it)."""
+        ...
 
     def validate(self, spec: RunSpec) -> None:
         """Raise InvalidRequest when the scheduler could never run this request (checked at POST)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from service.backends.base import BackendStatus, SubmitOutcome
-from service.errors import BackendError, InvalidRequest
+from service.errors import BackendError
 from service.states import JobState
 from worker.spec import RunSpec
 
@@ -32,8 +32,11 @@ _CONTROLLER_MARK = b"submitit.local._local"
 
 class LocalBackend:
     name = "local"
+    max_nodes = 1  # this machine
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, poll_interval_s: float = 0.25, python: str | None = None) -> None:
+        # Checking a local job is a waitpid and a file look, so it can be done often.
+        self.poll_interval_s = poll_interval_s
         self._python = python or sys.executable
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
@@ -42,8 +45,7 @@ class LocalBackend:
     # ---------------------------------------------------------------- protocol
 
     def validate(self, spec: RunSpec) -> None:
-        if spec.resources.nodes != 1:
-            raise InvalidRequest("the local backend runs on one node", field="resources.nodes")
+        """Nothing to ask: the one limit, a single node, is `max_nodes`, checked at admission."""
 
     def validate_is_quick(self, spec: RunSpec) -> bool:
         return True

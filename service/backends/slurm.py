@@ -43,8 +43,8 @@ from worker.spec import JobFiles, RunSpec
 
 log = logging.getLogger(__name__)
 
-# ids per squeue/sacct/scancel call: 1000 active jobs still cost ONE squeue per interval (about 20 ms
-# here), and 5000 ids (~60 KB) stay far below ARG_MAX.
+# ids per squeue/sacct/scancel call: a thousand active jobs still cost ONE squeue per interval, and
+# 5000 ids (about 60 KB of arguments) stay far below ARG_MAX.
 POLL_CHUNK = 5000
 COMMAND_TIMEOUT_S = 30.0
 SUBMIT_TIMEOUT_S = 120.0  # generous: a timed-out sbatch may still have queued the job
@@ -110,6 +110,7 @@ def _chunks(items: Sequence[str], size: int) -> Iterator[list[str]]:
 
 class SlurmBackend:
     name = "slurm"
+    max_nodes = None  # the partition's limit: sbatch --test-only answers it (validate)
 
     def __init__(
         self,
@@ -118,6 +119,7 @@ class SlurmBackend:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
+        self.poll_interval_s = settings.reconcile_interval_s  # every poll is a scheduler command
         self._runner = runner
         self._clock = clock
         self._lock = threading.Lock()

@@ -21,7 +21,6 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend, BackendStatus
-from service.config import Settings
 from service.domain.jobs import error_summary
 from service.errors import BackendError
 from service.ledger.db import session_scope, write_scope
@@ -40,10 +39,9 @@ MAX_LEDGER_BACKOFF_S = 5.0  # the database is down: it is ours, and the ledger s
 class Reconciler:
     """One thread per backend, each on its own interval, woken early by its backend."""
 
-    def __init__(self, engine: Engine, backends: Mapping[str, Backend], settings: Settings) -> None:
+    def __init__(self, engine: Engine, backends: Mapping[str, Backend]) -> None:
         self._engine = engine
         self._backends = backends
-        self._settings = settings
         self._stop = threading.Event()
         self._wakes = {name: threading.Event() for name in backends}
         self._threads = [
@@ -71,9 +69,7 @@ class Reconciler:
             self._wakes[backend_name].set()
 
     def interval(self, backend_name: str) -> float:
-        if backend_name == "local":
-            return self._settings.local_reconcile_interval_s
-        return self._settings.reconcile_interval_s
+        return self._backends[backend_name].poll_interval_s
 
     def _run(self, backend_name: str) -> None:
         delay = 0.0
@@ -143,9 +139,7 @@ class Reconciler:
         files = JobFiles(Path(job.folder or "."))
         ingest_progress(session, job, files.progress)
         if status is None:
-            if backend_name != "local":
-                return False  # the scheduler does not list it (yet): ask again next tick
-            status = BackendStatus(JobState.succeeded, reason="process gone")
+            return False  # the scheduler does not list it (yet): ask again next tick
         target = JobState(status.state)
         if target is JobState.running:
             # Only running ranks write these files; a job waiting in the queue has none of its own,

@@ -115,8 +115,8 @@ def test_jobs_that_arrive_together_are_submitted_together(api: TestClient, fake:
 @pytest.fixture
 def quiet_api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) -> Iterator[TestClient]:
     """The service with reconcile loops that never tick on their own: the test drives each tick."""
-    slow = settings.model_copy(update={"reconcile_interval_s": 3600.0, "local_reconcile_interval_s": 3600.0})
-    with TestClient(create_app(slow, backends={"local": fake, "slurm": fake_slurm})) as client:
+    fake.poll_interval_s = fake_slurm.poll_interval_s = 3600.0  # each backend declares its interval
+    with TestClient(create_app(settings, backends={"local": fake, "slurm": fake_slurm})) as client:
         yield authorize(client)
 
 

@@ -181,9 +181,8 @@ async def _poll(base: str, paths: list[str], rounds: int, auth: dict[str, str]) 
 
 def test_fifty_polling_clients_add_zero_scheduler_calls(settings: Settings) -> None:
     # Reconcile only when woken (the backend's wakeup): the interval cannot explain a single call.
-    quiet = settings.model_copy(update={"reconcile_interval_s": 3600.0, "local_reconcile_interval_s": 3600.0})
-    fake = FakeBackend("local", default=JobState.submitted)
-    app = create_app(quiet, backends={"local": fake})
+    fake = FakeBackend("local", default=JobState.submitted, poll_interval_s=3600.0)
+    app = create_app(settings, backends={"local": fake})
     with serve(app) as server:
         auth = login_headers(app)
         created = httpx.post(f"{server.url}{JOBS}", json=BODY, headers=auth).json()
