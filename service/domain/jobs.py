@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend
@@ -22,6 +23,7 @@ from service.domain import audit
 from service.domain.auth import Principal
 from service.errors import Conflict, InvalidRequest, NotFound
 from service.ledger.clock import LedgerVersion, read_version
+from service.ledger.db import write_scope
 from service.ledger.models import Job, JobCreate, JobEvent, JobMetric, JobPage, JobPublic, NewJob
 from service.loops.transitions import record_transition
 from service.states import JobState, is_terminal
@@ -85,11 +87,6 @@ def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
     if job is None or not viewer.may_see(job.owner):
         raise NotFound(f"job {job_id} not found", field="job_id")
     return job
-
-
-def ledger_version(session: Session) -> LedgerVersion:
-    """The ledger clock: changes whenever any job changes (the list endpoint's ETag)."""
-    return read_version(session)
 
 
 def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
@@ -185,8 +182,32 @@ def list_metrics(
 # ---------------------------------------------------------------- cancel
 
 
-def cancel_job(session: Session, job_id: int, backends: Mapping[str, Backend], viewer: Principal) -> Job:
+def cancel_job(engine: Engine, job_id: int, backends: Mapping[str, Backend], viewer: Principal) -> Job:
     """Idempotent: a terminal job is returned as it is; anything else ends up cancelled.
+
+    Its own transactions, because the scheduler is called between them: the request is committed
+    first and the row lock released, since `scancel` may take many seconds and a job row locked that
+    long stalls the reconciler and every other writer of the job. When the scheduler cannot be told,
+    the raised BackendError answers the caller; the job keeps `cancel_requested` and runs on until a
+    retried cancel gets through.
+    """
+    # write_scope: on SQLite a row lock is no lock, so the reconciler's writes and these take turns
+    with write_scope(engine) as session:
+        job = _request_cancel(session, job_id, viewer)
+        external_id = None if is_terminal(JobState(job.state)) else job.external_id
+    if external_id is None:
+        return job
+    require_backend(backends, job.backend).cancel([external_id])
+    with write_scope(engine) as session:
+        job = get_job(session, job_id, viewer)
+        session.refresh(job, with_for_update=True)  # the reconciler may have ended it meanwhile
+        if not is_terminal(JobState(job.state)):
+            record_transition(session, job, JobState.cancelled, "cancelled by user")
+    return job
+
+
+def _request_cancel(session: Session, job_id: int, viewer: Principal) -> Job:
+    """Flag the job for cancelling and end it at once where no scheduler holds it.
 
     A job still queued may be in a dispatcher's hands right now: the flag makes the dispatcher
     cancel what it submits instead of letting it run.
@@ -200,11 +221,9 @@ def cancel_job(session: Session, job_id: int, backends: Mapping[str, Backend], v
         return job
     audit.record(session, viewer.user, "job.cancel", f"job {job_id}", f"owner={job.owner} was={state.value}")
     job.cancel_requested = True
-    if job.external_id is not None:
-        require_backend(backends, job.backend).cancel([job.external_id])
-    if state is not JobState.queued or job.claimed_by is None:
-        record_transition(session, job, JobState.cancelled, "cancelled by user")
     session.add(job)
+    if job.external_id is None and (state is not JobState.queued or job.claimed_by is None):
+        record_transition(session, job, JobState.cancelled, "cancelled by user")
     return job
 
 

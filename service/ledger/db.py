@@ -87,15 +87,16 @@ def write_scope(engine: Engine) -> Iterator[Session]:
 
     SQLite lets one writer in at a time and makes the others wait in its busy handler, which sleeps
     between tries (up to 100 ms a sleep). Under a burst of POSTs the intake commits again and again,
-    and the dispatcher's claim waited hundreds of milliseconds for a turn. So on SQLite this process's
+    and the dispatcher's claim waited many sleeps for a turn. So on SQLite this process's
     writers take turns on a lock, and the next one starts as soon as the last commits. PostgreSQL
     locks rows, not the database: no lock there.
     """
-    with _writer_lock(engine), session_scope(engine) as session:
+    with writer_turn(engine), session_scope(engine) as session:
         yield session
 
 
-def _writer_lock(engine: Engine) -> AbstractContextManager[object]:
+def writer_turn(engine: Engine) -> AbstractContextManager[object]:
+    """This process's turn to write to a SQLite ledger (a no-op on PostgreSQL, which locks rows)."""
     if not is_sqlite(str(engine.url)):
         return nullcontext()
     with _writers_guard:

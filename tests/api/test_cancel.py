@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
+from sqlmodel import col, select
 
+from service.errors import BackendError
+from service.ledger.db import is_sqlite, writer_turn
+from service.ledger.models import Job
 from tests.fakes import FakeBackend
-from tests.support import JOBS, get_job, submit, wait_for, wait_state
+from tests.support import JOBS, get_job, runtime_of, submit, wait_for, wait_state
 
 
 def cancel(api: TestClient, job_id: int) -> dict[str, Any]:
@@ -79,3 +85,62 @@ def test_cancel_of_a_finished_job_changes_nothing(api: TestClient, fake: FakeBac
     assert after["state"] == "succeeded" and after["result"] == "done"
     assert after["finished_at"] == done["finished_at"]
     assert fake.cancel_calls == []
+
+
+def row_is_free_and_flagged(engine: Engine, job_id: int) -> bool:
+    """From a connection of its own, without waiting: the job's row can be locked now, and the cancel
+    request is already committed (another connection sees only committed rows)."""
+    # On SQLite, this process's writers take turns (writer_turn): the loops cannot be mid-write while
+    # this looks, and the turn is re-entrant, so a cancel that still held a write would show here.
+    with writer_turn(engine), engine.connect() as connection:
+        query = select(col(Job.cancel_requested)).where(col(Job.id) == job_id)
+        if is_sqlite(str(engine.url)):  # one writer at a time: can a write transaction begin now?
+            connection.exec_driver_sql("PRAGMA busy_timeout=0")
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        else:  # row locks: is this one free?
+            connection.exec_driver_sql("SET lock_timeout = '100ms'")
+            query = query.with_for_update(nowait=True)
+        flagged = bool(connection.execute(query).scalar_one())
+        connection.rollback()
+    return flagged
+
+
+def test_the_scheduler_is_told_to_cancel_with_no_lock_held_on_the_job(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    engine = runtime_of(api).engine
+    job_id = submit(api)["id"]
+    wait_state(api, job_id, "running")
+    seen: list[bool] = []
+    real_cancel = fake.cancel
+
+    def cancel_and_look(external_ids: Sequence[str]) -> None:
+        seen.append(row_is_free_and_flagged(engine, job_id))  # raises if the row (or SQLite) is locked
+        real_cancel(external_ids)
+
+    fake.cancel = cancel_and_look  # type: ignore[method-assign]
+
+    assert cancel(api, job_id)["state"] == "cancelled"
+    assert seen == [True]
+    assert cancelled_events(api, job_id) == 1
+
+
+def test_a_cancel_the_scheduler_refuses_leaves_the_job_running_and_can_be_retried(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    job_id = submit(api)["id"]
+    wait_state(api, job_id, "running")
+    real_cancel = fake.cancel
+
+    def scheduler_down(external_ids: Sequence[str]) -> None:
+        raise BackendError("scancel: Unable to contact slurm controller")
+
+    fake.cancel = scheduler_down  # type: ignore[method-assign]
+    refused = api.post(f"{JOBS}/{job_id}/cancel")
+    assert refused.status_code == 502 and "scancel" in refused.text
+    job = get_job(api, job_id)
+    assert job["state"] == "running" and job["cancel_requested"] is True
+
+    fake.cancel = real_cancel  # type: ignore[method-assign]
+    assert cancel(api, job_id)["state"] == "cancelled"
+    assert cancelled_events(api, job_id) == 1
