@@ -224,7 +224,6 @@ class Dispatcher:
                     continue
                 job.claimed_by = job.claimed_at = None
                 job.reason = reason
-                job.updated_at = utcnow()
                 session.add(job)
 
     def _record(self, backend: Backend, outcomes: Sequence[SubmitOutcome]) -> None:

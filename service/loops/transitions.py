@@ -1,4 +1,8 @@
-"""Apply a state change to a job row: the state machine, the event row and the timestamps together."""
+"""Apply a state change to a job row: the state machine, the event row and the timestamps together.
+
+`updated_at` is never set here: the ledger clock stamps every job a transaction changed at its commit
+(service.ledger.clock), which is what orders changes for polling readers.
+"""
 
 from __future__ import annotations
 
@@ -30,7 +34,6 @@ def record_transition(
     if current is target:
         if reason is not None and reason != job.reason:
             job.reason = reason
-            job.updated_at = utcnow()
             session.add(job)
         return False
     check_transition(current, target)
@@ -47,7 +50,6 @@ def record_transition(
         job.started_at = now
     if is_terminal(target):
         job.finished_at = now
-    job.updated_at = now
     session.add(job)
     assert job.id is not None, "flush the job before recording its history"
     session.add(
@@ -89,7 +91,6 @@ def record_submissions(session: Session, accepted: Sequence[Submission]) -> None
             reason=bindparam("b_reason"),
             external_id=bindparam("b_external_id"),
             submitted_at=now,
-            updated_at=now,
             claimed_by=None,
             claimed_at=None,
         ),
@@ -136,7 +137,7 @@ def record_waiting(
                     col(Job.state) == JobState.submitted,
                     col(Job.updated_at) <= unchanged_since,
                 )
-                .values(state=JobState.pending, reason=reason, updated_at=now)
+                .values(state=JobState.pending, reason=reason)
                 .returning(col(Job.id), col(Job.attempt))
             )
             moved.extend((row["id"], row["attempt"], reason) for row in rows.mappings())
