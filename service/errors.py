@@ -28,10 +28,6 @@ class LimitExceeded(ServiceError):
     """A quota or rate limit says no."""
 
 
-class Unavailable(ServiceError):
-    """A dependency (database, scheduler) is down for now; try again later."""
-
-
 class BackendError(ServiceError):
     """A backend could not do what was asked (submitit or the scheduler said no)."""
 

@@ -28,7 +28,6 @@ from service.errors import (
     NotFound,
     ServiceError,
     Unauthenticated,
-    Unavailable,
 )
 from service.states import IllegalTransition
 
@@ -41,7 +40,6 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
     InvalidRequest: 422,
     Conflict: 409,
     LimitExceeded: 429,
-    Unavailable: 503,
     BackendError: 502,
     InsufficientStorage: 507,
 }

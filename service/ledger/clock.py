@@ -168,7 +168,7 @@ def _tick(session: Session) -> datetime:
     """Bump the clock (taking its lock) and return a stamp strictly after the last committed one.
 
     Core statements on the session's connection: through the ORM, the RETURNING row went through
-    its object loading, which under a burst of POSTs came to two thirds of the intake's time."""
+    its object loading, which under a burst of POSTs dominated the intake's time."""
     connection = session.connection()
     bumped = connection.execute(
         update(_CLOCK).where(_CLOCK.c.id == 1).values(seq=_CLOCK.c.seq + 1).returning(_CLOCK.c.stamped_at)

@@ -268,15 +268,6 @@ class ApiToken(SQLModel, table=True):
     revoked_at: datetime | None = _time_column()
 
 
-class ApiTokenPublic(SQLModel):
-    id: int
-    username: str
-    admin: bool
-    prefix: str
-    created_at: datetime
-    revoked_at: datetime | None
-
-
 class AuditEntry(SQLModel, table=True):
     """Who did what to which job or token, and when. Written in the same transaction as the act."""
 

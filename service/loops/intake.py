@@ -1,7 +1,7 @@
 """Group commit for new jobs: many POSTs, one transaction.
 
 SQLite allows one writer at a time; a transaction per request makes requests queue on the write lock
-(p99 near a second at 32 clients). One writer thread drains whatever arrived meanwhile and commits it
+and the slowest wait for all the others. One writer thread drains whatever arrived meanwhile and commits it
 together, so each request waits for at most one commit.
 """
 
