@@ -1,4 +1,4 @@
-"""Run the service inside this process, in a thread: what `torchyard demo` uses (and tests may).
+"""Run the service inside this process, in a thread: what `torchyard demo` uses, and the tests' live server.
 
 The listening socket is bound here, before uvicorn starts, so a taken port is a clear error at once
 (or, when the caller allows it, a free port instead) rather than a log line from another thread.
@@ -9,7 +9,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import Any
 
 import uvicorn
 
@@ -18,6 +20,7 @@ from service.app import create_app
 from service.config import Settings
 
 START_TIMEOUT_S = 60.0
+App = Callable[[Any, Any, Any], Awaitable[None]]  # an ASGI app (FastAPI is imported only where it is built)
 
 
 class PortTaken(OSError):
@@ -41,16 +44,22 @@ def bind(host: str, port: int, fallback_to_free: bool) -> socket.socket:
 
 
 class EmbeddedService:
-    """`with EmbeddedService(settings) as service:` serves at service.url until the block ends."""
+    """`with EmbeddedService(settings) as service:` serves at service.url until the block ends.
 
-    def __init__(self, settings: Settings, fallback_to_free_port: bool = False) -> None:
+    `app`: serve this app instead of one made from `settings` (tests build theirs with fake backends);
+    `settings` then says only where to listen (port 0: any free port).
+    """
+
+    def __init__(
+        self, settings: Settings, fallback_to_free_port: bool = False, app: App | None = None
+    ) -> None:
         self.settings = settings
         self._socket = bind(settings.host, settings.port, fallback_to_free_port)
         self.port: int = self._socket.getsockname()[1]
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         self.url = f"http://{host}:{self.port}"
         config = uvicorn.Config(
-            create_app(settings.model_copy(update={"port": self.port})),
+            app if app is not None else create_app(settings.model_copy(update={"port": self.port})),
             log_level="warning",  # the demo's own output is the story; uvicorn's access log is noise
             access_log=False,
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,

@@ -6,16 +6,15 @@ TestClient calls the app in-process; polling clients, a browser and wrk need a s
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 
+from service.config import Settings
+from service.embedded import EmbeddedService
 from service.runtime import Runtime
 from tests.support import login_headers
 
@@ -47,20 +46,7 @@ class LiveServer:
 
 
 @contextmanager
-def serve(app: FastAPI, timeout: float = 30.0) -> Iterator[LiveServer]:
-    """Run `app` (lifespan included) until the block ends."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield LiveServer(app=app, url=f"http://127.0.0.1:{port}")
-    finally:
-        server.should_exit = True
-        thread.join(timeout=timeout)
+def serve(app: FastAPI) -> Iterator[LiveServer]:
+    """Run `app` (lifespan included) on 127.0.0.1 and a free port until the block ends."""
+    with EmbeddedService(Settings(host="127.0.0.1", port=0), app=app) as service:
+        yield LiveServer(app=app, url=service.url)
