@@ -14,6 +14,7 @@ from service.config import Settings
 from service.domain.auth import TokenCheck
 from service.domain.quotas import QuotaBook
 from service.domain.storage import RoomCheck, jobs_root
+from service.domain.submit import Admission
 from service.ledger.clock import on_stamped_commit
 from service.ledger.db import make_engine, migrate
 from service.loops.dispatch import Dispatcher
@@ -32,7 +33,7 @@ class Runtime:
     clock: ClockReader
     tokens: TokenCheck
     quotas: QuotaBook
-    room: RoomCheck
+    admission: Admission
     pages: PageCache = field(default_factory=PageCache)
     job_watch: JobWatch = field(default_factory=JobWatch)  # long polls on one job (GET ?wait_s=)
 
@@ -48,8 +49,10 @@ class Runtime:
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)
         clock = ClockReader(engine)
-        room = RoomCheck(settings)
-        runtime = cls(settings, engine, backends, intake, dispatcher, reconciler, clock, tokens, quotas, room)
+        admission = Admission(settings, engine, backends, quotas, RoomCheck(settings), intake)
+        runtime = cls(
+            settings, engine, backends, intake, dispatcher, reconciler, clock, tokens, quotas, admission
+        )
         on_stamped_commit(engine, runtime.job_watch.changed)
         return runtime
 

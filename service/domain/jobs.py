@@ -1,6 +1,6 @@
 """The job domain: list, read, cancel, logs. Never imports FastAPI; the caller owns the transaction.
 
-Creation goes through service.loops.intake (group commit); this module builds the rows it writes.
+Creation is service.domain.submit (admission) and service.loops.intake (group commit).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from service.backends.base import Backend
 from service.config import Settings
 from service.domain import audit
 from service.domain.auth import Principal
-from service.errors import Conflict, InvalidRequest, NotFound
+from service.errors import InvalidRequest, NotFound
 from service.ledger.clock import LedgerVersion, read_version
 from service.ledger.db import write_scope
-from service.ledger.models import Job, JobCreate, JobEvent, JobMetric, JobPage, JobPublic, NewJob
+from service.ledger.models import Job, JobEvent, JobMetric, JobPage, JobPublic
 from service.loops.transitions import record_transition
 from service.states import JobState, is_terminal
 from worker.spec import JobFiles, parse_error_text
@@ -33,52 +33,11 @@ MAX_PAGE = 500
 MAX_ID = 2**63 - 1  # the largest id a ledger can hold: beyond it SQLite's driver raises, not answers
 
 
-# ---------------------------------------------------------------- creation
-
-
-def check_request(payload: JobCreate, settings: Settings) -> str:
-    """Validate what pydantic cannot know (limits, files); return the backend name to use."""
-    res = payload.resources
-    limits = [
-        ("resources.nodes", res.nodes, settings.max_nodes),
-        ("resources.tasks_per_node", res.tasks_per_node, settings.max_tasks_per_node),
-        ("resources.gpus_per_node", res.gpus_per_node, settings.max_gpus_per_node),
-        ("resources.timeout_min", res.timeout_min, settings.max_timeout_min),
-    ]
-    for field, value, maximum in limits:
-        if value > maximum:
-            raise InvalidRequest(f"is {value}, above this service's maximum of {maximum}", field=field)
-    backend = payload.backend or settings.default_backend
-    if backend == "local" and res.nodes > 1:
-        raise InvalidRequest(
-            "the local backend runs on one node; use backend 'slurm' for more", field="resources.nodes"
-        )
-    return backend
-
-
-def new_job_row(payload: JobCreate, owner: str, backend: str, idempotency_key: str | None = None) -> NewJob:
-    spec = payload.model_dump(exclude={"name", "backend"}, mode="json")
-    return NewJob(name=payload.name, owner=owner, backend=backend, spec=spec, idempotency_key=idempotency_key)
-
-
-def find_by_idempotency_key(session: Session, owner: str, key: str) -> Job | None:
-    return session.exec(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).first()
-
-
-def check_same_request(existing: JobPublic, row: NewJob) -> None:
-    """A retry must be the same request: one key reused for a different job is the caller's bug."""
-    if (existing.name, existing.backend, existing.spec) != (row.name, row.backend, row.spec):
-        raise Conflict(
-            f"this Idempotency-Key was already used for a different request (job {existing.id})",
-            field="Idempotency-Key",
-        )
+# ---------------------------------------------------------------- reading
 
 
 def job_folder(settings: Settings, job_id: int) -> Path:
     return (settings.data_dir / "jobs" / str(job_id)).resolve()
-
-
-# ---------------------------------------------------------------- reading
 
 
 def get_job(session: Session, job_id: int, viewer: Principal) -> Job:

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from service.domain.jobs import check_same_request
+from service.errors import Conflict
 from service.ledger.clock import id_conditions, stamp_jobs
 from service.ledger.db import write_scope
 from service.ledger.models import AuditEntry, Job, JobEvent, JobPublic, NewJob
@@ -225,6 +225,15 @@ def _jobs_by_key(session: Session, rows: list[NewJob]) -> dict[Key, JobPublic]:
         for job in session.exec(query)
         if job.idempotency_key is not None
     }
+
+
+def check_same_request(existing: JobPublic, row: NewJob) -> None:
+    """A retry must be the same request: one key reused for a different job is the caller's bug."""
+    if (existing.name, existing.backend, existing.spec) != (row.name, row.backend, row.spec):
+        raise Conflict(
+            f"this Idempotency-Key was already used for a different request (job {existing.id})",
+            field="Idempotency-Key",
+        )
 
 
 def _replay(earlier: JobPublic, row: NewJob) -> Accepted | Exception:

@@ -109,3 +109,21 @@ def _login(api: TestClient, user: str) -> dict[str, str]:
     from tests.support import login_headers
 
     return login_headers(api.app, user)
+
+
+def test_an_idempotent_retry_at_the_limit_gets_its_job_not_429(tight: TestClient) -> None:
+    keyed = [tight.post(JOBS, json=BODY, headers={"Idempotency-Key": f"k{i}"}) for i in range(3)]
+    assert [response.status_code for response in keyed] == [201, 201, 201]  # now at the limit of 3
+
+    retry = tight.post(JOBS, json=BODY, headers={"Idempotency-Key": "k1"})
+    fresh = tight.post(JOBS, json=BODY, headers={"Idempotency-Key": "k9"})
+    changed = tight.post(JOBS, json={**BODY, "name": "other"}, headers={"Idempotency-Key": "k2"})
+
+    assert retry.status_code == 200 and retry.json()["id"] == keyed[1].json()["id"]
+    assert fresh.status_code == 429  # a new request is still counted
+    assert changed.status_code == 409  # the same key for a different request is still refused
+    # the retries counted nothing: after one job ends, exactly one new job fits again
+    tight.post(f"{JOBS}/{keyed[0].json()['id']}/cancel")
+    runtime_of(tight).quotas.refresh("alice")
+    assert tight.post(JOBS, json=BODY).status_code == 201
+    assert tight.post(JOBS, json=BODY).status_code == 429

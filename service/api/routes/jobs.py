@@ -16,14 +16,13 @@ from service.api import etag
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
 from service.api.metrics import HELD_S
-from service.domain import jobs, policy
+from service.domain import jobs
 from service.domain.auth import Principal
 from service.ledger.clock import LedgerVersion
 from service.ledger.db import session_scope
 from service.ledger.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
 from service.runtime import Runtime
 from service.states import JobState
-from worker.spec import RunSpec
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -115,32 +114,7 @@ async def create_job(
     payload: JobCreate, runtime: RuntimeDep, user: CurrentUser, idempotency_key: IdempotencyKey = None
 ) -> Response:
     """Store the job (state `queued`) and return at once; the dispatch loop hands it to the backend."""
-    settings = runtime.settings
-    backend_name = jobs.check_request(payload, settings)
-    backend = jobs.require_backend(runtime.backends, backend_name)
-    if payload.entrypoint is not None:
-        policy.check_entrypoint_allowed(payload.entrypoint, settings)
-    policy.check_env(payload.env, settings)
-    if payload.script is not None:
-        script = await run_in_threadpool(policy.resolve_allowed_script, payload.script, settings)
-        payload = payload.model_copy(update={"script": script})  # the real path: no symlink swap later
-    row = jobs.new_job_row(payload, user.user, backend_name, idempotency_key)
-    if runtime.quotas.needs_refresh(user.user):
-        await run_in_threadpool(runtime.quotas.refresh, user.user)
-    runtime.quotas.admit(user.user, payload.resources)
-    try:
-        await runtime.room.check()
-        probe = RunSpec(job_id=0, name=payload.name, folder="", **row.spec)
-        if backend.validate_is_quick(probe):
-            backend.validate(probe)
-        else:  # the scheduler must be asked (sbatch --test-only): not on the event loop
-            await run_in_threadpool(backend.validate, probe)
-        accepted = await runtime.intake.add(row)
-    except BaseException:
-        runtime.quotas.release(user.user)
-        raise
-    if accepted.replayed:
-        runtime.quotas.release(user.user)
+    accepted = await runtime.admission.submit(payload, user, idempotency_key)
     status = 200 if accepted.replayed else 201
     return Response(accepted.job.model_dump_json(), status_code=status, media_type=JSON)
 

@@ -1,18 +1,26 @@
-"""service.backends.choose_backend: the job's choice, else the service's default, if it runs here."""
+"""Which backend a job goes to (service.domain.submit.check_request): the job's choice, else the
+service's default, if it runs here; and the backends this service builds."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from service.backends import choose_backend, make_backends
+from service.backends import make_backends
 from service.backends.base import Backend
 from service.config import BackendName, Settings
+from service.domain.submit import check_request
 from service.errors import InvalidRequest
+from service.ledger.models import JobCreate
 from tests.fakes import FakeBackend
 
 BOTH: dict[str, Backend] = {"local": FakeBackend("local"), "slurm": FakeBackend("slurm")}
+
+
+def job(**fields: Any) -> JobCreate:
+    return JobCreate.model_validate({"name": "j", "entrypoint": "worker.tasks.seed:ddp_step", **fields})
 
 
 @pytest.mark.parametrize(
@@ -25,21 +33,36 @@ BOTH: dict[str, Backend] = {"local": FakeBackend("local"), "slurm": FakeBackend(
     ],
 )
 def test_the_job_choice_wins_over_the_default(
-    requested: str | None, default: BackendName, expected: str
+    requested: BackendName | None, default: BackendName, expected: str
 ) -> None:
     settings = Settings(default_backend=default)
-    assert choose_backend(requested, settings, BOTH) == expected
+    assert check_request(job(backend=requested), settings, BOTH) == expected
 
 
 @pytest.mark.parametrize(("requested", "default"), [("slurm", "local"), (None, "slurm")])
-def test_a_backend_this_service_does_not_run_is_refused(requested: str | None, default: BackendName) -> None:
+def test_a_backend_this_service_does_not_run_is_refused(
+    requested: BackendName | None, default: BackendName
+) -> None:
     settings = Settings(default_backend=default)
 
     with pytest.raises(InvalidRequest) as caught:
-        choose_backend(requested, settings, {"local": FakeBackend("local")})
+        check_request(job(backend=requested), settings, {"local": FakeBackend("local")})
 
     assert caught.value.field == "backend"
     assert caught.value.message == "backend 'slurm' is not available on this service"
+
+
+def test_a_backends_own_node_limit_is_checked_by_what_it_declares(tmp_path: Path) -> None:
+    backends = make_backends(Settings(data_dir=tmp_path))
+    try:
+        assert backends["local"].max_nodes == 1
+        with pytest.raises(InvalidRequest) as caught:
+            check_request(job(backend="local", resources={"nodes": 2}), Settings(max_nodes=4), backends)
+        assert caught.value.field == "resources.nodes"
+        assert caught.value.message.startswith("the local backend runs on one node")
+    finally:
+        for backend in backends.values():
+            backend.close()
 
 
 def test_the_fake_backend_honours_the_protocol() -> None:
@@ -69,7 +92,7 @@ def test_the_backends_setting_says_which_backends_run(
 
     assert settings.backends == ["slurm"] and sorted(running) == ["slurm"]
     with pytest.raises(InvalidRequest, match="backend 'local' is not available"):
-        choose_backend("local", settings, running)
+        check_request(job(backend="local"), settings, running)
 
 
 def test_a_default_backend_that_does_not_run_is_a_settings_error() -> None:

@@ -1,0 +1,123 @@
+"""Admission: the whole sequence that turns a POSTed job spec into a stored, queued job.
+
+In order, each step cheaper than the next and none of them counted before it is needed:
+1. the request's shape against this service's limits, and the backend it goes to;
+2. the operator's policy (entrypoints, scripts, environment); a script path is resolved once, here;
+3. an `Idempotency-Key` retry is answered with the job its first request made, before anything is
+   counted: a retry by a user at their active-job limit still gets its job;
+4. the user's quotas (counted, and given back if the job is not stored after all);
+5. room on disk for the job's folder, and the backend's own validation (`sbatch --test-only` may have
+   to be asked: off the event loop, unless the backend says its answer is quick);
+6. the intake's group commit, which also settles two first requests with one key racing each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from service.backends.base import Backend
+from service.config import Settings
+from service.domain import policy
+from service.domain.auth import Principal
+from service.domain.jobs import require_backend
+from service.domain.quotas import QuotaBook
+from service.domain.storage import RoomCheck
+from service.errors import InvalidRequest
+from service.ledger.models import Job, JobCreate, JobPublic, NewJob
+from service.loops.intake import Accepted, JobIntake, check_same_request
+from worker.spec import RunSpec
+
+
+@dataclass
+class Admission:
+    """The parts admission needs, built once by the Runtime."""
+
+    settings: Settings
+    engine: Engine
+    backends: Mapping[str, Backend]
+    quotas: QuotaBook
+    room: RoomCheck
+    intake: JobIntake
+
+    async def submit(self, payload: JobCreate, user: Principal, idempotency_key: str | None) -> Accepted:
+        """Admit and store one job; `replayed` when an earlier request with this key made it."""
+        backend_name = check_request(payload, self.settings, self.backends)
+        backend = require_backend(self.backends, backend_name)
+        payload = await self._apply_policy(payload)
+        row = new_job_row(payload, user.user, backend_name, idempotency_key)
+        if idempotency_key is not None:
+            earlier = await asyncio.to_thread(find_replayed, self.engine, user.user, idempotency_key)
+            if earlier is not None:
+                check_same_request(earlier, row)
+                return Accepted(earlier, replayed=True)
+        if self.quotas.needs_refresh(user.user):
+            await asyncio.to_thread(self.quotas.refresh, user.user)
+        self.quotas.admit(user.user, payload.resources)
+        try:
+            await self.room.check()
+            await self._validate(backend, RunSpec(job_id=0, name=payload.name, folder="", **row.spec))
+            accepted = await self.intake.add(row)
+        except BaseException:
+            self.quotas.release(user.user)
+            raise
+        if accepted.replayed:  # a concurrent first request with this key was stored first
+            self.quotas.release(user.user)
+        return accepted
+
+    async def _apply_policy(self, payload: JobCreate) -> JobCreate:
+        if payload.entrypoint is not None:
+            policy.check_entrypoint_allowed(payload.entrypoint, self.settings)
+        policy.check_env(payload.env, self.settings)
+        if payload.script is None:
+            return payload
+        script = await asyncio.to_thread(policy.resolve_allowed_script, payload.script, self.settings)
+        return payload.model_copy(update={"script": script})  # the real path: no symlink swap later
+
+    @staticmethod
+    async def _validate(backend: Backend, probe: RunSpec) -> None:
+        if backend.validate_is_quick(probe):
+            backend.validate(probe)
+        else:
+            await asyncio.to_thread(backend.validate, probe)
+
+
+def check_request(payload: JobCreate, settings: Settings, backends: Mapping[str, Backend]) -> str:
+    """Validate what pydantic cannot know (this service's limits, the backend's node limit); return
+    the name of the backend the job goes to."""
+    res = payload.resources
+    limits = [
+        ("resources.nodes", res.nodes, settings.max_nodes),
+        ("resources.tasks_per_node", res.tasks_per_node, settings.max_tasks_per_node),
+        ("resources.gpus_per_node", res.gpus_per_node, settings.max_gpus_per_node),
+        ("resources.timeout_min", res.timeout_min, settings.max_timeout_min),
+    ]
+    for field, value, maximum in limits:
+        if value > maximum:
+            raise InvalidRequest(f"is {value}, above this service's maximum of {maximum}", field=field)
+    name = payload.backend or settings.default_backend
+    most = require_backend(backends, name).max_nodes
+    if most is not None and res.nodes > most:
+        nodes = "one node" if most == 1 else f"at most {most} nodes"
+        roomier = sorted(n for n, b in backends.items() if b.max_nodes is None or b.max_nodes >= res.nodes)
+        hint = f"; use backend '{roomier[0]}' for more" if roomier else ""
+        raise InvalidRequest(f"the {name} backend runs on {nodes}{hint}", field="resources.nodes")
+    return name
+
+
+def new_job_row(payload: JobCreate, owner: str, backend: str, idempotency_key: str | None = None) -> NewJob:
+    spec = payload.model_dump(exclude={"name", "backend"}, mode="json")
+    return NewJob(name=payload.name, owner=owner, backend=backend, spec=spec, idempotency_key=idempotency_key)
+
+
+def find_replayed(engine: Engine, owner: str, key: str) -> JobPublic | None:
+    """The job an earlier request of `owner` with this Idempotency-Key made (one indexed read)."""
+    with Session(engine) as session:
+        query = select(Job).where(col(Job.owner) == owner, col(Job.idempotency_key) == key)
+        job = session.exec(query).first()
+        return None if job is None else JobPublic.model_validate(job, from_attributes=True)
+
