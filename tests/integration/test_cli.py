@@ -80,13 +80,13 @@ def submitted_id(run: Run) -> int:
 
 @pytest.fixture(scope="module")
 def train(service: Service) -> tuple[int, Run]:
-    run = service.cli.main("submit", "examples/train.yaml", "--wait")
+    run = service.cli("submit", "examples/train.yaml", "--wait")
     return submitted_id(run), run
 
 
 @pytest.fixture(scope="module")
 def failing(service: Service) -> tuple[int, Run]:
-    run = service.cli.main("submit", "examples/failing.yaml", "--wait")
+    run = service.cli("submit", "examples/failing.yaml", "--wait")
     return submitted_id(run), run
 
 
@@ -110,63 +110,63 @@ def test_submit_wait_exits_nonzero_with_the_reason_when_the_job_fails(failing: t
 def test_list_filters_by_state_and_name(
     service: Service, train: tuple[int, Run], failing: tuple[int, Run]
 ) -> None:
-    everything = service.cli.main("list")
+    everything = service.cli("list")
     assert everything.code == 0 and "train-small" in everything.out and "fails-on-rank-1" in everything.out
-    only_failed = service.cli.main("list", "--state", "failed")
+    only_failed = service.cli("list", "--state", "failed")
     assert "fails-on-rank-1" in only_failed.out and "train-small" not in only_failed.out
-    by_name = json.loads(service.cli.main("list", "--name", "train", "--json").out)
+    by_name = json.loads(service.cli("list", "--name", "train", "--json").out)
     assert [job["id"] for job in by_name["items"]] == [train[0]]
 
 
 def test_show_prints_the_job_its_result_and_history(service: Service, train: tuple[int, Run]) -> None:
-    run = service.cli.main("show", str(train[0]))
+    run = service.cli("show", str(train[0]))
     assert run.code == 0, run.both
     assert "succeeded" in run.out and "final_loss" in run.out and "history" in run.out
     assert "worker.tasks.train:train  on 1x2 ranks" in run.out
-    assert json.loads(service.cli.main("show", str(train[0]), "--json").out)["result"]["ok"] is True
+    assert json.loads(service.cli("show", str(train[0]), "--json").out)["result"]["ok"] is True
 
 
 def test_logs_per_rank_and_stream(service: Service, train: tuple[int, Run], failing: tuple[int, Run]) -> None:
-    rank1 = service.cli.main("logs", str(failing[0]), "--rank", "1", "--stream", "err")
+    rank1 = service.cli("logs", str(failing[0]), "--rank", "1", "--stream", "err")
     assert rank1.code == 0 and "RuntimeError: deliberate failure (rank 1)" in rank1.err
     assert rank1.out == ""  # --stream err: nothing on stdout
-    both = service.cli.main("logs", str(train[0]), "--rank", "1")
+    both = service.cli("logs", str(train[0]), "--rank", "1")
     assert "global_rank=1" in both.out  # submitit's stdout lines for rank 1
     assert "[rank 1]" in both.err  # the worker's log lines go to stderr
-    tail = service.cli.main("logs", str(train[0]), "--stream", "out", "--tail", "2")
+    tail = service.cli("logs", str(train[0]), "--stream", "out", "--tail", "2")
     assert len(tail.out.splitlines()) == 2
-    followed = service.cli.main("logs", str(train[0]), "--follow", "--stream", "out", timeout=60)
+    followed = service.cli("logs", str(train[0]), "--follow", "--stream", "out", timeout=60)
     assert followed.code == 0 and "global_rank=0" in followed.out  # an ended job: print it all, return
-    bad_rank = service.cli.main("logs", str(train[0]), "--rank", "5")
+    bad_rank = service.cli("logs", str(train[0]), "--rank", "5")
     assert bad_rank.code == 2 and "rank: must be between 0 and 1" in bad_rank.err
 
 
 def test_cancel_stops_a_job_and_is_idempotent(service: Service, tmp_path: Path) -> None:
     spec = tmp_path / "sleep.yaml"
     spec.write_text("name: sleeper\nentrypoint: worker.tasks.faults:sleep\nkwargs: {seconds: 120}\n")
-    job_id = submitted_id(service.cli.main("submit", str(spec)))
-    first = service.cli.main("cancel", str(job_id))
+    job_id = submitted_id(service.cli("submit", str(spec)))
+    first = service.cli("cancel", str(job_id))
     assert first.code == 0 and f"job {job_id}" in first.out, first.both
     with TorchyardClient(service.url, token=service.env["TORCHYARD_TOKEN"]) as client:
         wait_for(lambda: client.get(job_id)["state"] == "cancelled", 30, "the job to be cancelled")
-    again = service.cli.main("cancel", str(job_id))
+    again = service.cli("cancel", str(job_id))
     assert again.code == 0 and f"job {job_id} cancelled" in again.out
-    assert "cancelled" in service.cli.main("show", str(job_id)).out
+    assert "cancelled" in service.cli("show", str(job_id)).out
 
 
 def test_refusals_exit_2_and_name_the_problem(service: Service, tmp_path: Path) -> None:
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: bad\nentrypoint: worker.tasks.train:train\nresources: {tasks_per_node: 0}\n")
-    bad = service.cli.main("submit", str(spec))
+    bad = service.cli("submit", str(spec))
     assert bad.code == 2 and "422: resources.tasks_per_node" in bad.err, bad.both
-    missing = service.cli.main("show", "99999")
+    missing = service.cli("show", "99999")
     assert missing.code == 2 and "404" in missing.err and "not found" in missing.err
-    elsewhere = service.cli.main("--url", f"http://127.0.0.1:{free_port()}", "list")
+    elsewhere = service.cli("--url", f"http://127.0.0.1:{free_port()}", "list")
     assert elsewhere.code == 2 and "cannot reach torchyard" in elsewhere.err
 
 
 def test_tokens_are_created_listed_and_revoked_from_the_command_line(service: Service) -> None:
-    created = service.cli.main("token", "create", "--user", "bob")
+    created = service.cli("token", "create", "--user", "bob")
     assert created.code == 0, created.both
     token = created.out.strip().splitlines()[-1]
     assert re.fullmatch(r"\S{20,}", token), created.out  # the token alone on its last line
@@ -177,19 +177,19 @@ def test_tokens_are_created_listed_and_revoked_from_the_command_line(service: Se
     whoami = httpx.get(f"{service.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"})
     assert whoami.status_code == 200 and whoami.json() == {"user": "bob", "admin": False}, whoami.text
 
-    listed = service.cli.main("token", "list")
+    listed = service.cli("token", "list")
     assert listed.code == 0, listed.both
     (row,) = [line for line in listed.out.splitlines() if " bob " in line]
     assert token not in listed.out and token[:4] in row  # the first characters, never the secret
     token_id = re.search(r"^\W*(\d+)\b", row)
     assert token_id, row
 
-    revoked = service.cli.main("token", "revoke", token_id.group(1))
+    revoked = service.cli("token", "revoke", token_id.group(1))
     assert revoked.code == 0 and f"token {token_id.group(1)} of bob revoked" in revoked.out, revoked.both
     refused = service.cli_as(as_bob, "list")
     assert refused.code == 2 and "401" in refused.err, refused.both
-    assert " bob " not in service.cli.main("token", "list").out  # revoked tokens leave the plain list
-    assert " bob " in service.cli.main("token", "list", "--all").out
+    assert " bob " not in service.cli("token", "list").out  # revoked tokens leave the plain list
+    assert " bob " in service.cli("token", "list", "--all").out
 
 
 def test_dev_mode_refuses_to_listen_beyond_this_machine(tmp_path: Path) -> None:
