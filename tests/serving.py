@@ -48,5 +48,6 @@ class LiveServer:
 @contextmanager
 def serve(app: FastAPI) -> Iterator[LiveServer]:
     """Run `app` (lifespan included) on 127.0.0.1 and a free port until the block ends."""
-    with EmbeddedService(Settings(host="127.0.0.1", port=0), app=app) as service:
+    anywhere = Settings(host="127.0.0.1").model_copy(update={"port": 0})  # 0: a free port (no validation)
+    with EmbeddedService(anywhere, app=app) as service:
         yield LiveServer(app=app, url=service.url)
