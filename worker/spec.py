@@ -7,6 +7,7 @@ receives the same RunSpec. Files the two sides exchange live in the job's folder
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ SLURM_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"
 SLURM_CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.\-&|,*\[\]()]+$"
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch or step, 8 digits>.pt
 ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt: <n>`
+MAX_COUNT = 2**31 - 1  # steps and attempts: the ledger keeps them in 32-bit INTEGER columns
 
 
 def check_entrypoint(value: str | None) -> str | None:
@@ -158,18 +160,18 @@ class ProgressRecord(BaseModel):
 
     step: int
     total: int | None = None
-    metrics: dict[str, float | None] = Field(default_factory=dict)  # None: the value was NaN or inf
-    time: float  # seconds since the epoch, on rank 0's clock
-    attempt: int
+    metrics: dict[str, float | None] = Field(default_factory=dict)  # None: not a finite number
+    time: float | None = None  # seconds since the epoch, on rank 0's clock
+    attempt: int | None = None
 
 
 class CheckpointRecord(BaseModel):
     """A checkpoint line of progress.jsonl: rank 0 saved `checkpoint` (an absolute path) completely."""
 
     checkpoint: str
-    step: int  # the epoch_or_step given to ctx.save_checkpoint
-    time: float
-    attempt: int
+    step: int | None = None  # the epoch_or_step given to ctx.save_checkpoint
+    time: float | None = None
+    attempt: int | None = None
 
 
 def parse_error_text(text: str) -> tuple[int | None, str]:
@@ -181,22 +183,56 @@ def parse_error_text(text: str) -> tuple[int | None, str]:
     return None, text
 
 
-def parse_progress_line(line: str) -> ProgressRecord | CheckpointRecord | None:
-    """One line of progress.jsonl as a record; None for a blank, torn (half-written) or foreign line.
+def parse_progress_line(line: str | bytes) -> ProgressRecord | CheckpointRecord | None:
+    """One line of progress.jsonl as a record; None for a blank, torn (half-written) or unusable line.
 
-    Lines holding a "checkpoint" key are CheckpointRecords; every other line is a ProgressRecord.
+    The one parser of the format, for the service as for the worker. The service reads what a job
+    wrote, and a job is untrusted: whatever a line holds costs that line at most, and what a record
+    holds can be stored as it is. A line with a "checkpoint" key is a CheckpointRecord (its path a
+    string without NUL); any other line needs a `step` (a whole number from 0 to MAX_COUNT). Metric
+    values that are not finite numbers become None, metric names with NUL are dropped, and a
+    `total`, `time` or `attempt` that is not usable becomes None, all without losing the line.
     Rank 0 appends whole lines, but a reader may catch the file mid-write: read only up to the last
     newline and keep the byte offset there.
     """
     try:
         data = json.loads(line)
-    except ValueError:
+    except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(data, dict):
         return None
-    try:
-        if "checkpoint" in data:
-            return CheckpointRecord.model_validate(data)
-        return ProgressRecord.model_validate(data)
-    except ValueError:
+    common = {"time": _number(data.get("time")), "attempt": _count(data.get("attempt"))}
+    if "checkpoint" in data:
+        path = data["checkpoint"]
+        if not isinstance(path, str) or "\x00" in path:
+            return None
+        return CheckpointRecord(checkpoint=path, step=_count(data.get("step")), **common)
+    step = _count(data.get("step"))
+    if step is None:
         return None
+    metrics = _metrics(data.get("metrics"))
+    return ProgressRecord(step=step, total=_count(data.get("total")), metrics=metrics, **common)
+
+
+def _count(value: Any) -> int | None:
+    """A step, total or attempt: a whole number a 32-bit INTEGER column holds, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        return None
+    return value
+
+
+def _number(value: Any) -> float | None:
+    """A finite number as a float, else None (JSON and the ledger hold no NaN or infinity)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _metrics(value: Any) -> dict[str, float | None]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(name): _number(item) for name, item in value.items() if "\x00" not in str(name)}

@@ -25,8 +25,9 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine, RowMapping
 from sqlmodel import Session, col, select
 
-from service.backends.base import SUBMITTED_SUFFIX, Backend, SubmitOutcome
+from service.backends.base import Backend, SubmitOutcome
 from service.config import Settings
+from service.domain.job_files import submitted_external_id
 from service.errors import BackendError
 from service.ledger.clock import id_conditions
 from service.ledger.db import write_scope
@@ -290,12 +291,3 @@ def _locked_queue_rows(session: Session, job_ids: Sequence[int]) -> dict[int, Ro
         query = core_select(*_QUEUE_COLUMNS).where(condition).order_by(col(Job.id)).with_for_update()
         found.update((row["id"], row) for row in connection.execute(query).mappings())
     return found
-
-
-def submitted_external_id(files: JobFiles) -> str | None:
-    """The id submitit gave a job, read from its `<id>_submitted.pkl` (present once it submitted)."""
-    if not files.submitit.is_dir():
-        return None
-    for path in files.submitit.glob(f"*{SUBMITTED_SUFFIX}"):
-        return path.name[: -len(SUBMITTED_SUFFIX)]
-    return None

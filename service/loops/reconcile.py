@@ -9,7 +9,6 @@ error files) before it is written.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -21,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend, BackendStatus
-from service.domain.jobs import error_summary
+from service.domain.job_files import error_summary, log_tail, read_result
 from service.errors import BackendError
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, utcnow
@@ -150,7 +149,7 @@ class Reconciler:
                 # the survivors wait out the rendezvous timeout.
                 record_transition(session, job, JobState.failed, failure, exit_code=status.exit_code)
                 return True
-            result = _read_result(files)
+            result = read_result(files)
             if result is not None:
                 # Rank 0 has its result: the job is done for its user; the processes are only exiting.
                 job.result = result["value"]
@@ -189,7 +188,7 @@ def _still_waiting(state: str, reason: str | None, status: BackendStatus | None)
 
 def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -> tuple[JobState, str, Any]:
     """The final state of a job whose processes have ended, from the scheduler's word and the files."""
-    result = _read_result(files)
+    result = read_result(files)
     if result is not None and status.state in (JobState.succeeded, JobState.failed):
         return JobState.succeeded, "completed", result["value"]
     failure = error_summary(files)
@@ -201,19 +200,8 @@ def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -
         return JobState.cancelled, status.reason or "cancelled", None
     if status.state is JobState.failed:
         return JobState.failed, status.reason or "failed", None
-    tail = _log_tail(job, backend)
     code = f" (exit code {status.exit_code})" if status.exit_code is not None else ""
-    return JobState.failed, f"ended without a result{code}{tail}", None
-
-
-def _read_result(files: JobFiles) -> dict[str, Any] | None:
-    try:
-        value = json.loads(files.result.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    if not isinstance(value, dict) or "value" not in value:
-        return None
-    return value
+    return JobState.failed, f"ended without a result{code}{_rank0_stderr(job, backend)}", None
 
 
 def _ran_out_of_time(job: Job) -> bool:
@@ -222,13 +210,8 @@ def _ran_out_of_time(job: Job) -> bool:
     return started is not None and limit_min > 0 and (utcnow() - started).total_seconds() >= limit_min * 60
 
 
-def _log_tail(job: Job, backend: Backend, lines: int = 20) -> str:
+def _rank0_stderr(job: Job, backend: Backend) -> str:
     if job.folder is None or job.external_id is None:
         return ""
-    path = backend.log_path(Path(job.folder), job.external_id, 0, "err")
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-    tail = "".join(text.splitlines(keepends=True)[-lines:]).strip()
+    tail = log_tail(backend.log_path(Path(job.folder), job.external_id, 0, "err"))
     return f"; rank 0 stderr ends:\n{tail}" if tail else ""

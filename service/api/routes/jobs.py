@@ -16,7 +16,7 @@ from service.api import etag
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
 from service.api.metrics import HELD_S
-from service.domain import jobs
+from service.domain import jobs, logs
 from service.domain.auth import Principal
 from service.ledger.clock import LedgerVersion
 from service.ledger.db import session_scope
@@ -289,7 +289,7 @@ def get_logs(
     """
     job = jobs.get_job(session, job_id, user)
     backend = jobs.require_backend(runtime.backends, job.backend)
-    window = jobs.read_log(
+    window = logs.read_log(
         job,
         backend,
         rank=rank,

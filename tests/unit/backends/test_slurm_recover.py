@@ -16,8 +16,8 @@ from service.backends import slurm_parse as parse
 from service.backends.slurm import CommandResult, SlurmBackend
 from service.backends.slurm_submit import script_token
 from service.config import Settings
+from service.domain.job_files import submitted_external_id
 from service.errors import BackendError
-from service.loops.dispatch import submitted_external_id
 from tests.unit.backends.slurm_fakes import FakeCommands, fail, ok, recorded
 from tests.unit.backends.test_slurm_submit import config, make
 from worker.spec import JobFiles, RunSpec

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.jobs import _tail_text
+from service.domain.logs import _tail_text
 
 LINE = "step {:>8} loss 0.123456 lr 0.001 ..........................................\n"
 WIDTH = len(LINE.format(0))  # 80 bytes a line

@@ -111,6 +111,42 @@ def test_parse_progress_line_knows_both_records_and_skips_torn_lines() -> None:
     assert parse_progress_line("[1]") is None
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"step":true,"metrics":{"loss":1}}',  # a bool is not a step
+        '{"step":2147483648,"metrics":{"loss":1}}',  # beyond a 32-bit INTEGER column
+        '{"step":-1}',
+        '{"step":"7"}',
+        '{"metrics":{"loss":1}}',
+        '{"checkpoint":17}',
+        '{"checkpoint":"/bad\\u0000path"}',
+        "not json",
+    ],
+)
+def test_lines_the_ledger_cannot_use_are_refused_whole(line: str) -> None:
+    assert parse_progress_line(line) is None
+
+
+def test_what_a_record_holds_can_be_stored_as_it_is() -> None:
+    line = (
+        '{"step":3,"total":"ten","time":1e400,"attempt":true,'
+        '"metrics":{"loss":NaN,"acc":Infinity,"ok":0.25,"int":2,"flag":true,"word":"low","huge":'
+        + "1" * 400
+        + ',"nul\\u0000name":1.0,"nested":{"a":1}}}'
+    )
+    record = parse_progress_line(line)
+    assert isinstance(record, ProgressRecord)
+    assert record.step == 3 and record.total is None and record.time is None and record.attempt is None
+    assert record.metrics == {
+        "loss": None, "acc": None, "ok": 0.25, "int": 2.0, "flag": None, "word": None, "huge": None,
+        "nested": None,
+    }  # fmt: skip
+    assert parse_progress_line(b'{"step":1}') == ProgressRecord(step=1)  # bytes, as the service reads
+    bare = parse_progress_line('{"checkpoint":"/x/ckpt-00000001.pt"}')
+    assert bare == CheckpointRecord(checkpoint="/x/ckpt-00000001.pt")
+
+
 def test_latest_checkpoint_ignores_temp_files(tmp_path: Path) -> None:
     files = JobFiles(tmp_path)
     assert files.latest_checkpoint() is None

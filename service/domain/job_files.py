@@ -1,0 +1,93 @@
+"""Everything the service reads from a job's folder: result, error files, progress, logs' tails and
+the id submitit gave it. The file names and formats are the worker's contract (worker/spec.py); the
+folder is written by untrusted code, so every reader here takes whatever it finds without failing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from service.backends.base import SUBMITTED_SUFFIX
+from worker.spec import CheckpointRecord, JobFiles, ProgressRecord, parse_error_text, parse_progress_line
+
+log = logging.getLogger(__name__)
+
+MAX_PROGRESS_READ = 4 * 1024 * 1024  # one tick reads at most this much; the rest waits for the next
+
+
+def read_result(files: JobFiles) -> dict[str, Any] | None:
+    try:
+        value = json.loads(files.result.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(value, dict) or "value" not in value:
+        return None
+    return value
+
+
+def error_summary(files: JobFiles, limit: int = 4000) -> str | None:
+    """The first failing rank's traceback, trimmed from the front (the end says what broke).
+
+    The first error file written is the cause; ranks that fail after it usually fail *because* of it
+    (their peer vanished), so they are only named.
+    """
+    failed: list[tuple[float, str, str]] = []
+    for path in files.errors():
+        try:
+            _, text = parse_error_text(path.read_text(errors="replace"))
+            text = text.strip()
+            written = path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if text:
+            failed.append((written, path.stem.removeprefix("error-rank"), text))
+    if not failed:
+        return None
+    failed.sort(key=lambda item: (item[0], int(item[1]) if item[1].isdigit() else 0))
+    _, rank, text = failed[0]
+    others = ", ".join(item[1] for item in failed[1:])
+    after = f"\n(ranks {others} failed after it)" if others else ""
+    return f"rank {rank} raised:\n{text[-limit:]}{after}"
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a log file, or "" when there is none."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "".join(text.splitlines(keepends=True)[-lines:]).strip()
+
+
+def submitted_external_id(files: JobFiles) -> str | None:
+    """The id submitit gave a job, read from its `<id>_submitted.pkl` (present once it submitted)."""
+    if not files.submitit.is_dir():
+        return None
+    for path in files.submitit.glob(f"*{SUBMITTED_SUFFIX}"):
+        return path.name[: -len(SUBMITTED_SUFFIX)]
+    return None
+
+
+def read_new_progress(path: Path, offset: int) -> tuple[list[ProgressRecord | CheckpointRecord], int] | None:
+    """The records of the complete lines after byte `offset`, and the offset after them; None while
+    there is no new complete line (rank 0 may be mid-write). Unusable lines are skipped and logged."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read(MAX_PROGRESS_READ)
+    except FileNotFoundError:
+        return None
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return None
+    records = []
+    for raw in chunk[: end + 1].splitlines():
+        record = parse_progress_line(raw)
+        if record is not None:
+            records.append(record)
+        elif raw.strip():
+            log.warning("skipping a progress line it cannot use: %r", raw[:200])
+    return records, offset + end + 1
