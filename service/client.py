@@ -23,10 +23,11 @@ from typing import Any, Protocol
 
 import httpx
 
+from service.states import TERMINAL_STATE_NAMES
+
 DEFAULT_URL = "http://127.0.0.1:8321"
 URL_ENV = "TORCHYARD_URL"
 TOKEN_ENV = "TORCHYARD_TOKEN"
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "timeout"})
 LONG_POLL_S = 20.0  # per round of wait(): the service holds at most 30 s
 
 Job = dict[str, Any]
@@ -261,7 +262,7 @@ class TorchyardClient:
             job = self.get(job_id, wait_s=max(0.0, wait_s))
             if on_update is not None:
                 on_update(job)
-            if job["state"] in TERMINAL_STATES:
+            if job["state"] in TERMINAL_STATE_NAMES:
                 return job
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"job {job_id} is still {job['state']} after {timeout_s} s")

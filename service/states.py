@@ -1,4 +1,8 @@
-"""The one job state machine shared by every backend."""
+"""The one job state machine shared by every backend, and the one list of its terminal states.
+
+Pure standard library: the HTTP client and the CLI import it too, and the dashboard gets the same
+lists from /dashboard/states.js, which the service writes from this module.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +10,35 @@ from enum import Enum
 
 
 class JobState(str, Enum):
+    """In the order of a job's life (the dashboard lists them so): the active states, then the endings."""
+
     queued = "queued"  # stored, not yet handed to a backend
     submitted = "submitted"  # the backend accepted it
     pending = "pending"  # waiting in the scheduler's queue
     running = "running"
+    preempted = "preempted"  # the scheduler stopped it; it will come back
+    requeued = "requeued"  # back in the scheduler's queue after preemption (attempt + 1)
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
     timeout = "timeout"
-    preempted = "preempted"  # the scheduler stopped it; it will come back
-    requeued = "requeued"  # back in the scheduler's queue after preemption (attempt + 1)
 
 
 TERMINAL_STATES: frozenset[JobState] = frozenset(
     {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timeout}
 )
+TERMINAL_STATE_NAMES: frozenset[str] = frozenset(state.value for state in TERMINAL_STATES)  # as JSON has them
 ACTIVE_STATES: frozenset[JobState] = frozenset(set(JobState) - TERMINAL_STATES)
 # States in which a backend holds the job and the reconcile loop must watch it.
 WATCHED_STATES: frozenset[JobState] = frozenset(ACTIVE_STATES - {JobState.queued})
 
-_ENDINGS = {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timeout}
-
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.queued: frozenset({JobState.submitted, JobState.failed, JobState.cancelled}),
-    JobState.submitted: frozenset({JobState.pending, JobState.running, JobState.preempted} | _ENDINGS),
-    JobState.pending: frozenset({JobState.running, JobState.preempted} | _ENDINGS),
-    JobState.running: frozenset({JobState.pending, JobState.preempted, JobState.requeued} | _ENDINGS),
-    JobState.preempted: frozenset({JobState.requeued, JobState.pending, JobState.running} | _ENDINGS),
-    JobState.requeued: frozenset({JobState.pending, JobState.running, JobState.preempted} | _ENDINGS),
+    JobState.submitted: frozenset({JobState.pending, JobState.running, JobState.preempted} | TERMINAL_STATES),
+    JobState.pending: frozenset({JobState.running, JobState.preempted} | TERMINAL_STATES),
+    JobState.running: frozenset({JobState.pending, JobState.preempted, JobState.requeued} | TERMINAL_STATES),
+    JobState.preempted: frozenset({JobState.requeued, JobState.pending, JobState.running} | TERMINAL_STATES),
+    JobState.requeued: frozenset({JobState.pending, JobState.running, JobState.preempted} | TERMINAL_STATES),
     JobState.succeeded: frozenset(),
     JobState.failed: frozenset(),
     JobState.cancelled: frozenset(),

@@ -6,6 +6,7 @@ Each fenced block carries a tag after its language:
 - `test=python`: exec'd against it. `test=module:PATH`: written to PATH on the service's PYTHONPATH.
 - `file=PATH`: must equal that file, which must be a valid job spec.
 - `test=skip  # why`: run elsewhere (the comment says where); the file it names must exist.
+- `test=tree`: the source layout; it names every Python module of service/ and worker/, and nothing else.
 The tables (job spec fields, settings, REST endpoints) are checked against the code they describe.
 """
 
@@ -21,9 +22,10 @@ import pytest
 
 from service.app import create_app
 from service.cli.main import load_spec
-from service.client import TERMINAL_STATES, TorchyardClient
+from service.client import TorchyardClient
 from service.config import Settings
 from service.ledger.models import JobCreate
+from service.states import TERMINAL_STATE_NAMES
 from tests.cli_service import clean_env, serving
 from tests.serving import free_port
 from tests.support import ROOT
@@ -96,7 +98,9 @@ def test_every_block_says_how_it_is_tested() -> None:
         kind = block.tag.split("=", 1)
         assert len(kind) == 2 and kind[0] in ("test", "file"), f"{block}: tag it test=... or file=..."
         if kind[0] == "test":
-            assert kind[1] in ("serve", "cli", "python", "skip") or kind[1].startswith("module:"), str(block)
+            assert kind[1] in ("serve", "cli", "python", "skip", "tree") or kind[1].startswith("module:"), (
+                str(block)
+            )
     assert sum(block.tag == "test=serve" for block in blocks()) == 1
 
 
@@ -106,6 +110,37 @@ def test_skipped_blocks_name_scripts_that_exist() -> None:
             for command in commands(block):
                 script = command.split()[1]
                 assert (ROOT / script).is_file(), f"{block}: {script} does not exist"
+
+
+def tree_paths(block: Block) -> tuple[set[str], set[str]]:
+    """What a `test=tree` block names: (every path, the folders shown whole). Lines are `top/ a.py sub/`,
+    or indented `sub/ b.py` inside the last top-level folder; a folder among the names is shown whole."""
+    named: set[str] = set()
+    whole: set[str] = set()
+    top = ""
+    for line in block.body.splitlines():
+        first, *names = line.split()
+        folder = top + first if line.startswith(" ") else first
+        if not line.startswith(" "):
+            top = first
+        named |= {folder.rstrip("/")} | {folder + name.rstrip("/") for name in names}
+        whole |= {folder + name.rstrip("/") for name in names if name.endswith("/")}
+    return named, whole
+
+
+def test_the_layout_tree_is_the_source_tree() -> None:
+    (block,) = [block for block in blocks() if block.tag == "test=tree"]
+    named, whole = tree_paths(block)
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert not missing, f"{block} names what does not exist: {missing}"
+    modules = {
+        str(path.relative_to(ROOT))
+        for top in ("service", "worker")
+        for path in (ROOT / top).rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    unnamed = sorted(m for m in modules if m not in named and not any(m.startswith(f"{w}/") for w in whole))
+    assert not unnamed, f"{block} does not show: {unnamed}"
 
 
 def test_file_blocks_are_the_files_and_valid_specs() -> None:
@@ -168,7 +203,7 @@ def test_examples_run_against_a_live_service(tmp_path: Path, monkeypatch: pytest
             elif block.tag == "test=python":
                 exec(compile(block.body, str(block), "exec"), {"__name__": "readme_example"})
         with TorchyardClient(env["TORCHYARD_URL"]) as client:  # the token the README saved
-            left = [job for job in client.iter_jobs() if job["state"] not in TERMINAL_STATES]
+            left = [job for job in client.iter_jobs() if job["state"] not in TERMINAL_STATE_NAMES]
     assert not left, f"README examples left jobs running: {[(j['id'], j['state']) for j in left]}"
 
 

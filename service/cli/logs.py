@@ -12,7 +12,8 @@ import sys
 import time
 from typing import TextIO
 
-from service.client import TERMINAL_STATES, TorchyardClient
+from service.client import TorchyardClient
+from service.states import TERMINAL_STATE_NAMES
 
 WINDOW_LINES = 2000  # lines fetched per poll while following
 STREAMS = ("out", "err")
@@ -74,7 +75,7 @@ def print_logs(
         return
     for follower in followers:
         follower.poll(first_tail=tail)
-    while client.get(job_id)["state"] not in TERMINAL_STATES:
+    while client.get(job_id)["state"] not in TERMINAL_STATE_NAMES:
         time.sleep(poll_s)
         for follower in followers:
             follower.poll()

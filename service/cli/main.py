@@ -29,6 +29,7 @@ from service.cli.logs import STREAMS, print_logs
 from service.cli.progress import watch_jobs
 from service.cli.render import Job, as_json, job_details, jobs_table, state_text
 from service.client import TorchyardClient, TorchyardError
+from service.states import TERMINAL_STATE_NAMES
 
 EXIT_JOB_FAILED = 1
 EXIT_REQUEST = 2
@@ -271,7 +272,7 @@ def cancel(ctx: typer.Context, job_id: Annotated[int, typer.Argument(metavar="ID
     state = str(job["state"])
     if state == "cancelled":
         _console().print(f"job {job_id} cancelled")
-    elif job.get("cancel_requested") and state not in ("succeeded", "failed", "timeout"):
+    elif job.get("cancel_requested") and state not in TERMINAL_STATE_NAMES:
         _console().print(f"job {job_id}: cancel requested, it is {state} now")
     else:
         _console().print(f"job {job_id} had already ended: {state}")

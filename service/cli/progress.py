@@ -22,7 +22,8 @@ from rich.progress import (
 )
 
 from service.cli.render import STATE_STYLE, Job, progress_text
-from service.client import TERMINAL_STATES, TorchyardClient
+from service.client import TorchyardClient
+from service.states import TERMINAL_STATE_NAMES
 
 LINE_EVERY_S = 2.0  # plain mode: at most one progress line per job this often (state changes always)
 
@@ -73,7 +74,7 @@ class _BarView:
             state=f"[{style}]{state}[/]" if style else state,
             detail=progress_text(job),
         )
-        if state in TERMINAL_STATES:
+        if state in TERMINAL_STATE_NAMES:
             self._progress.stop_task(self._tasks[job["id"]])  # freezes its elapsed time
 
     def __enter__(self) -> _BarView:
@@ -152,7 +153,7 @@ def watch_jobs(
                 return final
             for job in pending:
                 current = show(client.get(job["id"]))
-                if current["state"] in TERMINAL_STATES:
+                if current["state"] in TERMINAL_STATE_NAMES:
                     final[job["id"]] = current
             if len(final) == len(jobs):
                 return final

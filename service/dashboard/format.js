@@ -1,12 +1,9 @@
 // Small pure helpers: states, times in the browser's zone, durations, safe DOM building.
 
 import { serverNow } from "./api.js";
+import { STATES, TERMINAL } from "./states.js"; // written by the service from service/states.py
 
-export const STATES = [
-  "queued", "submitted", "pending", "running", "preempted", "requeued",
-  "succeeded", "failed", "cancelled", "timeout",
-];
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled", "timeout"]);
+export { STATES, TERMINAL };
 export const ACTIVE = STATES.filter((s) => !TERMINAL.has(s));
 
 // el("td", {class: "x", title: "y"}, child, "text", ...): children are nodes or text, never HTML,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+
+from service.states import TERMINAL_STATES, JobState
 
 DASHBOARD_DIR = Path(__file__).resolve().parents[2] / "dashboard"
 ASSETS_PREFIX = "/dashboard"
@@ -44,7 +47,24 @@ def index() -> FileResponse:
     return FileResponse(DASHBOARD_DIR / "index.html", headers=PAGE_HEADERS)
 
 
+@router.get(f"{ASSETS_PREFIX}/states.js")
+def states_module() -> Response:
+    """The job states for the page's scripts, written from service.states: the one list, not a copy."""
+    return Response(states_js(), media_type="text/javascript", headers=PAGE_HEADERS)
+
+
+def states_js() -> str:
+    states = json.dumps([state.value for state in JobState])
+    terminal = json.dumps([state.value for state in JobState if state in TERMINAL_STATES])
+    return (
+        "// Written by the service from service/states.py.\n"
+        f"export const STATES = {states};\n"
+        f"export const TERMINAL = new Set({terminal});\n"
+    )
+
+
 def mount(app: FastAPI) -> None:
-    """The page at / and its scripts and styles under /dashboard/ (StaticFiles answers 304s itself)."""
+    """The page at / and its scripts and styles under /dashboard/ (StaticFiles answers 304s itself).
+    The router goes first: its states.js is found before the static files are looked in."""
     app.include_router(router)
     app.mount(ASSETS_PREFIX, StaticFiles(directory=DASHBOARD_DIR), name="dashboard")
