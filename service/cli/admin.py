@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from sqlmodel import Session
 
-from service.errors import ServiceError
+if TYPE_CHECKING:  # the ledger is imported by the verbs that use it, not by the CLI at start
+    from sqlmodel import Session
 
 token_app = typer.Typer(
     help="Create, list and revoke API tokens (on the service host).", no_args_is_help=True
@@ -27,6 +27,7 @@ EXIT_REFUSED = 2
 @contextmanager
 def _ledger() -> Iterator[Session]:
     from service.config import Settings
+    from service.errors import ServiceError
     from service.ledger.db import make_engine, migrate, session_scope
 
     settings = Settings()

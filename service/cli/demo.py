@@ -10,7 +10,7 @@ or --data-dir say otherwise): the demo's jobs, ledger and logs stay there, and a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from rich.console import Console
@@ -25,8 +25,10 @@ from service.cli.demo_checks import (
 )
 from service.cli.progress import watch_jobs
 from service.client import TorchyardClient, TorchyardError
-from service.config import Settings
-from service.embedded import EmbeddedService, PortTaken
+
+if TYPE_CHECKING:  # the server itself is imported by the verb that runs it, not by the CLI at start
+    from service.config import Settings
+    from service.embedded import EmbeddedService
 
 EXIT_FAILED, EXIT_REQUEST, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -47,6 +49,8 @@ SAMPLER_SPEC: dict[str, Any] = {
 
 
 def demo_settings(port: int | None, data_dir: Path | None) -> Settings:
+    from service.config import Settings
+
     # Dev mode, which is loopback only: the demo runs without tokens, so nobody elsewhere may reach it.
     overrides: dict[str, Any] = {"host": "127.0.0.1", "dev_mode": True}
     if port is not None:
@@ -58,6 +62,8 @@ def demo_settings(port: int | None, data_dir: Path | None) -> Settings:
 
 def run_demo(console: Console, port: int | None, data_dir: Path | None, keep_serving: bool) -> int:
     """The whole demo; returns the exit code (0 only when both results check out)."""
+    from service.embedded import EmbeddedService, PortTaken
+
     settings = demo_settings(port, data_dir)
     try:
         # An explicit --port must be that port; the default may move aside for a running service.

@@ -120,4 +120,3 @@ def find_replayed(engine: Engine, owner: str, key: str) -> JobPublic | None:
         query = select(Job).where(col(Job.owner) == owner, col(Job.idempotency_key) == key)
         job = session.exec(query).first()
         return None if job is None else JobPublic.model_validate(job, from_attributes=True)
-

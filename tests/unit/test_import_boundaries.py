@@ -52,3 +52,68 @@ def test_worker_never_imports_the_service_or_web_stack() -> None:
 def test_service_app_does_not_import_torch() -> None:
     loaded = modules_after_import("service.app")
     assert not {name for name in loaded if name == "torch" or name.startswith("torch.")}
+
+
+WEB_FRAMEWORK = ("fastapi", "starlette")
+SERVER_STACK = ("fastapi", "starlette", "sqlmodel", "sqlalchemy", "uvicorn", "alembic", "torch")
+# What the CLI and the client may import from the service at module level: each other and the states.
+CLIENT_SIDE = ("service.client", "service.cli", "service.states")
+
+
+def imports(path: Path, *, module_level_only: bool) -> list[tuple[int, str]]:
+    """(line, module) of every import in `path`; with module_level_only, those that run on import
+    (not inside a function, nor under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = list(ast.walk(tree)) if not module_level_only else list(_module_level(tree.body))
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    statements = []
+    for node in body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, ast.If | ast.Try | ast.With):
+            inner = [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            statements += _module_level(inner)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            statements.append(node)
+    return statements
+
+
+def test_only_the_api_and_the_app_builder_import_the_web_framework() -> None:
+    offenders = [
+        f"{path.relative_to(REPO)}:{line} {name}"
+        for path in sorted((REPO / "service").rglob("*.py"))
+        if not (path.is_relative_to(REPO / "service" / "api") or path == REPO / "service" / "app.py")
+        for line, name in imports(path, module_level_only=False)
+        if name.split(".")[0] in WEB_FRAMEWORK
+    ]
+    assert not offenders
+
+
+def test_the_cli_and_the_client_import_no_server_module_at_start() -> None:
+    """`serve`, `demo` and the admin verbs (`token`, `quota`) run the server or open the ledger: they
+    import what they need inside the verb. Everything else the CLI does goes through the client."""
+    files = [REPO / "service" / "client.py", *sorted((REPO / "service" / "cli").rglob("*.py"))]
+    offenders = [
+        f"{path.relative_to(REPO)}:{line} {name}"
+        for path in files
+        for line, name in imports(path, module_level_only=True)
+        if (name.split(".")[0] == "service" and not name.startswith(CLIENT_SIDE))
+        or name.split(".")[0] in SERVER_STACK
+    ]
+    assert not offenders
+
+
+@pytest.mark.parametrize("module", ["service.client", "service.cli.main"])
+def test_the_client_and_the_cli_load_without_the_server_stack(module: str) -> None:
+    loaded = modules_after_import(module)
+    assert module in loaded
+    assert not {name for name in loaded if name.split(".")[0] in SERVER_STACK}
