@@ -18,25 +18,24 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import SQLColumnExpression, Table, event, insert, select, update
+from sqlalchemy import Table, event, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.orm.attributes import set_committed_value
-from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import col
 
 from service.ledger.models import Job, JobEvent, JobMetric, LedgerClock, utcnow
+from service.ledger.sql import id_conditions
 
 log = logging.getLogger(__name__)
 
 _CHANGED = "torchyard.changed_job_ids"
 _STAMPED = "torchyard.stamped_job_ids"  # what this transaction stamped, told to listeners after COMMIT
-_CHUNK = 900  # ids per UPDATE ... IN (...): well under every database's parameter limit
 _TICK = timedelta(microseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -180,27 +179,3 @@ def _tick(session: Session) -> datetime:
     stamp: datetime = max(now, bumped[0] + _TICK)  # monotonic even if the wall clock steps back
     connection.execute(update(_CLOCK).where(_CLOCK.c.id == 1).values(stamped_at=stamp))
     return stamp
-
-
-def id_chunks(ids: Sequence[int]) -> Iterable[Sequence[int]]:
-    """Ids in slices for `... IN (...)`, each well under every database's parameter limit."""
-    for start in range(0, len(ids), _CHUNK):
-        yield ids[start : start + _CHUNK]
-
-
-def id_conditions(column: SQLColumnExpression[Any], ids: Iterable[int]) -> Iterable[ColumnElement[bool]]:
-    """WHERE conditions, one statement each, that together match exactly these ids.
-
-    Jobs posted or claimed together mostly have consecutive ids, and then one `BETWEEN` of two
-    parameters is exact (every id in the range is one of them). An `IN` list costs SQLAlchemy a pass
-    per value at every execution (its expanding parameters): a large part of the intake's time under load.
-    Ids with gaps go out as `IN` lists, in chunks.
-    """
-    ordered = sorted(set(ids))
-    if not ordered:
-        return
-    if ordered[-1] - ordered[0] == len(ordered) - 1:
-        yield column.between(ordered[0], ordered[-1])
-        return
-    for chunk in id_chunks(ordered):
-        yield column.in_(chunk)

@@ -29,9 +29,9 @@ from service.backends.base import Backend, SubmitOutcome
 from service.config import Settings
 from service.domain.job_files import submitted_external_id
 from service.errors import BackendError
-from service.ledger.clock import id_conditions
 from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
+from service.ledger.sql import id_conditions
 from service.loops.transitions import Submission, record_submissions, record_transition
 from service.states import JobState, is_terminal
 from worker.spec import JobFiles, RunSpec

@@ -21,9 +21,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from service.errors import Conflict
-from service.ledger.clock import id_conditions, stamp_jobs
+from service.ledger.clock import stamp_jobs
 from service.ledger.db import write_scope
 from service.ledger.models import AuditEntry, Job, JobEvent, JobPublic, NewJob
+from service.ledger.sql import id_conditions
 from service.states import JobState
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,9 @@ from datetime import datetime
 from sqlalchemy import bindparam, insert, update
 from sqlmodel import Session, col
 
-from service.ledger.clock import id_conditions, note_changed
+from service.ledger.clock import note_changed
 from service.ledger.models import Job, JobEvent, utcnow
+from service.ledger.sql import id_conditions
 from service.states import JobState, check_transition, is_terminal, starts_new_attempt
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from service.ledger.clock import _CHUNK, id_conditions
+from service.ledger.sql import CHUNK, id_conditions
 
 
 @pytest.fixture
@@ -55,5 +55,5 @@ def test_long_scattered_lists_are_chunked_and_no_ids_mean_no_statement(
     found, sql = matched(table, scattered)
 
     assert found == scattered
-    assert len(sql) == -(-len(scattered) // _CHUNK) == 2 and all(" IN (" in one for one in sql)
+    assert len(sql) == -(-len(scattered) // CHUNK) == 2 and all(" IN (" in one for one in sql)
     assert matched(table, []) == ([], [])
