@@ -21,6 +21,7 @@ SLURM_CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.\-&|,*\[\]()]+$"
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch or step, 8 digits>.pt
 ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt: <n>`
 MAX_COUNT = 2**31 - 1  # steps and attempts: the ledger keeps them in 32-bit INTEGER columns
+PROGRESS_KEYS = ("step", "total", "metrics", "time", "attempt")  # a progress line, as ctx.report writes it
 
 
 def check_entrypoint(value: str | None) -> str | None:
@@ -163,6 +164,16 @@ class ProgressRecord(BaseModel):
     metrics: dict[str, float | None] = Field(default_factory=dict)  # None: not a finite number
     time: float | None = None  # seconds since the epoch, on rank 0's clock
     attempt: int | None = None
+    # What readers are shown as the job's latest progress: the line's five keys as it wrote them, with
+    # NaN and infinities made None (JSON has none). A job may write any JSON under those keys and is
+    # shown it; what the service relies on (metric rows, times, attempts) is the typed fields above.
+    shown: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @model_validator(mode="after")
+    def _shows_its_fields_by_default(self) -> ProgressRecord:
+        if not self.shown:  # a record built by hand rather than parsed from a line
+            self.shown = self.model_dump()
+        return self
 
 
 class CheckpointRecord(BaseModel):
@@ -191,7 +202,8 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord | CheckpointRecord 
     holds can be stored as it is. A line with a "checkpoint" key is a CheckpointRecord (its path a
     string without NUL); any other line needs a `step` (a whole number from 0 to MAX_COUNT). Metric
     values that are not finite numbers become None, metric names with NUL are dropped, and a
-    `total`, `time` or `attempt` that is not usable becomes None, all without losing the line.
+    `total`, `time` or `attempt` that is not usable becomes None, all without losing the line; the
+    line's five keys as written (NaN and infinities made None) stay in `shown`, for readers.
     Rank 0 appends whole lines, but a reader may catch the file mid-write: read only up to the last
     newline and keep the byte offset there.
     """
@@ -211,7 +223,8 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord | CheckpointRecord 
     if step is None:
         return None
     metrics = _metrics(data.get("metrics"))
-    return ProgressRecord(step=step, total=_count(data.get("total")), metrics=metrics, **common)
+    shown = _finite({key: data.get(key) for key in PROGRESS_KEYS})
+    return ProgressRecord(step=step, total=_count(data.get("total")), metrics=metrics, shown=shown, **common)
 
 
 def _count(value: Any) -> int | None:
@@ -236,3 +249,14 @@ def _metrics(value: Any) -> dict[str, float | None]:
     if not isinstance(value, dict):
         return {}
     return {str(name): _number(item) for name, item in value.items() if "\x00" not in str(name)}
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities replaced by None, however deep (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value

@@ -32,7 +32,7 @@ def ingest_progress(session: Session, job: Job, path: Path) -> bool:
             latest = record
             _add_metrics(session, job, record)
     if latest is not None:
-        job.progress = latest.model_dump()
+        job.progress = latest.shown
     session.add(job)  # stamped by the ledger clock at commit, like every change to a job
     return True
 

@@ -1,4 +1,4 @@
-"""jobs._tail_text: the end of a large log, read from the end of the file, never the whole file."""
+"""logs._tail_text: the end of a large log, read from the end of the file, never the whole file."""
 
 from __future__ import annotations
 

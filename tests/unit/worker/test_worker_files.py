@@ -142,9 +142,58 @@ def test_what_a_record_holds_can_be_stored_as_it_is() -> None:
         "loss": None, "acc": None, "ok": 0.25, "int": 2.0, "flag": None, "word": None, "huge": None,
         "nested": None,
     }  # fmt: skip
-    assert parse_progress_line(b'{"step":1}') == ProgressRecord(step=1)  # bytes, as the service reads
     bare = parse_progress_line('{"checkpoint":"/x/ckpt-00000001.pt"}')
     assert bare == CheckpointRecord(checkpoint="/x/ckpt-00000001.pt")
+
+
+def test_a_line_is_shown_as_written_with_only_the_numbers_json_cannot_hold_made_none() -> None:
+    line = (
+        '{"step":3,"total":"ten","time":1700000000,"attempt":"first","extra":1,'
+        '"metrics":{"loss":NaN,"int":2,"word":"low","nul\\u0000name":1.0,"deep":[Infinity,{"a":-Infinity}]}}'
+    )
+    record = parse_progress_line(line)
+    assert isinstance(record, ProgressRecord)
+    assert record.shown == {
+        "step": 3, "total": "ten", "time": 1700000000, "attempt": "first",
+        "metrics": {"loss": None, "int": 2, "word": "low", "nul\x00name": 1.0, "deep": [None, {"a": None}]},
+    }  # fmt: skip
+    assert type(record.shown["metrics"]["int"]) is int  # shown as written: 2, not 2.0
+    assert "shown" not in record.model_dump()  # a record dumps as the line's format, nothing more
+
+
+def test_a_line_without_time_attempt_or_metrics_is_kept() -> None:
+    record = parse_progress_line(b'{"step":1}')  # bytes, as the service reads
+    shown = {"step": 1, "total": None, "metrics": None, "time": None, "attempt": None}
+    assert record == ProgressRecord(step=1, shown=shown)
+    assert isinstance(record, ProgressRecord) and record.time is None and record.attempt is None
+    assert record.metrics == {}
+    built = ProgressRecord(step=2, metrics={"loss": 0.5})  # built by hand, a record shows its fields
+    assert built.shown == {"step": 2, "total": None, "metrics": {"loss": 0.5}, "time": None, "attempt": None}
+
+
+@pytest.mark.parametrize("step", [True, False, 2**31, 2**63, 10**400, 1.0, -1, None])
+def test_a_step_is_a_whole_number_a_32_bit_column_holds(step: object) -> None:
+    assert parse_progress_line(json.dumps({"step": step, "metrics": {"loss": 1.0}})) is None
+    assert isinstance(parse_progress_line(json.dumps({"step": 2**31 - 1})), ProgressRecord)
+
+
+def test_an_unusable_attempt_or_total_costs_that_field_not_the_line() -> None:
+    record = parse_progress_line('{"step":1,"total":true,"attempt":2147483648,"metrics":{"a":1}}')
+    assert isinstance(record, ProgressRecord)
+    assert record.total is None and record.attempt is None and record.metrics == {"a": 1.0}
+
+
+def test_a_torn_line_is_refused_and_its_whole_form_is_read() -> None:
+    line = '{"step":4,"metrics":{"loss":0.5},"time":1.5}'
+    assert all(parse_progress_line(line[:cut]) is None for cut in range(len(line)))
+    assert parse_progress_line(line) == ProgressRecord(step=4, metrics={"loss": 0.5}, time=1.5)
+
+
+def test_a_checkpoint_line_needs_only_a_path_without_nul() -> None:
+    record = parse_progress_line('{"checkpoint":"/x/c.pt","step":"8","time":NaN,"attempt":false}')
+    assert record == CheckpointRecord(checkpoint="/x/c.pt")  # the rest unusable, the path kept
+    unusable = '{"checkpoint":null,"step":5,"metrics":{"a":1}}'
+    assert parse_progress_line(unusable) is None  # nor is it taken for a progress line
 
 
 def test_latest_checkpoint_ignores_temp_files(tmp_path: Path) -> None:
