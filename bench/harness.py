@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from service.states import TERMINAL_STATE_NAMES
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -155,7 +157,6 @@ def post_script(body: str, headers: dict[str, str] | None = None) -> str:
     )
 
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timeout"})
 
 
 def time_job(client: httpx.Client, body: dict[str, object]) -> float:
@@ -167,7 +168,7 @@ def time_job(client: httpx.Client, body: dict[str, object]) -> float:
     started = time.perf_counter()
     created = client.post("/api/v1/jobs", json=body).raise_for_status()
     job, tag = created.json(), ""
-    while job["state"] not in TERMINAL:
+    while job["state"] not in TERMINAL_STATE_NAMES:
         answer = client.get(f"/api/v1/jobs/{job['id']}", params={"wait_s": 20},
                             headers={"If-None-Match": tag} if tag else None).raise_for_status()
         if answer.status_code == 200:

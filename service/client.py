@@ -28,6 +28,8 @@ from service.states import TERMINAL_STATE_NAMES
 DEFAULT_URL = "http://127.0.0.1:8321"
 URL_ENV = "TORCHYARD_URL"
 TOKEN_ENV = "TORCHYARD_TOKEN"
+# Kept under the name users' scripts import it by; the list itself lives in service.states.
+TERMINAL_STATES = TERMINAL_STATE_NAMES
 LONG_POLL_S = 20.0  # per round of wait(): the service holds at most 30 s
 
 Job = dict[str, Any]

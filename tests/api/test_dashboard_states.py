@@ -28,3 +28,9 @@ def test_no_script_of_the_page_spells_the_states_itself() -> None:
     for script in (ROOT / "service" / "dashboard").glob("*.js"):
         text = script.read_text()
         assert '"succeeded", "failed"' not in text and "'succeeded', 'failed'" not in text, script
+
+
+def test_the_client_keeps_its_public_name_for_the_same_endings() -> None:
+    from service import client
+
+    assert {state.value for state in TERMINAL_STATES} == client.TERMINAL_STATES

@@ -22,6 +22,7 @@ import pytest
 
 from service.app import create_app
 from service.config import Settings
+from service.states import TERMINAL_STATE_NAMES
 from tests.serving import LiveServer, serve
 from tests.support import wait_for
 
@@ -30,7 +31,6 @@ pytestmark = pytest.mark.integration
 RENDEZVOUS_TIMEOUT_S = 15.0
 STALL_S = 600  # far past every bound below: a job that waited it out would fail the test by timing out
 NUL = b"\0"
-TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}
 # Bounds from `running` to `failed`: torch imports on a loaded 2-core machine take most of them.
 PROMPT_S = 60.0
 STALLED_S = RENDEZVOUS_TIMEOUT_S + 60.0
@@ -74,7 +74,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Cli
 def ended(client: httpx.Client, job_id: int, timeout: float) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
         job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}").raise_for_status().json()
-        return job if job["state"] in TERMINAL else None
+        return job if job["state"] in TERMINAL_STATE_NAMES else None
 
     return wait_for(probe, timeout, f"job {job_id} to end")
 

@@ -22,13 +22,13 @@ import pytest
 from service.app import create_app
 from service.config import Settings
 from service.ledger.db import make_engine
+from service.states import TERMINAL_STATE_NAMES
 from tests.cli_service import clean_env
 from tests.serving import LiveServer, free_port, serve
 from tests.support import ROOT, bearer, issue_token, wait_for
 
 pytestmark = pytest.mark.integration
 
-TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}
 
 
 SCRIPTS = ROOT / "examples/scripts"
@@ -62,7 +62,7 @@ def job(client: httpx.Client, job_id: int) -> dict[str, Any]:
 def finished(client: httpx.Client, job_id: int, timeout: float = 120) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
         current = job(client, job_id)
-        return current if current["state"] in TERMINAL else None
+        return current if current["state"] in TERMINAL_STATE_NAMES else None
 
     return wait_for(probe, timeout, f"job {job_id} to end")
 

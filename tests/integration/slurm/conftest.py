@@ -24,6 +24,7 @@ import pytest
 from service.backends.slurm import SlurmBackend
 from service.config import Settings
 from service.ledger.db import make_engine, migrate
+from service.states import TERMINAL_STATE_NAMES
 from tests.cli_service import clean_env
 from tests.serving import free_port
 from tests.support import ROOT, bearer, issue_token, missing_dependency, wait_for
@@ -74,7 +75,6 @@ def slurm(tmp_path: Path) -> Iterator[SlurmBackend]:
 # ---------------------------------------------------------------- the service as its clients see it
 
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timeout"})
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class Api:
     def finished(self, job_id: int, timeout: float = 120) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
             one = self.job(job_id)
-            return one if one["state"] in TERMINAL else None
+            return one if one["state"] in TERMINAL_STATE_NAMES else None
 
         return wait_for(probe, timeout, f"job {job_id} to end")
 
@@ -132,7 +132,8 @@ def check_history(api: Api, job_id: int) -> list[str]:
     """queued first, submitted once, one terminal state last, no state entered twice."""
     history = api.states(job_id)
     assert history[0] == "queued" and history.count("submitted") == 1, (job_id, history)
-    assert history[-1] in TERMINAL and sum(s in TERMINAL for s in history) == 1, (job_id, history)
+    endings = sum(state in TERMINAL_STATE_NAMES for state in history)
+    assert history[-1] in TERMINAL_STATE_NAMES and endings == 1, (job_id, history)
     assert len(history) == len(set(history)), (job_id, history)
     return history
 

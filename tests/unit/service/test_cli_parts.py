@@ -26,6 +26,7 @@ from service.cli.progress import bar_position, carry_progress, watch_jobs
 from service.cli.render import job_details, jobs_table, progress_text
 from service.client import TorchyardClient
 from service.ledger.models import JobCreate
+from service.states import TERMINAL_STATE_NAMES
 from tests.support import ROOT
 
 EXAMPLES = ROOT / "examples"
@@ -151,7 +152,7 @@ class FakeJobs:
         while True:
             current = self.get(job_id)
             on_update(current)
-            if current["state"] in ("succeeded", "failed", "cancelled", "timeout"):
+            if current["state"] in TERMINAL_STATE_NAMES:
                 return current
 
 
