@@ -54,14 +54,33 @@ class Settings(BaseSettings):
         default_factory=list, description="Folders whose scripts jobs may run (resolved, no escape)."
     )
     allowed_env_keys: CommaList = Field(
-        default_factory=list, description="Environment keys a spec may set although they are reserved."
+        default_factory=list,
+        description="Environment keys a spec may set besides the tuning keys (a trailing * allows a prefix).",
+    )
+
+    job_accounts: Literal["owner", "service"] = Field(
+        "owner", description="Run each job as its owner's Unix account (needs root), or all as the service's."
+    )
+    service_account_fallback: bool = Field(
+        False, description="Users without a Unix account run jobs as the service's account, not refused."
+    )
+    job_folder_group: str | None = Field(
+        None, description="A group that may read every job folder (mode 0750 instead of 0700)."
+    )
+    job_python: str | None = Field(None, description="The Python ranks run (local and SLURM); default: ours.")
+    job_pythonpath: CommaList = Field(
+        default_factory=list, description="Folders on every rank's import path after the worker."
     )
 
     slurm_partition: str | None = None
-    slurm_python: str | None = Field(None, description="Python on the compute nodes; default: ours.")
 
     @field_validator(
-        "backends", "allowed_entrypoints", "allowed_script_dirs", "allowed_env_keys", mode="before"
+        "backends",
+        "allowed_entrypoints",
+        "allowed_script_dirs",
+        "allowed_env_keys",
+        "job_pythonpath",
+        mode="before",
     )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:

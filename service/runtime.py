@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 
+from service.accounts import announce
 from service.api.page_cache import ClockReader, PageCache
 from service.api.watch import JobWatch
 from service.backends import make_backends
@@ -13,7 +14,7 @@ from service.backends.base import Backend
 from service.config import Settings
 from service.domain.auth import TokenCheck
 from service.domain.quotas import QuotaBook
-from service.domain.storage import RoomCheck, jobs_root
+from service.domain.storage import RoomCheck, jobs_root, prepare_data_dir
 from service.domain.submit import Admission
 from service.ledger.clock import on_stamped_commit
 from service.ledger.db import make_engine, migrate
@@ -39,9 +40,10 @@ class Runtime:
 
     @classmethod
     def build(cls, settings: Settings, backends: dict[str, Backend] | None = None) -> Runtime:
+        prepare_data_dir(settings)
         engine = make_engine(settings.resolved_database_url())
         migrate(engine)
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        announce(settings)
         backends = backends if backends is not None else make_backends(settings)
         dispatcher = Dispatcher(engine, backends, settings)
         intake = JobIntake(engine, str(jobs_root(settings)), dispatcher.wake)

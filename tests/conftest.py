@@ -5,7 +5,8 @@
   (tests.support.PostgresServer.reset_ledger: quicker than a new database per test).
 - `database_url`: every test that asks for it runs twice, on a fresh SQLite file and on a fresh
   PostgreSQL database (that run carries the `postgres` marker).
-- `settings`: Settings with data_dir under tmp_path, that database and short loop intervals.
+- `settings`: Settings with data_dir under tmp_path, that database and short loop intervals; every
+  job runs as the account the tests run as.
 - `fake` / `fake_slurm`: tests.fakes.FakeBackend instances standing in for the local and SLURM backends.
 - `api`: a TestClient on create_app(settings, backends={"local": fake, "slurm": fake_slurm}), entered as
   a context manager so the lifespan (migrations, intake, dispatch and reconcile loops) runs. It sends a
@@ -116,6 +117,9 @@ def settings(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         max_tasks_per_node=8,
         max_gpus_per_node=2,
         allowed_script_dirs=[str(tmp_path)],
+        # The suite runs as root, where "owner" would start each user's jobs as the Unix account of
+        # that name; tests/integration/test_isolation*.py test that, with accounts made for it.
+        job_accounts="service",
     )
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from types import FrameType
@@ -21,7 +22,7 @@ from typing import Any
 
 from worker.distributed import RANK_ENV_NAMES, derive_rank_env, guess_rank, scheduler_job_id
 from worker.files import write_error
-from worker.spec import RunSpec
+from worker.spec import JOB_DIR_ENV, RunSpec
 
 log = logging.getLogger("worker")
 
@@ -113,17 +114,26 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
 
 
 def apply_env(spec: RunSpec) -> None:
-    """spec.env into os.environ, before torch is imported, so OMP_*/NCCL_* settings take effect.
+    """The rank's place and environment, before torch is imported, so OMP_*/NCCL_* settings take effect.
 
-    The rank variables are ours to set (script mode) and are refused here. OMP_NUM_THREADS defaults
-    to the cpus the job asked for per rank, as torchrun does, so ranks do not fight over cores.
+    The rank works in its job's folder (TORCHYARD_JOB_DIR), whatever folder the scheduler started it
+    in, and its temporary files go to the folder's tmp/ (TMPDIR). spec.env comes on top: the service
+    allowed each key. The rank variables are ours to set (script mode) and are refused here.
+    OMP_NUM_THREADS defaults to the cpus the job asked for per rank, as torchrun does, so ranks do
+    not fight over cores.
     """
+    files = spec.files
+    os.chdir(files.folder)
+    files.tmp.mkdir(mode=0o700, exist_ok=True)
+    os.environ["TMPDIR"] = str(files.tmp)
     for name, value in spec.env.items():
         if name in RANK_ENV_NAMES:
             log.warning("ignoring %s from the job's env: the launcher sets the rank variables", name)
             continue
         os.environ[name] = value
+    os.environ[JOB_DIR_ENV] = str(files.folder)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.resources.cpus_per_task))
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
 def watch_preemption() -> threading.Event:

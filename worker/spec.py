@@ -22,6 +22,7 @@ CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch 
 ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt: <n>`
 MAX_COUNT = 2**31 - 1  # steps and attempts: the ledger keeps them in 32-bit INTEGER columns
 PROGRESS_KEYS = ("step", "total", "metrics", "time", "attempt")  # a progress line, as ctx.report writes it
+JOB_DIR_ENV = "TORCHYARD_JOB_DIR"  # every rank's: its job's folder, where a job writes what it keeps
 
 
 def check_entrypoint(value: str | None) -> str | None:
@@ -75,6 +76,7 @@ class RunSpec(BaseModel):
     folder: str
     rendezvous_timeout_s: float = Field(300.0, gt=0)
     resume_from: str | None = None  # checkpoint path the ledger last recorded
+    run_as: str | None = None  # the Unix account the service starts this job's processes as
 
     @field_validator("entrypoint")
     @classmethod
@@ -131,6 +133,11 @@ class JobFiles:
     @property
     def checkpoints(self) -> Path:
         return self.folder / "checkpoints"
+
+    @property
+    def tmp(self) -> Path:
+        """The ranks' TMPDIR: temporary files stay inside the job's own folder."""
+        return self.folder / "tmp"
 
     @property
     def submitit(self) -> Path:

@@ -9,14 +9,15 @@ from service.config import Settings
 def make_backends(settings: Settings) -> dict[str, Backend]:
     """The backends `settings.backends` names. SLURM is built lazily: no scheduler call here.
 
-    Leaving out `local` matters on a cluster: a local job runs on the service's own host, as the
-    service's user.
+    Leaving out `local` matters on a cluster: a local job runs on the service's own host.
     """
     backends: dict[str, Backend] = {}
     if "local" in settings.backends:
+        from service.backends.job_env import JobEnvironment
         from service.backends.local import LocalBackend
 
-        backends["local"] = LocalBackend(poll_interval_s=settings.local_reconcile_interval_s)
+        environment = JobEnvironment.build(settings.data_dir, settings.job_python, settings.job_pythonpath)
+        backends["local"] = LocalBackend(environment, poll_interval_s=settings.local_reconcile_interval_s)
     if "slurm" in settings.backends:
         from service.backends.slurm import SlurmBackend
 

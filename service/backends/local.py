@@ -1,7 +1,8 @@
 """The local backend: submitit's local executor, one controller process per job on this machine.
 
 Each job's controller runs in a session of its own, so that a Ctrl-C on the service leaves jobs
-running and cancel can stop the controller and every rank together (one process group).
+running and cancel can stop the controller and every rank together (one process group). It starts
+as the job's Unix account, in the job's folder, with the built environment of service.backends.job_env.
 After a service restart there is no Popen handle: the controller's PID (the external id) and the
 job folder's files are all there is, and they are enough.
 """
@@ -12,13 +13,15 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.accounts import Account
 from service.backends.base import BackendStatus, SubmitOutcome
+from service.backends.job_env import JobEnvironment
 from service.errors import BackendError
 from service.states import JobState
 from worker.spec import RunSpec
@@ -34,10 +37,10 @@ class LocalBackend:
     name = "local"
     max_nodes = 1  # this machine
 
-    def __init__(self, poll_interval_s: float = 0.25, python: str | None = None) -> None:
+    def __init__(self, environment: JobEnvironment, poll_interval_s: float = 0.25) -> None:
         # Checking a local job is a waitpid and a file look, so it can be done often.
         self.poll_interval_s = poll_interval_s
-        self._python = python or sys.executable
+        self._environment = environment
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
         self._wakeup: Callable[[], None] = lambda: None
@@ -95,7 +98,15 @@ class LocalBackend:
         return SubmitOutcome(job_id=spec.job_id, external_id=external_id)
 
     def _start(self, spec: RunSpec) -> subprocess.Popen[bytes]:
-        executor = _session_executor_class()(folder=spec.files.submitit, python=self._python)
+        account = Account.of_job(spec.run_as)
+        executor = _session_executor_class()(folder=spec.files.submitit, python=self._environment.python)
+        # The controller, and through it every rank, starts as the job's account, in the job's
+        # folder, with the built environment and nothing of the service's.
+        executor.start_as = StartAs(
+            prefix=account.command_prefix(),
+            environment=self._environment.variables(account),
+            workdir=spec.files.folder,
+        )
         executor.update_parameters(
             tasks_per_node=spec.resources.tasks_per_node,
             gpus_per_node=spec.resources.gpus_per_node,
@@ -171,6 +182,15 @@ def _controller_alive(external_id: str) -> bool:
     return state not in ("Z", "X") and _CONTROLLER_MARK in cmdline
 
 
+@dataclass(frozen=True)
+class StartAs:
+    """How the controller process of one local job starts."""
+
+    prefix: list[str]  # runs it as the job's account (service.accounts)
+    environment: dict[str, str]
+    workdir: Path
+
+
 _EXECUTOR_CLASS: Any = None
 
 
@@ -185,10 +205,12 @@ def _session_executor_class() -> Any:
         raise BackendError(f"submitit is not installed: {error}") from error
 
     class SessionLocalExecutor(submitit_local.LocalExecutor):
+        start_as: StartAs
+
         def _submit_command(self, command: str) -> Any:
             ntasks = self.parameters.get("tasks_per_node", 1)
             gpus = range(self.parameters.get("gpus_per_node", 0))
-            env = dict(os.environ)
+            env = dict(self.start_as.environment)
             env.update(
                 SUBMITIT_LOCAL_NTASKS=str(ntasks),
                 SUBMITIT_LOCAL_COMMAND=command,
@@ -202,8 +224,9 @@ def _session_executor_class() -> Any:
                 SUBMITIT_LOCAL_WITH_SHELL="",
             )
             process = subprocess.Popen(
-                [self.python, "-m", "submitit.local._local", str(self.folder)],
+                [*self.start_as.prefix, self.python, "-m", "submitit.local._local", str(self.folder)],
                 env=env,
+                cwd=self.start_as.workdir,
                 start_new_session=True,
             )
             return submitit_local.LocalJob(

@@ -14,7 +14,9 @@ sacct (accounting down) only leaves those ids out, under a backoff of its own.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -23,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.accounts import Account
 from service.backends import slurm_parse as parse
 from service.backends.base import BackendStatus, SubmitOutcome
+from service.backends.job_env import JobEnvironment
 from service.backends.slurm_states import UnknownSlurmState, map_slurm_state
 from service.backends.slurm_submit import (
     check_argv,
@@ -65,9 +69,23 @@ Runner = Callable[[Sequence[str], float], CommandResult]  # (argv, timeout_s) ->
 
 
 def run_command(argv: Sequence[str], timeout_s: float) -> CommandResult:
-    """The real runner. Raises OSError (no such command) or subprocess.TimeoutExpired."""
-    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+    """The real runner. Raises OSError (no such command) or subprocess.TimeoutExpired.
+
+    Scheduler commands get only what they need of the service's environment: sbatch may run as a
+    job's account, which can read its process's environment while it runs, and no SBATCH_* or
+    SQUEUE_* setting should change what the service asked for."""
+    done = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout_s, check=False, env=scheduler_env()
+    )
     return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+def scheduler_env() -> dict[str, str]:
+    """PATH (where the operator's sbatch is) and SLURM_CONF (where its configuration is), no more."""
+    env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
+    if "SLURM_CONF" in os.environ:
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    return env
 
 
 class Backoff:
@@ -264,7 +282,8 @@ class SlurmBackend:
     def _submissions(self, tokens: set[str]) -> dict[tuple[str, int], str]:
         """(script token, array index) -> SLURM id, for this user's jobs of these scripts that can
         still run (one that already ended gave up waiting for its pickle)."""
-        argv = ["squeue", "--me", "-h", "-t", "all", "-r", "-O", parse.SUBMISSIONS_FORMAT]
+        # Every user's jobs: each job was queued by its owner's account, and the token is unique.
+        argv = ["squeue", "-h", "-t", "all", "-r", "-O", parse.SUBMISSIONS_FORMAT]
         found: dict[tuple[str, int], str] = {}
         for row in parse.parse_submissions(self._query(argv, self.controller_backoff).stdout):
             token = script_token(row.command)
@@ -339,9 +358,11 @@ class SlurmBackend:
             self._max_array_size = max(1, int(value)) if value and value.isdigit() else 1
         return self._max_array_size
 
-    def _sbatch(self, script: Path) -> str:
+    def _sbatch(self, script: Path, account: Account) -> str:
+        """sbatch as the jobs' account: SLURM's accounting, fair share and limits are then theirs."""
         try:
-            result = self._call(["sbatch", "--parsable", str(script)], SUBMIT_TIMEOUT_S)
+            argv = [*account.command_prefix(), "sbatch", "--parsable", str(script)]
+            result = self._call(argv, SUBMIT_TIMEOUT_S)
         except BackendError as error:
             raise _Refused(str(error), transient=True) from error
         if result.returncode != 0:
@@ -356,7 +377,8 @@ class SlurmBackend:
 
     def _submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         outcomes: list[SubmitOutcome | None] = [None] * len(specs)
-        groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+        # One sbatch is one account's: jobs go together when their parameters and account agree.
+        groups: dict[tuple[str | None, tuple[tuple[str, Any], ...]], list[int]] = {}
         for index, spec in enumerate(specs):
             try:
                 params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
@@ -365,15 +387,15 @@ class SlurmBackend:
             except (OSError, ValueError) as error:
                 outcomes[index] = SubmitOutcome(spec.job_id, error=f"cannot prepare the job: {error}")
                 continue
-            groups.setdefault(group_key(params), []).append(index)
+            groups.setdefault((spec.run_as, group_key(params)), []).append(index)
         size = self.max_array_size()
         unreachable: str | None = None
-        for key, members in groups.items():
+        for (run_as, key), members in groups.items():
             for start in range(0, len(members), size):
                 chunk = members[start : start + size]
                 if unreachable is None:
                     try:
-                        results = self._submit_chunk([specs[i] for i in chunk], dict(key))
+                        results = self._submit_chunk([specs[i] for i in chunk], dict(key), run_as)
                     except _Refused as error:
                         if not any(o is not None and o.accepted for o in outcomes):
                             raise BackendError(f"SLURM is unreachable: {error.message}") from error
@@ -386,10 +408,13 @@ class SlurmBackend:
                     outcomes[index] = outcome
         return [outcome for outcome in outcomes if outcome is not None]
 
-    def _submit_chunk(self, specs: list[RunSpec], params: dict[str, Any]) -> list[SubmitOutcome]:
-        """Outcomes for jobs sharing params; raises _Refused only when SLURM cannot be reached."""
+    def _submit_chunk(
+        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None
+    ) -> list[SubmitOutcome]:
+        """Outcomes for jobs sharing params and account; raises _Refused only when SLURM cannot be
+        reached."""
         try:
-            ids = self._sbatch_group(specs, params)
+            ids = self._sbatch_group(specs, params, run_as)
             return [SubmitOutcome(spec.job_id, external_id=one) for spec, one in zip(specs, ids, strict=True)]
         except _Refused as refusal:
             if refusal.transient:
@@ -397,15 +422,29 @@ class SlurmBackend:
             if len(specs) == 1:
                 return [SubmitOutcome(specs[0].job_id, error=refusal.message)]
             log.info("an array of %d was refused (%s); submitting them one by one", len(specs), refusal)
-            first = self._submit_chunk(specs[:1], params)
+            first = self._submit_chunk(specs[:1], params, run_as)
             if first[0].error == refusal.message:  # same parameters, same verdict: spare the calls
                 return first + [SubmitOutcome(spec.job_id, error=refusal.message) for spec in specs[1:]]
-            return first + [self._submit_chunk([spec], params)[0] for spec in specs[1:]]
+            return first + [self._submit_chunk([spec], params, run_as)[0] for spec in specs[1:]]
         except Exception as error:  # submitit or the filesystem, not the scheduler
             log.exception("submitting %d job(s) failed", len(specs))
             return [SubmitOutcome(spec.job_id, error=f"submission failed: {error}") for spec in specs]
 
-    def _sbatch_group(self, specs: list[RunSpec], params: dict[str, Any]) -> list[str]:
-        arrays_dir = self._settings.data_dir / "slurm-arrays"
-        python = self._settings.slurm_python
-        return submit_group(specs, params, arrays_dir=arrays_dir, sbatch=self._sbatch, python=python)
+    def _sbatch_group(self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None) -> list[str]:
+        account = Account.of_job(run_as)
+        return submit_group(
+            specs,
+            params,
+            arrays_dir=self._settings.data_dir / "slurm-arrays",
+            sbatch=functools.partial(self._sbatch, account=account),
+            python=self._job_environment.python,
+            environment=self._job_environment.variables(account),
+        )
+
+    @functools.cached_property
+    def _job_environment(self) -> JobEnvironment:
+        """Built at the first submission (it stages the worker), not when the backend is made."""
+        settings = self._settings
+        return JobEnvironment.build(
+            settings.data_dir, settings.job_python, settings.job_pythonpath, tools=("srun",)
+        )

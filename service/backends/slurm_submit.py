@@ -10,11 +10,8 @@ it from SLURM_ARRAY_TASK_ID, so every element reads and writes inside its own jo
 
 from __future__ import annotations
 
-import functools
 import math
 import re
-import shlex
-import site
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -98,9 +95,17 @@ def check_folder(folder: Path) -> None:
 
 
 def array_root(arrays_dir: Path) -> Path:
-    """A new `<arrays_dir>/<uuid>` for one job array; its folder template is `<root>/%a`."""
-    root = arrays_dir.resolve() / uuid.uuid4().hex
-    root.mkdir(parents=True)
+    """A new `<arrays_dir>/<uuid>` for one job array; its folder template is `<root>/%a`.
+
+    The service's own, readable by the jobs' accounts (sbatch reads the script in it as the job's
+    account, and it is the array's working directory), listable by nobody else."""
+    arrays_dir = arrays_dir.resolve()
+    if not arrays_dir.is_dir():
+        arrays_dir.mkdir(parents=True, exist_ok=True)
+        arrays_dir.chmod(0o711)
+    root = arrays_dir / uuid.uuid4().hex
+    root.mkdir()
+    root.chmod(0o755)
     return root
 
 
@@ -162,21 +167,15 @@ def sbatch_still_running(tokens: set[str], proc: Path = Path("/proc")) -> set[st
     return running
 
 
-def pythonpath_setup() -> list[str]:
-    """Make `worker` importable in the job when it is run from a checkout rather than installed."""
-    return list(_pythonpath_setup())
-
-
-@functools.cache
-def _pythonpath_setup() -> tuple[str, ...]:
-    # Once per process: resolving the site folders is a dozen file system calls, every batch.
-    import worker
-
-    top = Path(worker.__file__).resolve().parent.parent
-    installed = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
-    if top in installed:
-        return ()
-    return (f"export PYTHONPATH={shlex.quote(str(top))}${{PYTHONPATH:+:$PYTHONPATH}}",)
+def export_option(environment: dict[str, str]) -> str:
+    """sbatch's --export for exactly this environment, plus the one variable submitit's script sets
+    for srun's tasks. Not ALL and not NONE: ALL would pass the service's environment on, NONE would
+    have slurmd load the account's login environment instead of ours. srun inherits the same list
+    (SLURM_EXPORT_ENV), so the ranks get exactly it, with SLURM's own SLURM_* variables."""
+    for name, value in environment.items():
+        if "," in value:  # sbatch splits the list at commas, quoted or not
+            raise ValueError(f"the job environment's {name} has a comma, which sbatch --export cannot pass")
+    return ",".join([*(f"{name}={value}" for name, value in environment.items()), "SUBMITIT_EXECUTOR"])
 
 
 class _SubmittedJob(submitit_slurm.SlurmJob[Any]):
@@ -229,6 +228,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
                 target = root / str(index) if count > 1 else root
             staged.append(StagedPickle.in_folder(target, token, index))
             delayed.dump(staged[-1].path)
+            staged[-1].path.chmod(0o644)  # the job's account reads it; its folder keeps others out
         params = dict(self.parameters)
         if count > 1:
             params.update(map_count=count, array_parallelism=count)  # no throttle: independent jobs
@@ -237,6 +237,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
             command=self._submitit_command_str, folder=self.folder, **params
         )
         script.write_text(text)
+        script.chmod(0o644)  # sbatch reads it as the job's account
         try:
             self._before_sbatch()
             job_id = self._sbatch(script)
@@ -261,9 +262,12 @@ def submit_group(
     *,
     arrays_dir: Path,
     sbatch: SbatchRunner,
-    python: str | None,
+    python: str,
+    environment: dict[str, str],
 ) -> list[str]:
-    """Submit jobs that share `params` in one sbatch (an array when there are several); their ids.
+    """Submit jobs that share `params` and an account in one sbatch (an array when there are several);
+    their ids. Every rank starts with exactly `environment` (see export_option), in the folder the
+    script lies in: the job's own, or for an array the array's folder, which only the service writes.
 
     An array's links are made on a helper thread while this one writes the pickles: both are a file
     per job, and on a busy or shared disk each costs a round trip that the other can overlap.
@@ -272,19 +276,20 @@ def submit_group(
 
     folders = [spec.files.submitit for spec in specs]
     if len(specs) == 1:
-        executor = TorchyardSlurmExecutor(folders[0], sbatch=sbatch, python=python)
+        workdir = folders[0]
+        executor = TorchyardSlurmExecutor(workdir, sbatch=sbatch, python=python)
     else:
-        root = array_root(arrays_dir)
-        linked = _LINKER.submit(link_array_folders, root, folders)
+        workdir = array_root(arrays_dir)
+        linked = _LINKER.submit(link_array_folders, workdir, folders)
         executor = TorchyardSlurmExecutor(
-            root / "%a", sbatch=sbatch, python=python, job_folders=folders, before_sbatch=linked.result
+            workdir / "%a", sbatch=sbatch, python=python, job_folders=folders, before_sbatch=linked.result
         )
     executor.update_parameters(
         **params,
         job_name=job_name(specs),
         srun_args=list(SRUN_ARGS),
-        setup=pythonpath_setup(),
         signal_delay_s=warning_signal_delay_s(int(params["time"])),
+        additional_parameters={"export": export_option(environment), "chdir": str(workdir)},
     )
     with executor.batch():
         jobs = [executor.submit(RankLauncher(spec.model_dump_json())) for spec in specs]

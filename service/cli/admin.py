@@ -49,6 +49,10 @@ def _ledger() -> Iterator[Session]:
 def token_create(
     user: Annotated[str, typer.Option(help="Whose token: jobs submitted with it belong to this user.")],
     admin: Annotated[bool, typer.Option("--admin", help="May see and cancel every user's jobs.")] = False,
+    unix_user: Annotated[
+        str | None,
+        typer.Option(help="The Unix account this user's jobs run as (default: the account of their name)."),
+    ] = None,
     save: Annotated[
         bool, typer.Option("--save", help="Also write it where this machine's CLI and client look (0600).")
     ] = False,
@@ -58,7 +62,7 @@ def token_create(
     from service.domain import auth
 
     with _ledger() as session:
-        raw = auth.create_token(session, user, admin=admin, actor="cli")
+        raw = auth.create_token(session, user, admin=admin, unix_user=unix_user, actor="cli")
     kind = "admin token" if admin else "token"
     if save:
         path = token_path()
@@ -78,12 +82,13 @@ def token_list(
     """Tokens by id, user and first characters; never the tokens themselves."""
     from service.domain import auth
 
-    table = Table("id", "user", "admin", "starts with", "created", "revoked")
+    table = Table("id", "user", "admin", "unix user", "starts with", "created", "revoked")
     with _ledger() as session:
         for row in auth.list_tokens(session, include_revoked=all_):
             revoked = row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else ""
             created = row.created_at.isoformat(timespec="seconds")
-            table.add_row(str(row.id), row.username, "yes" if row.admin else "", row.prefix, created, revoked)
+            admin = "yes" if row.admin else ""
+            table.add_row(str(row.id), row.username, admin, row.unix_user or "", row.prefix, created, revoked)
     Console(highlight=False, width=160).print(table)
 
 

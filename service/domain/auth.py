@@ -25,6 +25,7 @@ from service.ledger.models import ApiToken, utcnow
 
 TOKEN_PREFIX = "ty_"
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
+UNIX_NAME = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?")  # what useradd accepts (NAME_REGEX)
 DEV_USER = "dev"
 
 
@@ -34,6 +35,7 @@ class Principal:
 
     user: str
     admin: bool = False
+    unix_user: str | None = None  # the account the token maps its user to (service.accounts)
 
     def may_see(self, owner: str) -> bool:
         return self.admin or owner == self.user
@@ -61,13 +63,30 @@ def check_user_name(user: str) -> str:
 # ---------------------------------------------------------------- managing tokens
 
 
-def create_token(session: Session, user: str, *, admin: bool = False, actor: str = "operator") -> str:
-    """A new token for `user`; the caller commits. The raw token is returned once and never stored."""
+def create_token(
+    session: Session,
+    user: str,
+    *,
+    admin: bool = False,
+    unix_user: str | None = None,
+    actor: str = "operator",
+) -> str:
+    """A new token for `user`, whose jobs run as `unix_user` when given (else the account of the user's
+    own name, see service.accounts); the caller commits. The raw token is returned once, never stored."""
+    if unix_user is not None and not UNIX_NAME.fullmatch(unix_user):
+        raise InvalidRequest("is not a Unix account name", field="unix_user")
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken(username=check_user_name(user), admin=admin, token_hash=hash_token(raw), prefix=raw[:10])
+    row = ApiToken(
+        username=check_user_name(user),
+        admin=admin,
+        unix_user=unix_user,
+        token_hash=hash_token(raw),
+        prefix=raw[:10],
+    )
     session.add(row)
     session.flush()
-    audit.record(session, actor, "token.create", f"token {row.id}", f"user={user} admin={admin}")
+    detail = f"user={user} admin={admin}" + (f" unix_user={unix_user}" if unix_user else "")
+    audit.record(session, actor, "token.create", f"token {row.id}", detail)
     return raw
 
 
@@ -128,7 +147,11 @@ class TokenCheck:
         with Session(self._engine) as session:
             row = session.exec(select(ApiToken).where(ApiToken.token_hash == digest)).first()
             any_token = row is not None or session.exec(select(ApiToken.id).limit(1)).first() is not None
-        principal = Principal(row.username, row.admin) if row is not None and row.revoked_at is None else None
+        principal = (
+            Principal(row.username, row.admin, row.unix_user)
+            if row is not None and row.revoked_at is None
+            else None
+        )
         with self._lock:
             if len(self._known) > 10_000:  # a flood of made-up tokens must not grow memory
                 self._known.clear()

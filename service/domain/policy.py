@@ -19,15 +19,29 @@ RANK_KEYS = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
 })  # fmt: skip
-# Keys that change which code a process loads or how a shell behaves: code injection by another name.
-LOADER_KEYS = frozenset({
-    "PATH", "HOME", "SHELL", "IFS", "BASH_ENV", "ENV", "PS4", "PROMPT_COMMAND", "NODE_OPTIONS",
-    "GCONV_PATH", "GLIBC_TUNABLES", "HOSTALIASES", "RESOLV_HOST_CONF", "OPENSSL_CONF",
+# What a spec may set without the operator's word: threading and communication tuning that loads no
+# code and names no path. Named one by one rather than by prefix, because each family has members
+# that do load code or write files (OMP_TOOL_LIBRARIES, OMP_TOOL_VERBOSE_INIT, MKL_VERBOSE_OUTPUT_FILE,
+# NCCL_NET_PLUGIN, NCCL_DEBUG_FILE, NCCL_TOPO_FILE, TORCH_LOGS_OUT, TORCH_NCCL_DEBUG_INFO_TEMP_FILE...).
+TUNING_KEYS = frozenset({
+    # OpenMP and MKL threading
+    "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "OMP_SCHEDULE", "OMP_DYNAMIC", "OMP_STACKSIZE",
+    "OMP_WAIT_POLICY", "OMP_MAX_ACTIVE_LEVELS", "OMP_THREAD_LIMIT", "OMP_DISPLAY_ENV",
+    "OMP_DISPLAY_AFFINITY", "MKL_NUM_THREADS", "MKL_DYNAMIC", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_THREADING_LAYER", "MKL_DOMAIN_NUM_THREADS",
+    # NCCL transport and algorithm choices
+    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_NTHREADS",
+    "NCCL_NSOCKS_PERTHREAD", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_TIMEOUT",
+    "NCCL_IB_RETRY_CNT", "NCCL_NET_GDR_LEVEL", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE",
+    "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",
+    "NCCL_NTHREADS", "NCCL_CROSS_NIC", "NCCL_LAUNCH_MODE", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE",
+    "NCCL_IGNORE_CPU_AFFINITY", "GLOO_SOCKET_IFNAME",
+    # torch.distributed and the CUDA allocator
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ENABLE_MONITORING",
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_AVOID_RECORD_STREAMS", "TORCH_DISTRIBUTED_DEBUG",
+    "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING", "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS",
 })  # fmt: skip
-RESERVED_PREFIXES = (
-    "SLURM_", "SUBMITIT_", "TORCHYARD_", "TORCHELASTIC_", "PMI_", "OMPI_",
-    "LD_", "DYLD_", "PYTHON", "PERL", "RUBY", "MALLOC_",
-)  # fmt: skip
 
 
 def check_entrypoint_allowed(entrypoint: str, settings: Settings) -> None:
@@ -71,19 +85,29 @@ def resolve_allowed_script(script: str, settings: Settings) -> str:
     return str(real)
 
 
+def env_key_allowed(key: str, settings: Settings) -> bool:
+    """A tuning key, or one the operator allows (TORCHYARD_ALLOWED_ENV_KEYS; `PREFIX*` allows a prefix)."""
+    if key in TUNING_KEYS:
+        return True
+    return any(
+        key.startswith(allowed[:-1]) if allowed.endswith("*") else key == allowed
+        for allowed in settings.allowed_env_keys
+    )
+
+
 def check_env(env: dict[str, str], settings: Settings) -> None:
-    allowed = set(settings.allowed_env_keys)
+    """Every key a spec sets must be on the allow-list: a rank's environment is built, not inherited,
+    and a key outside it may load code or name a path (TORCH_LOGS_OUT, NCCL_NET_PLUGIN, LD_PRELOAD...)."""
     for key in env:
         field = f"env.{key}"
         if not ENV_KEY.fullmatch(key):
             raise InvalidRequest("is not a valid environment variable name", field=field)
-        if key in allowed:
-            continue
         if key in RANK_KEYS:
             raise Forbidden("is set by the worker for every rank; a spec cannot override it", field=field)
-        if key in LOADER_KEYS or key.startswith(RESERVED_PREFIXES):
+        if not env_key_allowed(key, settings):
             raise Forbidden(
-                "is reserved: it changes what code runs or how the job is launched "
-                "(the operator can allow it with TORCHYARD_ALLOWED_ENV_KEYS)",
+                "is not on this service's allow-list of environment keys (threading and NCCL/torch "
+                "tuning keys that load no code; the operator can allow more with "
+                "TORCHYARD_ALLOWED_ENV_KEYS)",
                 field=field,
             )

@@ -30,9 +30,21 @@ _NO_ROOM = (
 _PG_DISK_FULL = "53100"  # SQLSTATE disk_full
 
 
+DATA_DIR_MODE = 0o711  # jobs of every account reach their own folder inside; nobody lists it
+
+
 def jobs_root(settings: Settings) -> Path:
     """The folder every job folder is made in."""
     return job_folder(settings, 0).parent
+
+
+def prepare_data_dir(settings: Settings) -> None:
+    """The data directory and its jobs/ folder, made traversable but not listable: a job's account
+    must reach its own folder, and must not see (or write) the ledger or other jobs' folders."""
+    for folder in (settings.data_dir, jobs_root(settings)):
+        folder.mkdir(parents=True, exist_ok=True)
+        if folder.stat().st_uid == os.geteuid():  # an operator's folder of its own is left as it is
+            folder.chmod(DATA_DIR_MODE)
 
 
 def check_room(settings: Settings) -> None:

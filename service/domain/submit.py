@@ -2,7 +2,8 @@
 
 In order, each step cheaper than the next and none of them counted before it is needed:
 1. the request's shape against this service's limits, and the backend it goes to;
-2. the operator's policy (entrypoints, scripts, environment); a script path is resolved once, here;
+2. the operator's policy (entrypoints, scripts, environment) and the Unix account the job will run
+   as (service.accounts); a script path is resolved once, here;
 3. an `Idempotency-Key` retry is answered with the job its first request made, before anything is
    counted: a retry by a user at their active-job limit still gets its job;
 4. the user's quotas (counted, and given back if the job is not stored after all);
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from service.accounts import job_account
 from service.backends.base import Backend
 from service.config import Settings
 from service.domain import policy
@@ -49,7 +51,8 @@ class Admission:
         backend_name = check_request(payload, self.settings, self.backends)
         backend = require_backend(self.backends, backend_name)
         payload = await self._apply_policy(payload)
-        row = new_job_row(payload, user.user, backend_name, idempotency_key)
+        run_as = job_account(user.user, user.unix_user, self.settings)
+        row = new_job_row(payload, user.user, backend_name, idempotency_key, run_as=run_as)
         if idempotency_key is not None:
             earlier = await asyncio.to_thread(find_replayed, self.engine, user.user, idempotency_key)
             if earlier is not None:
@@ -109,9 +112,23 @@ def check_request(payload: JobCreate, settings: Settings, backends: Mapping[str,
     return name
 
 
-def new_job_row(payload: JobCreate, owner: str, backend: str, idempotency_key: str | None = None) -> NewJob:
+def new_job_row(
+    payload: JobCreate,
+    owner: str,
+    backend: str,
+    idempotency_key: str | None = None,
+    *,
+    run_as: str | None = None,
+) -> NewJob:
     spec = payload.model_dump(exclude={"name", "backend"}, mode="json")
-    return NewJob(name=payload.name, owner=owner, backend=backend, spec=spec, idempotency_key=idempotency_key)
+    return NewJob(
+        name=payload.name,
+        owner=owner,
+        backend=backend,
+        spec=spec,
+        run_as=run_as,
+        idempotency_key=idempotency_key,
+    )
 
 
 def find_replayed(engine: Engine, owner: str, key: str) -> JobPublic | None:

@@ -11,11 +11,12 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event
+from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, create_engine
+from sqlmodel import Session, col, create_engine
 
 from service.ledger import clock as ledger_clock
+from service.ledger.models import Job, LedgerClock
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -38,9 +39,16 @@ def make_engine(url: str) -> Engine:
 
 
 def _ensure_sqlite_folder(url: str) -> None:
+    """The SQLite file's folder, and the file itself, readable and writable by the service alone.
+
+    SQLite makes its -wal and -shm files with the database file's mode, so 0600 covers them too.
+    """
     path = url.split("///", 1)[-1]
-    if path and path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if path and path != ":memory:" and not path.startswith("file:"):
+        database = Path(path)
+        database.parent.mkdir(parents=True, exist_ok=True)
+        database.touch(mode=0o600)
+        database.chmod(0o600)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -51,6 +59,16 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+
+
+def check_ledger(engine: Engine) -> None:
+    """Raise unless the ledger answers a read of its tables. `SELECT 1` is answered without reading
+    the file, so it says ok for a ledger that was truncated or overwritten; the clock row and the
+    newest job are read from the file's pages."""
+    with engine.connect() as connection:
+        if connection.execute(select(col(LedgerClock.seq)).where(col(LedgerClock.id) == 1)).first() is None:
+            raise RuntimeError("the ledger has no clock row")
+        connection.execute(select(col(Job.id)).order_by(col(Job.id).desc()).limit(1)).first()
 
 
 def alembic_config(engine: Engine) -> Config:

@@ -128,6 +128,7 @@ class Job(JobBase, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     owner: str = Field(default="anonymous", max_length=200, index=True)
+    run_as: str | None = Field(default=None, max_length=64)  # the Unix account (service.accounts)
     spec: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     backend: str = Field(max_length=20)
     state: JobState = Field(default=JobState.queued, sa_type=String(20))  # plain text: no DB enum to migrate
@@ -162,6 +163,7 @@ class NewJob:
     owner: str
     backend: str
     spec: dict[str, Any]
+    run_as: str | None = None
     idempotency_key: str | None = None
     created_at: datetime = dataclass_field(default_factory=utcnow)
 
@@ -169,6 +171,7 @@ class NewJob:
 class JobPublic(JobBase):
     id: int
     owner: str
+    run_as: str | None = Field(description="The Unix account the job's processes run as.")
     backend: str
     state: JobState
     reason: str | None
@@ -262,6 +265,7 @@ class ApiToken(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     username: str = Field(max_length=100, index=True)
     admin: bool = False
+    unix_user: str | None = Field(default=None, max_length=64, description="The account jobs run as.")
     token_hash: str = Field(max_length=64, unique=True)
     prefix: str = Field(max_length=16, description="The token's first characters, to tell tokens apart.")
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

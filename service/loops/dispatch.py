@@ -25,9 +25,11 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine, RowMapping
 from sqlmodel import Session, col, select
 
+from service.accounts import Account
 from service.backends.base import Backend, SubmitOutcome
 from service.config import Settings
 from service.domain.job_files import submitted_external_id
+from service.domain.storage import DATA_DIR_MODE
 from service.errors import BackendError
 from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
@@ -45,6 +47,7 @@ _CLAIM_COLUMNS = (
     col(Job.backend),
     col(Job.attempt),
     col(Job.folder),
+    col(Job.run_as),
     col(Job.spec),
     col(Job.latest_checkpoint),
     col(Job.cancel_requested),
@@ -130,6 +133,11 @@ class Dispatcher:
                 except OSError as error:
                     unfit.append((row["id"], f"cannot write the job folder: {error}"))
                     continue
+                except KeyError:  # pwd or grp: the account or group is gone since admission
+                    account = row["run_as"]
+                    unfit.append((row["id"], f"the Unix account '{account}' (or the job folder group) "
+                                             "no longer exists on the service's host"))
+                    continue
                 claimed.append((row["backend"], spec))
             for condition in id_conditions(col(Job.id), [spec.job_id for _, spec in claimed]):
                 session.execute(
@@ -154,14 +162,10 @@ class Dispatcher:
             folder=job["folder"],
             rendezvous_timeout_s=self._settings.rendezvous_timeout_s,
             resume_from=job["latest_checkpoint"],
+            run_as=job["run_as"],
             **job["spec"],
         )
-        files = spec.files
-        # The job folder first, then submitit's inside it: mkdir(parents=True) on the inner one tries
-        # and fails before it makes the outer, and each metadata call is costly on a busy disk. The
-        # spec travels in submitit's pickle; rank 0 writes spec.json when it starts.
-        files.folder.mkdir(parents=True, exist_ok=True)
-        files.submitit.mkdir(exist_ok=True)
+        make_job_folder(spec.files, Account.of_job(spec.run_as), self._settings.job_folder_group)
         return spec
 
     def _recover_stale_claims(self, session: Session) -> None:
@@ -268,6 +272,25 @@ class Dispatcher:
             return True
         record_transition(session, job, JobState.submitted, f"{backend.name} id {job.external_id}")
         return False
+
+
+def make_job_folder(files: JobFiles, account: Account, group: str | None) -> None:
+    """The job's folder and submitit's inside it, owned by the account the job runs as.
+
+    Mode 0700 (0750 with the operator's group): another user's job can neither read it nor plant
+    files in it. The job folder first, then submitit's inside it: mkdir(parents=True) on the inner
+    one tries and fails before it makes the outer, and each metadata call is costly on a busy disk.
+    The spec travels in submitit's pickle; rank 0 writes spec.json when it starts.
+    """
+    mode = 0o750 if group else 0o700
+    try:
+        files.folder.mkdir(mode=mode, exist_ok=True)
+    except FileNotFoundError:  # the first job of a new data directory
+        files.folder.parent.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
+        files.folder.mkdir(mode=mode, exist_ok=True)
+    files.submitit.mkdir(mode=mode, exist_ok=True)
+    for folder in (files.folder, files.submitit):
+        account.own(folder, group)
 
 
 def _release_claim(session: Session, job: Job, external_id: str | None) -> None:

@@ -191,6 +191,7 @@ def _job_values(row: NewJob) -> dict[str, Any]:
     return {
         "name": row.name,
         "owner": row.owner,
+        "run_as": row.run_as,
         "backend": row.backend,
         "spec": row.spec,
         "state": JobState.queued.value,

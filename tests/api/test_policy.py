@@ -40,7 +40,7 @@ def strict_api(settings: Settings, tmp_path: Path) -> Any:
         update={
             "allowed_entrypoints": ["worker.tasks.", "mylab"],
             "allowed_script_dirs": [str(scripts)],
-            "allowed_env_keys": ["PYTHONHASHSEED"],
+            "allowed_env_keys": ["PYTHONHASHSEED", "WANDB_*"],
         }
     )
     with TestClient(create_app(tuned, backends={"local": FakeBackend("local")})) as client:
@@ -127,14 +127,30 @@ def test_script_jobs_are_refused_where_no_folder_is_allowed(settings: Settings, 
         ("RANK", "set by the worker"),
         ("MASTER_PORT", "set by the worker"),
         ("CUDA_VISIBLE_DEVICES", "set by the worker"),
-        ("LD_PRELOAD", "reserved"),
-        ("LD_LIBRARY_PATH", "reserved"),
-        ("PYTHONPATH", "reserved"),
-        ("PYTHONSTARTUP", "reserved"),
-        ("PATH", "reserved"),
-        ("BASH_ENV", "reserved"),
-        ("SLURM_PROCID", "reserved"),
-        ("TORCHYARD_DEV_MODE", "reserved"),
+        ("LD_PRELOAD", "allow-list"),
+        ("LD_LIBRARY_PATH", "allow-list"),
+        ("PYTHONPATH", "allow-list"),
+        ("PYTHONSTARTUP", "allow-list"),
+        ("PATH", "allow-list"),
+        ("BASH_ENV", "allow-list"),
+        ("SLURM_PROCID", "allow-list"),
+        ("TORCHYARD_DEV_MODE", "allow-list"),
+        # what a deny-list let through: each loads code or writes to a path the job chooses
+        ("TORCH_LOGS", "allow-list"),
+        ("TORCH_LOGS_OUT", "allow-list"),
+        ("TORCH_LOGS_FORMAT", "allow-list"),
+        ("NCCL_NET_PLUGIN", "allow-list"),
+        ("NCCL_DEBUG_FILE", "allow-list"),
+        ("CUDA_INJECTION64_PATH", "allow-list"),
+        ("TORCHINDUCTOR_CACHE_DIR", "allow-list"),
+        ("TRITON_CACHE_DIR", "allow-list"),
+        ("CC", "allow-list"),
+        ("CXX", "allow-list"),
+        ("TMPDIR", "allow-list"),
+        ("XDG_CONFIG_HOME", "allow-list"),
+        ("SSLKEYLOGFILE", "allow-list"),
+        ("OMP_TOOL_LIBRARIES", "allow-list"),  # OMP_ is no safe prefix
+        ("WANDB", "allow-list"),  # the operator's `WANDB_*` allows a prefix, not the bare name
         ("BAD-NAME", "not a valid environment variable name"),
         ("1X", "not a valid environment variable name"),
     ],
@@ -149,7 +165,7 @@ def test_reserved_or_malformed_environment_keys_are_refused(strict_api: Any, key
     assert job_count(api) == 0
 
 
-def test_ordinary_and_operator_allowed_environment_keys_pass(strict_api: Any) -> None:
+def test_tuning_and_operator_allowed_environment_keys_pass(strict_api: Any) -> None:
     api, _ = strict_api
     env = {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "2", "PYTHONHASHSEED": "0", "WANDB_MODE": "offline"}
     response = api.post(JOBS, json={"name": "e", "entrypoint": GOOD, "env": env})

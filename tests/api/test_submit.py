@@ -42,7 +42,7 @@ def problems(response: Any) -> list[tuple[list[Any], str]]:
 
 
 def test_a_valid_job_is_stored_queued_and_returned_at_once(api: TestClient) -> None:
-    response = api.post(JOBS, json={**VALID, "kwargs": {"lr": 0.01}, "env": {"SEED": "1"}})
+    response = api.post(JOBS, json={**VALID, "kwargs": {"lr": 0.01}, "env": {"OMP_NUM_THREADS": "1"}})
 
     assert response.status_code == 201, response.text
     job = response.json()
@@ -53,7 +53,7 @@ def test_a_valid_job_is_stored_queued_and_returned_at_once(api: TestClient) -> N
     assert job["attempt"] == 1
     assert job["spec"]["entrypoint"] == "worker.tasks.seed:ddp_step"
     assert job["spec"]["kwargs"] == {"lr": 0.01}
-    assert job["spec"]["env"] == {"SEED": "1"}
+    assert job["spec"]["env"] == {"OMP_NUM_THREADS": "1"}
     assert job["spec"]["resources"]["nodes"] == 1
     assert job["folder"].endswith(f"/jobs/{job['id']}")
     assert job["created_at"] and job["exit_code"] is None and job["result"] is None

@@ -1,0 +1,127 @@
+"""The Unix accounts jobs run as: which one a job gets, and how a process is started as it.
+
+A job is untrusted code, so on a shared service each user's jobs run as that user's own Unix account:
+SLURM then accounts and shares by user, and one user's job cannot write another's files. The account
+is decided once, at admission, and stored with the job (`Job.run_as`):
+- dev mode, or `TORCHYARD_JOB_ACCOUNTS=service`: the service's own account, for every job;
+- a service that is not root cannot become anyone else: the service's own account, and the service
+  says so when it starts;
+- otherwise the account the token maps to (`torchyard token create --unix-user`), else the account of
+  the user's own name; a user with neither is refused, unless the operator lets such users share the
+  service's account (`TORCHYARD_SERVICE_ACCOUNT_FALLBACK`).
+A process is started as another account with `setpriv` (util-linux: no PAM, no environment of its own,
+and the PID stays the command's), the one place that knows how.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import pwd
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.config import Settings
+from service.errors import Forbidden
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Account:
+    """A Unix account: who a job's processes are and where its home is."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+    @classmethod
+    def named(cls, name: str) -> Account:
+        """The account called `name`; KeyError when this host has none."""
+        entry = pwd.getpwnam(name)
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+    @classmethod
+    def current(cls) -> Account:
+        """The account the service runs as."""
+        entry = pwd.getpwuid(os.geteuid())
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+    @classmethod
+    def of_job(cls, run_as: str | None) -> Account:
+        """The account a job was admitted to run as (None: a job from before accounts were kept)."""
+        return cls.current() if run_as is None else cls.named(run_as)
+
+    @property
+    def is_current(self) -> bool:
+        return self.uid == os.geteuid()
+
+    def command_prefix(self) -> list[str]:
+        """What to put before a command so that it runs as this account (nothing when it already does).
+
+        setpriv execs the command, so a PID taken from the started process is the command's own.
+        """
+        if self.is_current:
+            return []
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--"]
+
+    def own(self, path: Path, group: str | None = None) -> None:
+        """Give `path` to this account (and to `group`, when one is set), as the service can."""
+        gid = grp.getgrnam(group).gr_gid if group else -1
+        uid = -1 if self.is_current else self.uid
+        if uid != -1 or gid != -1:
+            os.chown(path, uid, gid)
+
+
+def can_switch_accounts() -> bool:
+    """Only root can start a process as another account."""
+    return os.geteuid() == 0
+
+
+def shares_service_account(settings: Settings) -> bool:
+    """True when every job runs as the service's own account."""
+    return settings.dev_mode or settings.job_accounts == "service" or not can_switch_accounts()
+
+
+def job_account(user: str, mapped: str | None, settings: Settings) -> str:
+    """The Unix account a new job of `user` runs as (`mapped`: what their token maps them to).
+
+    Forbidden when the user has no account to run as and may not share the service's.
+    """
+    if shares_service_account(settings):
+        return Account.current().name
+    wanted = mapped or user
+    try:
+        return Account.named(wanted).name
+    except KeyError:
+        pass
+    if mapped is not None:
+        raise Forbidden(
+            f"your token maps you to the Unix account '{mapped}', which does not exist on the service's "
+            "host: ask the operator to fix the mapping",
+            field="owner",
+        )
+    if settings.service_account_fallback:
+        return Account.current().name
+    raise Forbidden(
+        f"user '{user}' has no Unix account to run jobs as: the operator maps one "
+        "(`torchyard token create --user NAME --unix-user ACCOUNT`) or lets such users share the "
+        "service's account (TORCHYARD_SERVICE_ACCOUNT_FALLBACK=true)",
+        field="owner",
+    )
+
+
+def announce(settings: Settings) -> None:
+    """Say plainly at start-up when jobs cannot be kept apart by account."""
+    service = Account.current().name
+    if settings.dev_mode or settings.job_accounts == "service":
+        log.info("every job runs as the service's account '%s'", service)
+    elif not can_switch_accounts():
+        log.warning(
+            "the service is not root, so it cannot start jobs as their owners' accounts: every job runs "
+            "as the service's account '%s' and can read and write what the service can. Run the service "
+            "as root for per-user accounts, or set TORCHYARD_JOB_ACCOUNTS=service to silence this.",
+            service,
+        )
