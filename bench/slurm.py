@@ -15,6 +15,7 @@ Loopback only. Run: .venv/bin/python -m bench.slurm [--rounds 3] [--parts abc]
 from __future__ import annotations
 
 import argparse
+import shlex
 import sqlite3
 import statistics
 import subprocess
@@ -30,7 +31,7 @@ import submitit
 
 from bench.harness import post_many, time_job, torchyard
 from service.backends.slurm import SlurmBackend
-from service.backends.slurm_submit import SRUN_ARGS, pythonpath_setup
+from service.backends.slurm_submit import SRUN_ARGS
 from service.config import Settings
 from service.ledger.db import session_scope
 from service.ledger.models import Job
@@ -45,6 +46,9 @@ TRIVIAL: dict[str, object] = {
     "kwargs": {"seconds": 0},
     "resources": {"timeout_min": 1},
 }
+# Raw submitit inherits this process's environment (sbatch's default --export=ALL); the checkout
+# on PYTHONPATH lets its ranks import the worker as torchyard's ranks import the staged copy.
+RAW_SETUP = [f"export PYTHONPATH={shlex.quote(str(Path(__file__).resolve().parent.parent))}"]
 DDP: dict[str, object] = {
     "name": "bench-ddp",
     "entrypoint": "worker.tasks.seed:ddp_parameters",
@@ -120,7 +124,7 @@ def submitit_ddp(folder: Path, n: int) -> float:
                    resources=Resources(tasks_per_node=3, timeout_min=5), folder=str(folder / f"raw-{n}"))
     executor = submitit.AutoExecutor(folder=spec.files.submitit, cluster="slurm")
     executor.update_parameters(nodes=1, tasks_per_node=3, cpus_per_task=1, timeout_min=5,
-                               slurm_srun_args=list(SRUN_ARGS), slurm_setup=pythonpath_setup())
+                               slurm_srun_args=list(SRUN_ARGS), slurm_setup=RAW_SETUP)
     started = time.perf_counter()
     job = executor.submit(RankLauncher(spec.model_dump_json()))
     result = job.results()[0]  # one value per task; rank 0's first

@@ -5,7 +5,8 @@
 #      examples), PostgreSQL 15 server binaries when missing: one apt-get update,
 #      only when something is missing;
 #   2. the Python environment (deploy/setup.sh: torch CPU wheel first, then the project);
-#   3. the real two-node SLURM cluster (deploy/slurm/up.sh, when present);
+#   3. the real two-node SLURM cluster (deploy/slurm/up.sh, when present), with the Unix accounts
+#      alice and bob, and a Python environment for jobs that run as them (deploy/job-python.sh);
 #   4. ruff check, mypy --strict, then pytest with every marker. PostgreSQL is started by the tests
 #      (tests/conftest.py, through deploy/postgres/start.sh).
 # A missing part fails its tests instead of skipping them (TORCHYARD_TEST_STRICT=1): when SLURM does
@@ -88,6 +89,12 @@ if ! step setup bash deploy/setup.sh; then
   finish
 fi
 step slurm slurm_cluster
+job_python() {
+  local python
+  python=$(bash deploy/job-python.sh) || return 1
+  export TORCHYARD_TEST_JOB_PYTHON=$python
+}
+step job-python job_python
 step ruff "$PY/ruff" check .
 # `ruff format --check` is left out while parts of the tree are not formatted yet.
 step mypy "$PY/mypy"

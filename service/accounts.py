@@ -68,11 +68,10 @@ class Account:
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--"]
 
     def own(self, path: Path, group: str | None = None) -> None:
-        """Give `path` to this account (and to `group`, when one is set), as the service can."""
-        gid = grp.getgrnam(group).gr_gid if group else -1
-        uid = -1 if self.is_current else self.uid
-        if uid != -1 or gid != -1:
-            os.chown(path, uid, gid)
+        """Give `path` to this account and its group (or `group`, when one is set)."""
+        gid = grp.getgrnam(group).gr_gid if group else self.gid
+        if not self.is_current or group:
+            os.chown(path, -1 if self.is_current else self.uid, gid)
 
 
 def can_switch_accounts() -> bool:
@@ -101,7 +100,6 @@ def job_account(user: str, mapped: str | None, settings: Settings) -> str:
         raise Forbidden(
             f"your token maps you to the Unix account '{mapped}', which does not exist on the service's "
             "host: ask the operator to fix the mapping",
-            field="owner",
         )
     if settings.service_account_fallback:
         return Account.current().name
@@ -109,7 +107,6 @@ def job_account(user: str, mapped: str | None, settings: Settings) -> str:
         f"user '{user}' has no Unix account to run jobs as: the operator maps one "
         "(`torchyard token create --user NAME --unix-user ACCOUNT`) or lets such users share the "
         "service's account (TORCHYARD_SERVICE_ACCOUNT_FALLBACK=true)",
-        field="owner",
     )
 
 

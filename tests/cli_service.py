@@ -24,14 +24,19 @@ def torchyard_command() -> list[str]:
     return [sys.executable, "-c", "from service.cli.main import main; main()"]
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without a developer's TORCHYARD_* (they would point the test elsewhere)."""
+def clean_env(own_accounts: bool = False, /, **extra: str) -> dict[str, str]:
+    """This environment without a developer's TORCHYARD_* (they would point the test elsewhere).
+
+    Jobs run as the account the tests run as, unless `own_accounts`: then the service's default
+    decides (each user's own account when the service is root; see service.accounts)."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("TORCHYARD_") or k.startswith("TORCHYARD_TEST_")
     }
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    if not own_accounts:
+        env["TORCHYARD_JOB_ACCOUNTS"] = "service"
     env.update(extra)
     return env
 

@@ -10,6 +10,7 @@ NODE_CPUS=${TORCHYARD_SLURM_CPUS:-4}         # declared, more than the real core
 MAX_ARRAY_SIZE=${TORCHYARD_SLURM_MAX_ARRAY_SIZE:-1001}
 MAX_TIME=${TORCHYARD_SLURM_MAX_TIME:-1-00:00:00}  # partition limit, so "time over the limit" is testable
 MAX_NODES=2                                  # the most nodes this layout can hold
+ACCOUNTS=${TORCHYARD_SLURM_ACCOUNTS-alice bob}  # Unix accounts jobs can run as (the isolation tests')
 RUN_DIR=/run/torchyard-slurm                 # the hosts file the node namespaces see
 CONF_DIR=/etc/slurm
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -8,6 +8,7 @@
 # Layout: munged, MariaDB, slurmdbd and slurmctld in the root namespaces; nodes n1[, n2], each a
 # slurmd in its own network + UTS + mount namespace, joined by a bridge on a private /24 with no
 # default route. Partition "debug" (default) holds every node; each node declares NODE_CPUS CPUs.
+# The accounts in ACCOUNTS (alice and bob) exist on every node: the nodes share the host's files.
 # See docs/slurm.md for the why of each piece.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -225,8 +226,16 @@ smoke() {
   log "smoke: srun job $id ran on $hosts; sbatch job $id2 and accounting OK"
 }
 
+ensure_accounts() {  # users whose jobs run as themselves (service.accounts); home folders of their own
+  local name
+  for name in $ACCOUNTS; do
+    id -u "$name" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$name"
+  done
+}
+
 REAL_MEM_MB=$(awk '/^MemTotal:/ { print int($2 / 1024 * 0.9) }' /proc/meminfo)
 install_packages
+ensure_accounts
 make_dirs
 write_configs
 setup_network

@@ -59,6 +59,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """The service as `torchyard serve` runs it: SQLite in a temp folder, the real local backend."""
     root = tmp_path_factory.mktemp("service")
     settings = Settings(
+        job_accounts="service",
         database_url=f"sqlite:///{root / 'ledger.db'}",
         data_dir=root / "data",
         local_reconcile_interval_s=0.2,

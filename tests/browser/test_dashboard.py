@@ -158,7 +158,11 @@ def test_empty_filters_unknown_jobs_and_api_errors_are_shown(page: Page, service
 def test_a_fresh_service_shows_a_clear_empty_state(browser: Browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}", data_dir=tmp_path / "data")
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        data_dir=tmp_path / "data",
+        job_accounts="service",
+    )
     with (
         serve(create_app(settings, backends={"local": FakeBackend("local")})) as fresh,
         open_page(browser, fresh.url, token(fresh)) as page,
@@ -170,7 +174,11 @@ def test_a_fresh_service_shows_a_clear_empty_state(browser: Browser, tmp_path: P
 
 
 def test_pages_of_many_jobs_by_cursor(browser: Browser, tmp_path: Path) -> None:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}", data_dir=tmp_path / "data")
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        data_dir=tmp_path / "data",
+        job_accounts="service",
+    )
     with serve(create_app(settings, backends={"local": FakeBackend("local")})) as fresh:
         for n in range(60):
             submit(fresh, f"many-{n}", SLEEP)

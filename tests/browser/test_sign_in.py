@@ -33,7 +33,11 @@ WRONG = "ty_this-token-was-never-issued"
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """Shadows the conftest's: these tests only read the ledger, so no job has to run for real."""
     root = tmp_path_factory.mktemp("sign-in")
-    settings = Settings(database_url=f"sqlite:///{root / 'ledger.db'}", data_dir=root / "data")
+    settings = Settings(
+        database_url=f"sqlite:///{root / 'ledger.db'}",
+        data_dir=root / "data",
+        job_accounts="service",
+    )
     with serve(create_app(settings, backends={"local": FakeBackend("local")})) as server:
         yield server
 
@@ -192,7 +196,11 @@ def test_a_revoked_token_signs_the_tab_out(blank_page: Page, service: LiveServer
 def test_a_service_with_no_tokens_says_how_to_make_the_first(browser: Browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.db'}", data_dir=tmp_path / "data")
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        data_dir=tmp_path / "data",
+        job_accounts="service",
+    )
     with (
         serve(create_app(settings, backends={"local": FakeBackend("local")})) as fresh,
         open_page(browser, fresh.url) as page,
@@ -208,6 +216,7 @@ def test_dev_mode_needs_no_sign_in(browser: Browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     settings = Settings(
+        job_accounts="service",
         database_url=f"sqlite:///{tmp_path / 'ledger.db'}", data_dir=tmp_path / "data", dev_mode=True
     )
     with (

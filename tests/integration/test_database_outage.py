@@ -90,6 +90,7 @@ def fake() -> FakeBackend:
 @pytest.fixture
 def live(postgres: StoppablePostgres, fake: FakeBackend, tmp_path: Path) -> Iterator[LiveServer]:
     settings = Settings(
+        job_accounts="service",
         database_url=postgres.url,
         data_dir=tmp_path / "data",
         reconcile_interval_s=0.1,

@@ -54,6 +54,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Cli
     """One service with the three faulty jobs submitted at once: (client, job id by fault)."""
     tmp = tmp_path_factory.mktemp("faults")
     settings = Settings(
+        job_accounts="service",
         data_dir=tmp / "data",
         database_url=f"sqlite:///{tmp}/ledger.db",
         rendezvous_timeout_s=RENDEZVOUS_TIMEOUT_S,

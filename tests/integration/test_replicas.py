@@ -161,7 +161,12 @@ def test_two_dispatchers_racing_on_postgres_claim_with_skip_locked(ledger: sa.En
             session.add(Job(name=f"q-{n}", backend="slurm", folder=str(tmp_path / "jobs" / str(n)),
                             spec={"entrypoint": "worker.tasks.faults:sleep", "resources": {}}))
         session.commit()
-    settings = Settings(data_dir=tmp_path, database_url=str(ledger.url), dispatch_batch_size=20)
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=str(ledger.url),
+        dispatch_batch_size=20,
+        job_accounts="service",
+    )
     fakes = [FakeBackend("slurm"), FakeBackend("slurm")]
     # Two dispatchers with engines (connection pools) of their own, as two replicas have.
     engines = [make_engine(ledger.url.render_as_string(hide_password=False)) for _ in fakes]

@@ -38,6 +38,7 @@ SCRIPTS = ROOT / "examples/scripts"
 def live(tmp_path: Path) -> Iterator[httpx.Client]:
     """A real service on a free port, and an httpx client on it with a token of the user alice."""
     settings = Settings(
+        job_accounts="service",
         data_dir=tmp_path / "data",
         database_url=f"sqlite:///{tmp_path}/ledger.db",
         allowed_script_dirs=[str(SCRIPTS)],

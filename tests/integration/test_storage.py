@@ -32,6 +32,7 @@ BODY: dict[str, Any] = {"name": "job", "entrypoint": "worker.tasks.seed:ddp_step
 
 def make_settings(data_dir: Path, ledger: Path | None, **fields: Any) -> Settings:
     return Settings(
+        job_accounts="service",
         data_dir=data_dir,
         database_url=f"sqlite:///{ledger}" if ledger is not None else "",  # "": SQLite in data_dir
         reconcile_interval_s=0.05,

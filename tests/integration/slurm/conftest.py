@@ -67,7 +67,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture
 def slurm(tmp_path: Path) -> Iterator[SlurmBackend]:
     """A SlurmBackend on a fresh data folder (under /tmp: one machine is a shared filesystem)."""
-    backend = SlurmBackend(Settings(data_dir=tmp_path / "data"))
+    backend = SlurmBackend(Settings(data_dir=tmp_path / "data", job_accounts="service"))
     yield backend
     backend.close()
 

@@ -35,6 +35,7 @@ WHOLE_CLUSTER = {"nodes": 2, "tasks_per_node": 4}  # all 8 CPUs: anything else r
 
 def settings_for(tmp_path: Path) -> Settings:
     return Settings(
+        job_accounts="service",
         default_backend="slurm",
         data_dir=tmp_path / "data",
         database_url=f"sqlite:///{tmp_path}/ledger.db",

@@ -118,7 +118,7 @@ def test_jobs_slurm_queued_are_found_by_their_script_and_can_run(
     answers = backend(commands, tmp_path).recover(folders(specs))
 
     assert answers == dict(zip(folders(specs), ["100_0", "100_1", "100_2", "101"], strict=True))
-    assert [argv[:2] for argv in commands.calls] == [["squeue", "-h"]]  # one query for all of them, of every account
+    assert [argv[:2] for argv in commands.calls] == [["squeue", "-h"]]  # one query, for every account
     for spec, external_id in zip(specs, ["100_0", "100_1", "100_2", "101"], strict=True):
         assert submitted_external_id(spec.files) == external_id  # the name submitit's runtime waits for
         assert [p.name for p in pickles(spec)] == [f"{external_id}_submitted.pkl"]
