@@ -3,7 +3,8 @@
 Each fenced block carries a tag after its language:
 - `test=serve`: the command that starts the service; the live test starts it so (on a free port).
 - `test=cli`: shell commands run one by one against that service; a trailing `# exit N` expects N.
-- `test=python`: exec'd against it. `test=module:PATH`: written to PATH on the service's PYTHONPATH.
+- `test=python`: exec'd against it. `test=module:PATH`: written to ~/code/PATH (the README's serve
+  command puts ~/code on the ranks' import path).
 - `file=PATH`: must equal that file, which must be a valid job spec.
 - `test=skip  # why`: run elsewhere (the comment says where); the file it names must exist.
 - `test=tree`: the source layout; it names every Python module of service/ and worker/, and nothing else.
@@ -176,13 +177,14 @@ def test_rest_table_is_the_apps_api() -> None:
 @pytest.mark.integration
 def test_examples_run_against_a_live_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
-    user_code = tmp_path / "usercode"
+    home = tmp_path / "home"
+    user_code = home / "code"
     env = clean_env(
+        True,  # jobs run as the README says: each user's own account, as a real service runs them
         TORCHYARD_URL=f"http://127.0.0.1:{port}",
         TORCHYARD_DATA_DIR=str(tmp_path / "data"),
-        HOME=str(tmp_path / "home"),  # `token create --save` writes ~/.config/torchyard/token here
-        XDG_CONFIG_HOME=str(tmp_path / "home" / ".config"),
-        PYTHONPATH=str(user_code),  # "on the PYTHONPATH the service was started with", as the README says
+        HOME=str(home),  # `token create --save` writes ~/.config/torchyard/token here
+        XDG_CONFIG_HOME=str(home / ".config"),
         NO_COLOR="1",
     )
     for block in blocks():

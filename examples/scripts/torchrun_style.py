@@ -1,9 +1,11 @@
 """A plain torchrun-style script, as users write them: torchyard runs it unchanged in script mode.
 
-    torchrun --nproc-per-node 2 examples/scripts/torchrun_style.py --out /tmp/sum.json
+    torchrun --nproc-per-node 2 examples/scripts/torchrun_style.py --out sum.json
 
 It reads only what torchrun provides (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT through
-init_method="env://"), all-reduces one number per rank, and rank 0 writes the sum as JSON to --out.
+init_method="env://"), all-reduces one number per rank, and rank 0 writes the sum as JSON to --out, a
+file name in the job's own folder (TORCHYARD_JOB_DIR under torchyard, else the working directory):
+a script any user may run must not write wherever its account can.
 """
 
 from __future__ import annotations
@@ -16,9 +18,16 @@ import torch
 import torch.distributed as dist
 
 
+def file_name(value: str) -> str:
+    """A plain file name: no folder, no way out of the job's folder."""
+    if not value or "/" in value or value in (".", ".."):
+        raise argparse.ArgumentTypeError(f"must be a file name without '/', not {value!r}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", required=True, help="where rank 0 writes its JSON report")
+    parser.add_argument("--out", required=True, type=file_name, help="the JSON report's file name")
     parser.add_argument("--value", type=float, default=1.0, help="rank r contributes value * (r + 1)")
     args = parser.parse_args()
 
@@ -40,9 +49,12 @@ def main() -> None:
             "backend": dist.get_backend(),
             "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
         }
-        with open(args.out, "w", encoding="utf-8") as handle:
+        path = os.path.join(os.environ.get("TORCHYARD_JOB_DIR", "."), args.out)
+        # O_NOFOLLOW: a link left in the folder cannot turn the report into a write elsewhere.
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             json.dump(report, handle)
-        print(f"rank 0 of {world_size}: sum {report['sum']} written to {args.out}", flush=True)
+        print(f"rank 0 of {world_size}: sum {report['sum']} written to {path}", flush=True)
     dist.destroy_process_group()
 
 

@@ -126,20 +126,19 @@ def test_training_reports_falling_loss_into_the_ledger(live: httpx.Client) -> No
 
 
 def test_script_mode_runs_an_unmodified_torchrun_script(live: httpx.Client, tmp_path: Path) -> None:
-    out = tmp_path / "sum.json"
     link = tmp_path / "linked.py"  # outside the allowed folder, but its target lies inside
     link.symlink_to(SCRIPTS / "torchrun_style.py")
     script = submit(
         live,
         name="script",
         script=str(link),
-        args=["--out", str(out), "--value", "2.0"],
+        args=["--out", "sum.json", "--value", "2.0"],
         resources={"tasks_per_node": 2},
     )
     assert script["spec"]["script"] == str((SCRIPTS / "torchrun_style.py").resolve())  # the real path runs
     done = finished(live, script["id"])
     assert done["state"] == "succeeded", done["reason"]
-    report = json.loads(out.read_text())
+    report = json.loads((Path(done["folder"]) / "sum.json").read_text())  # in the job's own folder
     assert report["world_size"] == 2
     assert report["sum"] == report["expected"] == 6.0
 

@@ -173,11 +173,10 @@ def test_preempted_train_requeues_and_matches_uninterrupted_bit_for_bit(
 
 
 def test_script_mode_runs_an_unmodified_torchrun_script(tmp_path: Path) -> None:
-    out = tmp_path / "sum.json"
     spec = make_spec(tmp_path, tasks=2, script=str(REPO / "examples/scripts/torchrun_style.py"),
-                     args=["--out", str(out), "--value", "2"])
+                     args=["--out", "sum.json", "--value", "2"])
     submit(spec).results()
-    report = json.loads(out.read_text())
+    report = json.loads((spec.files.folder / "sum.json").read_text())
     assert report["world_size"] == 2 and report["sum"] == report["expected"] == 6.0
     (published,) = published_ports(spec)  # rank 0 picked a free port and told the other rank
     assert report["master"] == f"127.0.0.1:{published}"
