@@ -175,13 +175,13 @@ def wait_state(
     return wait_for(probe, timeout, f"job {job_id} to be {state}")
 
 
-def issue_token(engine: sa.Engine, user: str, admin: bool = False) -> str:
+def issue_token(engine: sa.Engine, user: str, admin: bool = False, unix_user: str | None = None) -> str:
     """A real API token for `user`, made as `torchyard token create` makes one."""
     from service.domain import auth
     from service.ledger.db import session_scope
 
     with session_scope(engine) as session:
-        return auth.create_token(session, user, admin=admin, actor="test")
+        return auth.create_token(session, user, admin=admin, unix_user=unix_user, actor="test")
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -15,7 +15,6 @@ is on a rank's import path, and PYTHONSAFEPATH keeps the working directory off i
 from __future__ import annotations
 
 import compileall
-import functools
 import hashlib
 import os
 import shutil
@@ -73,17 +72,9 @@ class JobEnvironment:
 
 def stage_worker(runtime_dir: Path) -> Path:
     """A folder holding only a copy of the `worker` package, named by its content; made once."""
-    return _staged(runtime_dir, _worker_source())
-
-
-def _worker_source() -> Path:
     import worker
 
-    return Path(worker.__file__).resolve().parent
-
-
-@functools.cache
-def _staged(runtime_dir: Path, source: Path) -> Path:
+    source = Path(worker.__file__).resolve().parent
     files = sorted(path for path in source.rglob("*.py") if "__pycache__" not in path.parts)
     digest = hashlib.sha256()
     for path in files:

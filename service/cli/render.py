@@ -28,6 +28,12 @@ STATE_STYLE = {
 }
 
 
+def owner(job: dict[str, Any]) -> str:
+    """The user, and the Unix account the job runs as where that is another name."""
+    user, account = str(job.get("owner", "")), job.get("run_as")
+    return user if not account or account == user else f"{user} (runs as {account})"
+
+
 def state_text(state: str) -> Text:
     return Text(state, style=STATE_STYLE.get(state, ""))
 
@@ -137,7 +143,7 @@ def job_details(job: Job, events: list[Job] | None = None) -> RenderableType:
         ("job", Text(f"{job['id']}  {job.get('name', '')}")),
         ("state", state_text(str(job.get("state")))),
         ("runs", Text(f"{target}  on {ranks(job)} ranks, backend {job.get('backend')}")),
-        ("owner", Text(str(job.get("owner", "")))),
+        ("owner", Text(owner(job))),
         ("attempt", Text(str(job.get("attempt", 1)))),
         ("external id", Text(str(job.get("external_id") or "-"))),
         ("folder", Text(str(job.get("folder") or "-"))),

@@ -123,7 +123,7 @@ export class JobView {
   renderFacts(job) {
     const target = job.spec.entrypoint || job.spec.script || "—";
     const rows = [
-      ["Owner", job.owner], ["Backend", job.backend], ["Scheduler id", job.external_id || "—"],
+      ["Owner", job.owner], ["Runs as", job.run_as || "—"], ["Backend", job.backend], ["Scheduler id", job.external_id || "—"],
       ["Nodes × tasks", resources(job)], ["Attempt", job.attempt], ["Target", el("code", {}, target)],
       ["Created", localTime(job.created_at)], ["Submitted", localTime(job.submitted_at)],
       ["Started", localTime(job.started_at)], ["Finished", localTime(job.finished_at)],

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from service.accounts import Account
 from service.backends.slurm import CommandResult, SlurmBackend
 from service.config import Settings
 from service.errors import BackendError
@@ -220,3 +221,33 @@ def test_the_warning_signal_never_arrives_before_a_quarter_of_the_limit() -> Non
     assert warning_signal_delay_s(1) == 15
     assert warning_signal_delay_s(60) == 90
     assert warning_signal_delay_s(2) == 30
+
+
+def test_each_account_s_jobs_go_out_in_an_sbatch_of_its_own_run_as_it(
+    commands: FakeCommands, tmp_path: Path
+) -> None:
+    scripts: list[tuple[list[str], str]] = []
+
+    def sbatch_as(argv: Sequence[str]) -> CommandResult:
+        scripts.append((list(argv[:-1]), Path(argv[-1]).read_text()))
+        return ok(f"{100 + len(scripts)}\n")
+
+    commands.on("scontrol", config())
+    commands.on("sbatch", sbatch_as)
+    commands.on("setpriv", sbatch_as)
+    other = Account.named("nobody")
+    specs = [make(tmp_path, 1), make(tmp_path, 2).model_copy(update={"run_as": "nobody"}), make(tmp_path, 3)]
+    outcomes = backend(commands, tmp_path).submit(specs)
+
+    assert [o.external_id for o in outcomes] == ["101_0", "102", "101_1"]  # same shape, two accounts
+    (ours, array), (theirs, single) = scripts
+    assert ours == ["sbatch", "--parsable"]
+    assert theirs == [*other.command_prefix(), "sbatch", "--parsable"]  # queued as that account
+    for script, account in ((array, Account.current()), (single, other)):
+        (export,) = [line for line in script.splitlines() if line.startswith("#SBATCH --export=")]
+        assert f"HOME={account.home}" in export and f"USER={account.name}" in export
+        assert "TORCHYARD_" not in export and export.rstrip("'").endswith(",SUBMITIT_EXECUTOR")
+        assert "PYTHONSAFEPATH=1" in export
+    (chdir,) = [line for line in single.splitlines() if line.startswith("#SBATCH --chdir=")]
+    assert chdir.split("=", 1)[1] == str(specs[1].files.submitit)  # the job's own folder
+    assert "export PYTHONPATH" not in array + single  # the environment travels in --export only

@@ -1,0 +1,99 @@
+"""Which Unix account a job runs as (service.accounts), and how its folder is made for it."""
+
+from __future__ import annotations
+
+import grp
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from service import accounts
+from service.accounts import Account, job_account
+from service.config import Settings
+from service.errors import Forbidden
+from service.loops.dispatch import make_job_folder
+from worker.spec import JobFiles
+
+SERVICE = Account.current().name
+OTHER = "nobody"  # an account every Debian host has
+
+
+def owner_settings(tmp_path: Path, **more: object) -> Settings:
+    return Settings(data_dir=tmp_path, job_accounts="owner", **more)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def as_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decide as a root service decides, wherever the tests run (nothing is started here)."""
+    monkeypatch.setattr(accounts, "can_switch_accounts", lambda: True)
+
+
+def test_a_user_runs_as_the_account_of_their_name(as_root: None, tmp_path: Path) -> None:
+    assert job_account(OTHER, None, owner_settings(tmp_path)) == OTHER
+
+
+def test_the_token_s_mapping_wins_over_the_name(as_root: None, tmp_path: Path) -> None:
+    assert job_account("carol", OTHER, owner_settings(tmp_path)) == OTHER
+
+
+def test_a_user_without_an_account_is_refused_and_told_what_to_do(as_root: None, tmp_path: Path) -> None:
+    with pytest.raises(Forbidden, match="no Unix account") as refused:
+        job_account("carol-has-no-account", None, owner_settings(tmp_path))
+    assert "--unix-user" in refused.value.message and "SERVICE_ACCOUNT_FALLBACK" in refused.value.message
+
+
+def test_a_mapping_to_a_missing_account_is_refused(as_root: None, tmp_path: Path) -> None:
+    with pytest.raises(Forbidden, match="does not exist"):
+        job_account("carol", "no-such-account-here", owner_settings(tmp_path, service_account_fallback=True))
+
+
+def test_the_operator_may_let_such_users_share_the_service_s_account(as_root: None, tmp_path: Path) -> None:
+    settings = owner_settings(tmp_path, service_account_fallback=True)
+    assert job_account("carol-has-no-account", None, settings) == SERVICE
+
+
+@pytest.mark.parametrize("settings", [{"job_accounts": "service"}, {"dev_mode": True}])
+def test_service_policy_and_dev_mode_run_every_job_as_the_service(
+    as_root: None, tmp_path: Path, settings: dict[str, object]
+) -> None:
+    assert job_account(OTHER, OTHER, Settings(data_dir=tmp_path, **settings)) == SERVICE  # type: ignore[arg-type]
+
+
+def test_a_service_that_is_not_root_cannot_switch_and_runs_everything_as_itself(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(accounts, "can_switch_accounts", lambda: False)
+    settings = owner_settings(tmp_path)
+    assert job_account("carol-has-no-account", None, settings) == SERVICE
+    accounts.announce(settings)
+    assert "cannot start jobs as their owners' accounts" in caplog.text  # said plainly at start-up
+
+
+def test_a_process_is_started_as_another_account_with_setpriv() -> None:
+    other = Account.named(OTHER)
+    assert Account.current().command_prefix() == []
+    assert other.command_prefix() == [
+        "setpriv", f"--reuid={other.uid}", f"--regid={other.gid}", "--init-groups", "--"
+    ]  # fmt: skip
+    assert Account.of_job(None) == Account.current()  # a job from before accounts were kept
+
+
+def test_a_job_folder_is_private_to_its_account(tmp_path: Path) -> None:
+    files = JobFiles(tmp_path / "jobs" / "7")
+    account = Account.named(OTHER) if os.geteuid() == 0 else Account.current()
+    make_job_folder(files, account, None)
+    for folder in (files.folder, files.submitit):
+        info = folder.stat()
+        assert stat.S_IMODE(info.st_mode) == 0o700
+        assert (info.st_uid, info.st_gid) == (account.uid, account.gid)
+    assert stat.S_IMODE(files.folder.parent.stat().st_mode) == 0o711  # reachable, not listable
+
+
+def test_an_operator_group_may_read_job_folders(tmp_path: Path) -> None:
+    group = grp.getgrgid(os.getegid())  # a group the service may give folders to without root
+    files = JobFiles(tmp_path / "jobs" / "8")
+    make_job_folder(files, Account.current(), group.gr_name)
+    info = files.folder.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o750 and info.st_gid == group.gr_gid
