@@ -17,13 +17,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from service.accounts import Account
 from service.backends import slurm_parse as parse
@@ -65,27 +66,37 @@ class CommandResult:
     stderr: str
 
 
-Runner = Callable[[Sequence[str], float], CommandResult]  # (argv, timeout_s) -> result
+class Runner(Protocol):
+    def __call__(
+        self, argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None
+    ) -> CommandResult:
+        """Run one scheduler command, with `env` as its whole environment (default: scheduler_env())."""
+        ...
 
 
-def run_command(argv: Sequence[str], timeout_s: float) -> CommandResult:
+def run_command(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> CommandResult:
     """The real runner. Raises OSError (no such command) or subprocess.TimeoutExpired.
 
-    Scheduler commands get only what they need of the service's environment: sbatch may run as a
-    job's account, which can read its process's environment while it runs, and no SBATCH_* or
-    SQUEUE_* setting should change what the service asked for."""
+    No scheduler command inherits the service's environment: sbatch passes its environment on to the
+    job (and may run as the job's account, which can read it while it runs), and no SBATCH_* or
+    SQUEUE_* setting of the service's may change what it asked for."""
     done = subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=timeout_s, check=False, env=scheduler_env()
-    )
+        list(argv), capture_output=True, text=True, timeout=timeout_s, check=False,
+        env=dict(env) if env is not None else scheduler_env(),
+    )  # fmt: skip
     return CommandResult(done.returncode, done.stdout, done.stderr)
 
 
 def scheduler_env() -> dict[str, str]:
-    """PATH (where the operator's sbatch is) and SLURM_CONF (where its configuration is), no more."""
-    env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
-    if "SLURM_CONF" in os.environ:
-        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
-    return env
+    """PATH (where the operator's SLURM commands are), SLURM_CONF (where its configuration is) when
+    the service has one, and a locale: all a scheduler command needs."""
+    return {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", **slurm_conf()}
+
+
+def slurm_conf() -> dict[str, str]:
+    """The operator's SLURM_CONF, if the service has one: every SLURM command reads it, srun in a job
+    too."""
+    return {"SLURM_CONF": os.environ["SLURM_CONF"]} if "SLURM_CONF" in os.environ else {}
 
 
 class Backoff:
@@ -245,11 +256,13 @@ class SlurmBackend:
 
     # ---------------------------------------------------------------- commands
 
-    def _call(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+    def _call(
+        self, argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None
+    ) -> CommandResult:
         with self._lock:
             self.scheduler_calls += 1
         try:
-            return self._runner(argv, timeout_s)
+            return self._runner(argv, timeout_s, env)
         except subprocess.TimeoutExpired as error:
             raise BackendError(f"{argv[0]} did not answer in {timeout_s:.0f} s") from error
         except OSError as error:
@@ -358,11 +371,15 @@ class SlurmBackend:
             self._max_array_size = max(1, int(value)) if value and value.isdigit() else 1
         return self._max_array_size
 
-    def _sbatch(self, script: Path, account: Account) -> str:
-        """sbatch as the jobs' account: SLURM's accounting, fair share and limits are then theirs."""
+    def _sbatch(self, script: Path, account: Account, environment: Mapping[str, str]) -> str:
+        """sbatch as the jobs' account (SLURM's accounting, fair share and limits are then theirs),
+        with the jobs' environment as its own: sbatch's default --export=ALL passes exactly that on.
+        Not an --export list: any list but ALL makes slurmd load the account's login environment
+        first (SLURM_GET_USER_ENV), which costs a login shell before every job starts."""
         try:
-            argv = [*account.command_prefix(), "sbatch", "--parsable", str(script)]
-            result = self._call(argv, SUBMIT_TIMEOUT_S)
+            sbatch = shutil.which("sbatch", path=scheduler_env()["PATH"]) or "sbatch"  # the operator's
+            argv = [*account.command_prefix(), sbatch, "--parsable", str(script)]
+            result = self._call(argv, SUBMIT_TIMEOUT_S, environment)
         except BackendError as error:
             raise _Refused(str(error), transient=True) from error
         if result.returncode != 0:
@@ -432,13 +449,13 @@ class SlurmBackend:
 
     def _sbatch_group(self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None) -> list[str]:
         account = Account.of_job(run_as)
+        environment = {**self._job_environment.variables(account), **slurm_conf()}
         return submit_group(
             specs,
             params,
             arrays_dir=self._settings.data_dir / "slurm-arrays",
-            sbatch=functools.partial(self._sbatch, account=account),
+            sbatch=functools.partial(self._sbatch, account=account, environment=environment),
             python=self._job_environment.python,
-            environment=self._job_environment.variables(account),
         )
 
     @functools.cached_property

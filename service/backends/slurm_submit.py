@@ -167,17 +167,6 @@ def sbatch_still_running(tokens: set[str], proc: Path = Path("/proc")) -> set[st
     return running
 
 
-def export_option(environment: dict[str, str]) -> str:
-    """sbatch's --export for exactly this environment, plus the one variable submitit's script sets
-    for srun's tasks. Not ALL and not NONE: ALL would pass the service's environment on, NONE would
-    have slurmd load the account's login environment instead of ours. srun inherits the same list
-    (SLURM_EXPORT_ENV), so the ranks get exactly it, with SLURM's own SLURM_* variables."""
-    for name, value in environment.items():
-        if "," in value:  # sbatch splits the list at commas, quoted or not
-            raise ValueError(f"the job environment's {name} has a comma, which sbatch --export cannot pass")
-    return ",".join([*(f"{name}={value}" for name, value in environment.items()), "SUBMITIT_EXECUTOR"])
-
-
 class _SubmittedJob(submitit_slurm.SlurmJob[Any]):
     """A handle that only carries the id: we poll with our own batched queries, so the job does not
     register with submitit's class-wide watcher (which would keep every id of a long-lived service)."""
@@ -263,11 +252,11 @@ def submit_group(
     arrays_dir: Path,
     sbatch: SbatchRunner,
     python: str,
-    environment: dict[str, str],
 ) -> list[str]:
     """Submit jobs that share `params` and an account in one sbatch (an array when there are several);
-    their ids. Every rank starts with exactly `environment` (see export_option), in the folder the
-    script lies in: the job's own, or for an array the array's folder, which only the service writes.
+    their ids. `sbatch` runs with the job's built environment (it passes its own on, and srun the
+    batch script's), in the folder the script lies in: the job's own, or for an array the array's
+    folder, which only the service writes.
 
     An array's links are made on a helper thread while this one writes the pickles: both are a file
     per job, and on a busy or shared disk each costs a round trip that the other can overlap.
@@ -289,7 +278,7 @@ def submit_group(
         job_name=job_name(specs),
         srun_args=list(SRUN_ARGS),
         signal_delay_s=warning_signal_delay_s(int(params["time"])),
-        additional_parameters={"export": export_option(environment), "chdir": str(workdir)},
+        additional_parameters={"chdir": str(workdir)},
     )
     with executor.batch():
         jobs = [executor.submit(RankLauncher(spec.model_dump_json())) for spec in specs]

@@ -46,7 +46,12 @@ BASE_KEYS = {
 }  # fmt: skip
 # What the scheduler adds: submitit's local controller, or SLURM (its SLURM_* and SLURMD_NODENAME).
 SCHEDULER_PREFIXES = {"local": ("SUBMITIT_",), "slurm": ("SLURM", "SUBMITIT_")}
-SCHEDULER_KEYS = {"local": {"CUDA_VISIBLE_DEVICES"}, "slurm": set()}
+# SLURM's batch step adds ENVIRONMENT, HOSTNAME and TMPDIR, and its bash PWD, SHLVL and `_`, which srun
+# passes on with the rest of the batch script's environment.
+SCHEDULER_KEYS = {
+    "local": {"CUDA_VISIBLE_DEVICES"},
+    "slurm": {"ENVIRONMENT", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_"},
+}
 
 
 def job_python() -> str:

@@ -9,6 +9,7 @@ cleared once the backend has answered.) The in-process test looks at the claim q
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import threading
 from collections import Counter
@@ -53,10 +54,10 @@ def test_two_replica_processes_dispatch_every_job_exactly_once(
     since = slurm_now()
     # A short dispatch interval: besides the wake-up on their own POSTs, both replicas sweep the queue
     # five times a second, so each meets the other's jobs too and the claims really race.
-    env = service_env(tmp_path / "data", url, default_backend="slurm", reconcile_interval_s="1",
-                      dispatch_interval_s="0.2")
+    data = tmp_path / "data"
+    env = service_env(data, url, default_backend="slurm", reconcile_interval_s="1", dispatch_interval_s="0.2")
     token = ledger_token(url)
-    workdirs = {name: tmp_path / name for name in ("a", "b")}
+    logs = {name: tmp_path / f"{name}-sbatch.log" for name in ("a", "b")}  # what each replica queued
     # The cluster held by a job of our own: the 60 stay pending, so checking them costs no torch imports.
     blocker = subprocess.run(["sbatch", "--parsable", "-N", "2", "--exclusive", "-t", "5", "-J", "ty-blocker",
                               "-o", "/dev/null", "--wrap", "sleep 300"],
@@ -65,7 +66,11 @@ def test_two_replica_processes_dispatch_every_job_exactly_once(
     created: list[dict[str, Any]] = []
     try:
         wait_for(lambda: _squeue_state(blocker) == "RUNNING", 30, "the blocker to run")
-        replicas = [ServiceProcess(env, tmp_path / f"{name}.log", cwd=cwd) for name, cwd in workdirs.items()]
+        replicas = [
+            ServiceProcess({**env, "PATH": f"{logging_sbatch(tmp_path / name, log)}:{env['PATH']}"},
+                           tmp_path / f"{name}.log", cwd=tmp_path / name)
+            for name, log in logs.items()
+        ]
         apis = [Api(replica.url, token) for replica in replicas]
 
         def post(n: int) -> dict[str, Any]:
@@ -90,10 +95,11 @@ def test_two_replica_processes_dispatch_every_job_exactly_once(
         assert len(set(external.values())) == JOBS  # one SLURM job id each, none shared
         for row in rows:
             assert submissions(row["folder"]) == [row["external_id"]], row["name"]  # one submission each
-        queued = {name: _squeue_ids(cwd) for name, cwd in workdirs.items()}  # SLURM's word, by submitter
+        queued = {name: _queued_by(log) for name, log in logs.items()}  # SLURM's word, by submitter
         print(f"\nSLURM jobs by replica: { {name: len(got) for name, got in queued.items()} }")
         assert not queued["a"] & queued["b"]
         assert queued["a"] | queued["b"] == set(external.values())  # no orphan: each sbatch is in the ledger
+        assert _squeue_ids(data) == set(external.values())
         assert queued["a"] and queued["b"], queued  # both replicas dispatched
 
         # Cancel all but 6 through the replica that did NOT take the job in; the 6 then run.
@@ -112,7 +118,7 @@ def test_two_replica_processes_dispatch_every_job_exactly_once(
         assert {row["id"]: row["external_id"] for row in final} == external  # nothing went out again
         for row in final:
             assert submissions(row["folder"]) == [row["external_id"]], row["name"]  # still one each
-        assert not any(_squeue_ids(cwd) for cwd in workdirs.values())  # nothing of ours left in SLURM
+        assert not _squeue_ids(data)  # nothing of ours left in SLURM
         # Accounting has no orphan and no repeat either. (Not equality: an array element cancelled while
         # its array waits may never reach sacct, a SLURM 22.05 quirk; the queue above saw every one.)
         # A one-element array cancelled before it ran is accounted under its bare id ("1774" for the
@@ -120,8 +126,7 @@ def test_two_replica_processes_dispatch_every_job_exactly_once(
         ours = set(external.values())
         accounted = Counter(
             job["id"] if job["id"] in ours or f"{job['id']}_0" not in ours else f"{job['id']}_0"
-            for cwd in workdirs.values()
-            for job in sacct_jobs(since, cwd)
+            for job in sacct_jobs(since, data)
         )
         assert set(accounted) <= ours and set(accounted.values()) == {1}, accounted
     finally:
@@ -136,12 +141,46 @@ def _squeue_state(job_id: str) -> str:
     return done.stdout.strip()
 
 
-def _squeue_ids(workdir: Path) -> set[str]:
-    """Every job SLURM holds that was submitted from `workdir` (array elements one by one)."""
+def _squeue_ids(data_dir: Path) -> set[str]:
+    """Every job SLURM holds of the service with this data directory (array elements one by one): a
+    job's working directory is its folder, or its array's, both in there."""
     done = subprocess.run(["squeue", "-h", "-r", "-a", "-o", "%i|%Z"], capture_output=True, text=True,
                           timeout=30, check=True)
     rows = (line.split("|", 1) for line in done.stdout.splitlines() if "|" in line)
-    return {job_id for job_id, where in rows if where == str(workdir)}
+    return {job_id for job_id, where in rows if Path(where).is_relative_to(data_dir)}
+
+
+def logging_sbatch(folder: Path, log: Path) -> Path:
+    """A folder whose `sbatch`, first on one replica's PATH, notes each job id the real one printed."""
+    real = shutil.which("sbatch")
+    assert real is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper = folder / "sbatch"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        f'out=$({real} "$@"); status=$?\n'
+        f'[[ " $* " == *" --test-only "* ]] || echo "$out" >> {log}\n'
+        'echo "$out"; exit $status\n'
+    )
+    wrapper.chmod(0o755)
+    return folder
+
+
+def _queued_by(log: Path) -> set[str]:
+    """The SLURM ids (array elements one by one) of the sbatch calls in `log`."""
+    ids: set[str] = set()
+    for line in log.read_text().splitlines() if log.exists() else []:
+        job_id = line.split(";")[0].strip()
+        if job_id:
+            ids.update(_squeue_elements(job_id))
+    return ids
+
+
+def _squeue_elements(job_id: str) -> set[str]:
+    """A single job's id, or every element id of an array job as squeue lists them."""
+    done = subprocess.run(["squeue", "-h", "-r", "-j", job_id, "-o", "%i"], capture_output=True, text=True,
+                          timeout=30, check=True)
+    return set(done.stdout.split())
 
 
 # ---------------------------------------------------------------- the claim query itself

@@ -206,11 +206,13 @@ def scancel(ids: Iterable[str | None]) -> None:
         subprocess.run(["scancel", *wanted], capture_output=True, timeout=30, check=False)
 
 
-def sacct_jobs(since: str, workdir: Path) -> list[dict[str, str]]:
-    """SLURM's accounting of every job submitted from `workdir` since `since`, one row per array element.
+def sacct_jobs(since: str, data_dir: Path) -> list[dict[str, str]]:
+    """SLURM's accounting of every job of the service with this data directory since `since`, one row
+    per array element.
 
-    The working directory is the submitting service's cwd: a test that starts its services in a folder
-    of its own finds exactly its jobs, whatever else the shared cluster runs.
+    A job's working directory is its job folder (an array's, the array folder), both under the data
+    directory: a test whose service has a data directory of its own finds exactly its jobs, whatever
+    else the shared cluster runs.
     """
     done = subprocess.run(
         ["sacct", "-n", "-P", "-X", "-a", "-S", since, "-o", "JobID,JobName,State,WorkDir"],
@@ -221,7 +223,7 @@ def sacct_jobs(since: str, workdir: Path) -> list[dict[str, str]]:
         if not line.strip():
             continue
         job_id, name, state, where = line.split("|", 3)
-        if where == str(workdir):
+        if Path(where).is_relative_to(data_dir):
             rows.extend({"id": one, "name": name, "state": state} for one in expand_array(job_id))
     return rows
 

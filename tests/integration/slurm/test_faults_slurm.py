@@ -97,12 +97,12 @@ def check_end(api: Api, case: Case, timeout: float) -> dict[str, Any]:
     return done
 
 
-def check_one_submission_each(jobs: list[dict[str, Any]], workdir: Path, since: str) -> None:
+def check_one_submission_each(jobs: list[dict[str, Any]], data_dir: Path, since: str) -> None:
     """Each job went out once: one submitit submission in its folder, one SLURM job per SLURM job."""
     for one in jobs:
         assert submissions(one["folder"]) == [one["external_id"]], one["name"]
     slurm_ids = sorted(one["external_id"] for one in jobs if one["backend"] == "slurm")
-    accounted = [row["id"] for row in sacct_jobs(since, workdir)]
+    accounted = [row["id"] for row in sacct_jobs(since, data_dir)]
     assert sorted(accounted) == slurm_ids  # no second sbatch of anything, no orphan SLURM job
     assert len(set(slurm_ids)) == len(slurm_ids)
 
@@ -116,7 +116,7 @@ def ledger_states(database: Path) -> Counter[str]:
 
 def test_sigkill_with_twenty_jobs_in_flight_on_both_backends(tmp_path: Path) -> None:
     database = tmp_path / "ledger.db"
-    workdir = tmp_path / "cwd"  # the service's cwd: sacct's WorkDir tells this test's SLURM jobs apart
+    workdir = tmp_path / "cwd"
     env = service_env(tmp_path / "data", f"sqlite:///{database}", default_backend="slurm",
                       reconcile_interval_s="1")
     token = ledger_token(f"sqlite:///{database}")
@@ -172,7 +172,7 @@ def test_sigkill_with_twenty_jobs_in_flight_on_both_backends(tmp_path: Path) -> 
             if before[one["id"]] is not None:
                 assert one["external_id"] == before[one["id"]], one["name"]  # re-attached, not resubmitted
             check_history(api, one["id"])
-        check_one_submission_each(jobs, workdir, since)
+        check_one_submission_each(jobs, tmp_path / "data", since)
     finally:
         second.stop()
         scancel(one["external_id"] for one in _rows(database) if one["backend"] == "slurm")
@@ -227,9 +227,11 @@ def test_sigkill_while_its_sbatch_runs_adopts_the_job_that_sbatch_queued(tmp_pat
         jobs = api.all_jobs()
         check_history(api, case.id)
         # Accounting learns of a job that ended a moment ago a little later than squeue does.
-        wait_for(lambda: any(row["id"] == done["external_id"] for row in sacct_jobs(since, workdir)), 60,
-                 "the job in SLURM's accounting")
-        check_one_submission_each(jobs, workdir, since)
+        def accounted() -> bool:
+            return any(row["id"] == done["external_id"] for row in sacct_jobs(since, tmp_path / "data"))
+
+        wait_for(accounted, 60, "the job in SLURM's accounting")
+        check_one_submission_each(jobs, tmp_path / "data", since)
         reasons = [event["reason"] for event in api.get(f"/api/v1/jobs/{case.id}/events").json()]
         assert "adopted after a dispatcher restart" in reasons, reasons
     finally:
@@ -329,7 +331,7 @@ def test_slurmctld_restart_while_jobs_run(tmp_path: Path) -> None:
         assert len(jobs) == len(cases)
         for one in jobs:
             check_history(api, one["id"])
-        check_one_submission_each(jobs, workdir, since)
+        check_one_submission_each(jobs, tmp_path / "data", since)
         failed_polls = [int(m.group(1)) for m in FAILED_POLL.finditer(service.log.read_text()[log_mark:])]
     finally:
         service.stop()

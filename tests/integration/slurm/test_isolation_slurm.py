@@ -26,7 +26,7 @@ def test_slurm_jobs_are_their_owners_and_see_only_the_built_environment(
     shared_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TORCHYARD_DATABASE_URL", f"postgresql://torchyard:{SECRET}@db/ledger")
-    monkeypatch.setenv("SBATCH_EXPORT", "ALL")  # an operator's default must not reopen the door
+    monkeypatch.setenv("SBATCH_EXPORT", "NONE")  # no SBATCH_* of the service's reaches sbatch
     settings = isolated_settings(shared_root, "slurm")
     ids: list[str | None] = []
     try:

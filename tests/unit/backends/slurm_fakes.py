@@ -6,7 +6,7 @@ cluster in tests/data/slurm/); everything above them is the real code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from service.backends.slurm import CommandResult
@@ -31,11 +31,12 @@ def fail(stderr: str, code: int = 1) -> CommandResult:
 
 
 class FakeCommands:
-    """Answers per command name (argv[0]), in order; the last answer repeats. Records every argv."""
+    """Answers per command name (argv[0]'s), in order; the last answer repeats. Records every argv."""
 
     def __init__(self) -> None:
         self.answers: dict[str, list[Answer]] = {}
         self.calls: list[list[str]] = []
+        self.environments: list[Mapping[str, str] | None] = []  # each call's env: None, the default
         self.clock = 1000.0
         self.call_seconds = 0.0  # how far the fake clock moves during one call
 
@@ -44,15 +45,18 @@ class FakeCommands:
         return self
 
     def named(self, command: str) -> list[list[str]]:
-        return [argv for argv in self.calls if argv[0] == command]
+        return [argv for argv in self.calls if Path(argv[0]).name == command]
 
     def now(self) -> float:
         return self.clock
 
-    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+    def __call__(
+        self, argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None
+    ) -> CommandResult:
         self.calls.append(list(argv))
+        self.environments.append(env)
         self.clock += self.call_seconds
-        queue = self.answers.get(argv[0])
+        queue = self.answers.get(Path(argv[0]).name)  # `sbatch` runs by its full path
         if not queue:
             raise AssertionError(f"unexpected command: {list(argv)}")
         answer = queue.pop(0) if len(queue) > 1 else queue[0]

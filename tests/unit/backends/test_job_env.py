@@ -11,7 +11,6 @@ import pytest
 import worker
 from service.accounts import Account
 from service.backends.job_env import JobEnvironment, stage_worker
-from service.backends.slurm_submit import export_option
 
 WORKER = Path(worker.__file__).parent
 
@@ -46,11 +45,3 @@ def test_the_staged_worker_is_a_read_only_copy_named_by_its_content(tmp_path: Pa
     assert list((staged / "worker").glob("__pycache__/launch.*.pyc"))  # compiled: jobs cannot write here
     assert stage_worker(tmp_path / "runtime") == staged  # made once
     assert [p.name for p in (tmp_path / "runtime").iterdir()] == [staged.name]
-
-
-def test_sbatch_exports_exactly_the_built_environment() -> None:
-    option = export_option({"PATH": "/usr/bin:/bin", "HOME": "/home/alice", "PYTHONSAFEPATH": "1"})
-    # Neither ALL (the service's environment) nor NONE (the account's login environment).
-    assert option == "PATH=/usr/bin:/bin,HOME=/home/alice,PYTHONSAFEPATH=1,SUBMITIT_EXECUTOR"
-    with pytest.raises(ValueError, match="comma"):
-        export_option({"PYTHONPATH": "/data/a,b/runtime"})

@@ -35,7 +35,7 @@ class FakeSbatch:
         self.scripts: list[str] = []
 
     def __call__(self, argv: Sequence[str]) -> CommandResult:
-        assert argv[:2] == ["sbatch", "--parsable"]
+        assert [Path(argv[0]).name, argv[1]] == ["sbatch", "--parsable"]
         self.scripts.append(Path(argv[2]).read_text())
         return ok(f"{next(self.ids)};torchyard\n")
 
@@ -80,7 +80,7 @@ def test_equal_jobs_go_out_as_one_array_with_per_job_folders(
         (3, "100_2", None),
         (4, "101", None),
     ]
-    assert [argv[0] for argv in commands.calls] == ["scontrol", "sbatch", "sbatch"]
+    assert [Path(argv[0]).name for argv in commands.calls] == ["scontrol", "sbatch", "sbatch"]
     array, single = sbatch.scripts
     assert "#SBATCH --array=0-2%3" in array  # no throttle: the elements are independent jobs
     assert "--kill-on-bad-exit=1" in array and "--kill-on-bad-exit=1" in single
@@ -224,8 +224,9 @@ def test_the_warning_signal_never_arrives_before_a_quarter_of_the_limit() -> Non
 
 
 def test_each_account_s_jobs_go_out_in_an_sbatch_of_its_own_run_as_it(
-    commands: FakeCommands, tmp_path: Path
+    commands: FakeCommands, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TORCHYARD_DATABASE_URL", "postgresql://u:secret@db/x")  # the service's own
     scripts: list[tuple[list[str], str]] = []
 
     def sbatch_as(argv: Sequence[str]) -> CommandResult:
@@ -241,13 +242,19 @@ def test_each_account_s_jobs_go_out_in_an_sbatch_of_its_own_run_as_it(
 
     assert [o.external_id for o in outcomes] == ["101_0", "102", "101_1"]  # same shape, two accounts
     (ours, array), (theirs, single) = scripts
-    assert ours == ["sbatch", "--parsable"]
-    assert theirs == [*other.command_prefix(), "sbatch", "--parsable"]  # queued as that account
-    for script, account in ((array, Account.current()), (single, other)):
-        (export,) = [line for line in script.splitlines() if line.startswith("#SBATCH --export=")]
-        assert f"HOME={account.home}" in export and f"USER={account.name}" in export
-        assert "TORCHYARD_" not in export and export.rstrip("'").endswith(",SUBMITIT_EXECUTOR")
-        assert "PYTHONSAFEPATH=1" in export
+    sbatch = ours[0]
+    assert Path(sbatch).name == "sbatch" and ours[1:] == ["--parsable"]
+    assert theirs == [*other.command_prefix(), sbatch, "--parsable"]  # queued as that account
+    # sbatch's whole environment is the job's, which its default --export=ALL passes on: no list,
+    # which would have slurmd load the account's login environment first.
+    submitted = [env for argv, env in zip(commands.calls, commands.environments, strict=True)
+                 if "--parsable" in argv]  # fmt: skip
+    for env, account in zip(submitted, (Account.current(), other), strict=True):
+        assert env is not None and env["HOME"] == account.home and env["USER"] == account.name
+        assert env["PYTHONSAFEPATH"] == "1" and not any(key.startswith("TORCHYARD_") for key in env)
+    for script in (array, single):
+        assert "--export" not in script and "export PYTHONPATH" not in script
     (chdir,) = [line for line in single.splitlines() if line.startswith("#SBATCH --chdir=")]
     assert chdir.split("=", 1)[1] == str(specs[1].files.submitit)  # the job's own folder
-    assert "export PYTHONPATH" not in array + single  # the environment travels in --export only
+    assert all(env is None for argv, env in zip(commands.calls, commands.environments, strict=True)
+               if "--parsable" not in argv)  # other commands: the scheduler's minimal environment
