@@ -7,6 +7,7 @@ import logging
 import os
 import pickle
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,13 +124,20 @@ def test_an_underivable_rank_leaves_an_error_file_with_its_attempt(tmp_path: Pat
 
 def test_apply_env_sets_the_jobs_env_but_not_the_rank_variables(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TORCHYARD_TEST_VAR", "RANK", "OMP_NUM_THREADS"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("TORCHYARD_TEST_VAR", "RANK", "OMP_NUM_THREADS", "TMPDIR", "TORCHYARD_JOB_DIR"):
+        monkeypatch.setenv(name, "")  # recorded, so that whatever apply_env sets is undone afterwards
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # likewise the working directory
     spec = make_spec(tmp_path, entrypoint="m:f", env={"TORCHYARD_TEST_VAR": "yes", "RANK": "9"},
                      resources={"cpus_per_task": 3})
+    spec.files.folder.mkdir(parents=True, exist_ok=True)
     apply_env(spec)
     assert os.environ["TORCHYARD_TEST_VAR"] == "yes" and "RANK" not in os.environ
     assert os.environ["OMP_NUM_THREADS"] == "3"
+    # The rank works in its job's folder and keeps its temporary files there, whoever started it where.
+    assert Path.cwd() == spec.files.folder and os.environ["TORCHYARD_JOB_DIR"] == str(spec.files.folder)
+    assert os.environ["TMPDIR"] == str(spec.files.tmp) and tempfile.gettempdir() == str(spec.files.tmp)
+    assert spec.files.tmp.stat().st_mode & 0o777 == 0o700
 
 
 def test_log_lines_carry_the_rank(bare_process: None) -> None:
