@@ -44,8 +44,8 @@ BASE_KEYS = {
     "TMPDIR", "TORCHYARD_JOB_DIR", "OMP_NUM_THREADS",
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
 }  # fmt: skip
-# What the scheduler adds: submitit's local controller, or SLURM (its SLURM_* and SLURMD_NODENAME).
-SCHEDULER_PREFIXES = {"local": ("SUBMITIT_",), "slurm": ("SLURM", "SUBMITIT_")}
+# What the scheduler adds: submitit's local controller, or SLURM (SLURM_*, SLURMD_NODENAME, SRUN_DEBUG).
+SCHEDULER_PREFIXES = {"local": ("SUBMITIT_",), "slurm": ("SLURM", "SRUN_", "SUBMITIT_")}
 # SLURM's batch step adds ENVIRONMENT, HOSTNAME and TMPDIR, and its bash PWD, SHLVL and `_`, which srun
 # passes on with the rest of the batch script's environment.
 SCHEDULER_KEYS = {
@@ -200,12 +200,15 @@ def check_import_path(report: dict[str, Any], other: str) -> None:
 
 
 def scheduler_user(external_id: str) -> str:
-    """Whose job SLURM's accounting says this is."""
-    deadline = time.monotonic() + 30
+    """Whose job SLURM's accounting says this is, once it has recorded the job's end (a record read
+    while the job is still being written can show another uid)."""
+    deadline = time.monotonic() + 60
     while True:
-        done = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "User", "-j", external_id],
+        done = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "User,State", "-j", external_id],
                               capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
-        user = done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
-        if user or time.monotonic() > deadline:
-            return user
+        rows = [line.split("|") for line in done.stdout.splitlines() if "|" in line]
+        if rows and rows[0][1].split()[0] in ("COMPLETED", "FAILED", "CANCELLED"):
+            return rows[0][0]
+        if time.monotonic() > deadline:
+            return f"no final record: {done.stdout!r}"
         time.sleep(0.5)
