@@ -199,16 +199,17 @@ def check_import_path(report: dict[str, Any], other: str) -> None:
         assert stat.st_uid != uid and not stat.st_mode & 0o002, f"{other} can write {entry} on sys.path"
 
 
-def scheduler_user(external_id: str) -> str:
-    """Whose job SLURM's accounting says this is, once it has recorded the job's end (a record read
-    while the job is still being written can show another uid)."""
-    deadline = time.monotonic() + 60
+def accounted_as(external_id: str, user: str, timeout: float = 60) -> str:
+    """Wait until SLURM's accounting lists the job as `user`'s; what it last said.
+
+    slurmdbd (22.05) first records a job as uid 0 and writes its real owner a few seconds after the
+    job ended, so a first look can say root: wait for the record to settle rather than read it once.
+    """
+    deadline = time.monotonic() + timeout
     while True:
-        done = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "User,State", "-j", external_id],
+        done = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "User", "-j", external_id],
                               capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
-        rows = [line.split("|") for line in done.stdout.splitlines() if "|" in line]
-        if rows and rows[0][1].split()[0] in ("COMPLETED", "FAILED", "CANCELLED"):
-            return rows[0][0]
-        if time.monotonic() > deadline:
-            return f"no final record: {done.stdout!r}"
+        said = done.stdout.strip()
+        if said == user or time.monotonic() > deadline:
+            return said
         time.sleep(0.5)

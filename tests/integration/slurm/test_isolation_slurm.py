@@ -9,12 +9,12 @@ import pytest
 
 from tests.integration.isolation import (
     SECRET,
+    accounted_as,
     check_environment,
     check_import_path,
     isolated_settings,
     live_service,
     reports,
-    scheduler_user,
     users,
 )
 from tests.integration.slurm.conftest import scancel
@@ -39,12 +39,14 @@ def test_slurm_jobs_are_their_owners_and_see_only_the_built_environment(
             targets = [f"{alice_folder}/torch.py", str(alice_folder / "result.json"), str(ledger)]
             attack = bob.probe(shared_root, plant=targets, nodes=1, tasks_per_node=2)
             ids.append(attack["external_id"])
+        # SLURM's accounting and fair share are theirs.
+        owners = ((first, "alice"), (attack, "bob"))
+        assert [accounted_as(job["external_id"], user) for job, user in owners] == ["alice", "bob"]
     finally:
-        scancel(ids)
+        scancel(ids)  # only what a failed assertion left running
 
     for job, user, other, world in ((first, "alice", "bob", 2), (attack, "bob", "alice", 2)):
         assert job["run_as"] == user
-        assert scheduler_user(job["external_id"]) == user  # SLURM's accounting and fair share are theirs
         hosts = set()
         for report in reports(job, world):
             assert report["user"] == user
