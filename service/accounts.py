@@ -15,6 +15,7 @@ and the PID stays the command's), the one place that knows how.
 
 from __future__ import annotations
 
+import functools
 import grp
 import logging
 import os
@@ -45,9 +46,8 @@ class Account:
 
     @classmethod
     def current(cls) -> Account:
-        """The account the service runs as."""
-        entry = pwd.getpwuid(os.geteuid())
-        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+        """The account the service runs as (looked up once: the dispatcher asks for every job)."""
+        return _current_account(os.geteuid())
 
     @classmethod
     def of_job(cls, run_as: str | None) -> Account:
@@ -72,6 +72,12 @@ class Account:
         gid = grp.getgrnam(group).gr_gid if group else self.gid
         if not self.is_current or group:
             os.chown(path, -1 if self.is_current else self.uid, gid)
+
+
+@functools.cache
+def _current_account(uid: int) -> Account:
+    entry = pwd.getpwuid(uid)
+    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
 
 def can_switch_accounts() -> bool:
