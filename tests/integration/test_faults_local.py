@@ -59,6 +59,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Cli
         database_url=f"sqlite:///{tmp}/ledger.db",
         rendezvous_timeout_s=RENDEZVOUS_TIMEOUT_S,
         local_reconcile_interval_s=0.2,
+        allowed_env_keys=["STALL_BEFORE_RENDEZVOUS"],  # the operator lets jobs ask for the fault
     )
     server: LiveServer
     with serve(create_app(settings)) as server, server.client("alice") as client:

@@ -96,6 +96,7 @@ def test_a_file_where_the_jobs_folder_should_be_answers_507(tmp_path: Path, fake
     with started(make_settings(data, tmp_path / "ledger.db"), fake) as client:
         authorize(client)
         jobs = data / "jobs"
+        jobs.rmdir()  # made empty at start-up
         jobs.write_text("not a folder")  # mkdir would fail here for root too
         refused(client.post(JOBS, json=BODY), str(data), f"{jobs} is not a directory")
         assert job_count(client) == 0 and fake.submit_calls == []
