@@ -123,8 +123,8 @@ def apply_env(spec: RunSpec) -> None:
     not fight over cores.
     """
     files = spec.files
+    files.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)  # the folder too, outside the service
     os.chdir(files.folder)
-    files.tmp.mkdir(mode=0o700, exist_ok=True)
     os.environ["TMPDIR"] = str(files.tmp)
     for name, value in spec.env.items():
         if name in RANK_ENV_NAMES:
