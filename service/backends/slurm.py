@@ -293,8 +293,8 @@ class SlurmBackend:
         return parse.parse_squeue(result.stdout) if result.returncode == 0 else {}
 
     def _submissions(self, tokens: set[str]) -> dict[tuple[str, int], str]:
-        """(script token, array index) -> SLURM id, for this user's jobs of these scripts that can
-        still run (one that already ended gave up waiting for its pickle)."""
+        """(script token, array index) -> SLURM id, for the jobs of these scripts that can still run
+        (one that already ended gave up waiting for its pickle)."""
         # Every user's jobs: each job was queued by its owner's account, and the token is unique.
         argv = ["squeue", "-h", "-t", "all", "-r", "-O", parse.SUBMISSIONS_FORMAT]
         found: dict[tuple[str, int], str] = {}

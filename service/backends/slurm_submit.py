@@ -97,8 +97,8 @@ def check_folder(folder: Path) -> None:
 def array_root(arrays_dir: Path) -> Path:
     """A new `<arrays_dir>/<uuid>` for one job array; its folder template is `<root>/%a`.
 
-    The service's own, readable by the jobs' accounts (sbatch reads the script in it as the job's
-    account, and it is the array's working directory), listable by nobody else."""
+    The service's own and readable by the jobs' accounts: sbatch reads the script in it as the job's
+    account, and it is the array's working directory. `arrays_dir` itself lists for nobody."""
     arrays_dir = arrays_dir.resolve()
     if not arrays_dir.is_dir():
         arrays_dir.mkdir(parents=True, exist_ok=True)
