@@ -23,6 +23,8 @@ ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt:
 MAX_COUNT = 2**31 - 1  # steps and attempts: the ledger keeps them in 32-bit INTEGER columns
 PROGRESS_KEYS = ("step", "total", "metrics", "time", "attempt")  # a progress line, as ctx.report writes it
 JOB_DIR_ENV = "TORCHYARD_JOB_DIR"  # every rank's: its job's folder, where a job writes what it keeps
+MAX_JSON_DEPTH = 32  # nesting of any JSON value the service stores (kwargs, results, progress)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: valid JSON text, not UTF-8
 
 
 def check_entrypoint(value: str | None) -> str | None:
@@ -44,9 +46,13 @@ class Resources(BaseModel):
 
     nodes: int = Field(1, ge=1, description="Number of nodes (hosts).")
     tasks_per_node: int = Field(1, ge=1, description="Ranks per node.")
-    cpus_per_task: int = Field(1, ge=1, description="CPU cores per rank.")
+    # Upper bounds far above any machine's, so that no number reaches sbatch or OMP_NUM_THREADS that
+    # they cannot take (1e308 GiB overflowed the conversion to MiB).
+    cpus_per_task: int = Field(1, ge=1, le=4096, description="CPU cores per rank.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node; 0 runs on CPU with gloo.")
-    mem_gb: float | None = Field(None, gt=0, allow_inf_nan=False, description="Memory per node in GiB.")
+    mem_gb: float | None = Field(
+        None, gt=0, le=1_048_576, allow_inf_nan=False, description="Memory per node in GiB (at most 1 PiB)."
+    )
     timeout_min: int = Field(60, ge=1, le=60 * 24 * 30, description="Wall-clock limit in minutes.")
     partition: str | None = Field(None, max_length=128, pattern=SLURM_NAME_PATTERN)
     # SLURM only (sbatch --account/--qos/--constraint); other backends ignore them.
@@ -216,7 +222,7 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord | CheckpointRecord 
     """
     try:
         data = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested ~1000 deep
         return None
     if not isinstance(data, dict):
         return None
@@ -230,7 +236,7 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord | CheckpointRecord 
     if step is None:
         return None
     metrics = _metrics(data.get("metrics"))
-    shown = _finite({key: data.get(key) for key in PROGRESS_KEYS})
+    shown = storable({key: data.get(key) for key in PROGRESS_KEYS})
     return ProgressRecord(step=step, total=_count(data.get("total")), metrics=metrics, shown=shown, **common)
 
 
@@ -255,15 +261,65 @@ def _number(value: Any) -> float | None:
 def _metrics(value: Any) -> dict[str, float | None]:
     if not isinstance(value, dict):
         return {}
-    return {str(name): _number(item) for name, item in value.items() if "\x00" not in str(name)}
+    return {
+        str(name): _number(item)
+        for name, item in value.items()
+        if "\x00" not in str(name) and not _SURROGATE.search(str(name))
+    }
 
 
-def _finite(value: Any) -> Any:
-    """`value` with NaN and infinities replaced by None, however deep (JSON has no such numbers)."""
+def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, str] | None:
+    """Where `value` (parsed JSON) is not something every reader can be served, and why: (the path to
+    it, dotted, "" for the value itself; the problem). None when it is fine.
+
+    A lone surrogate ("\\ud800") or a NaN parses, and a row holding one then fails every response
+    it is in; NUL cannot be stored by PostgreSQL; deep nesting costs recursion in every reader.
+    Iterative, so that no depth of input can exhaust the stack here.
+    """
+    stack: list[tuple[str, Any, int]] = [("", value, 0)]
+    while stack:
+        path, item, depth = stack.pop()
+        if isinstance(item, str):
+            if held := _unservable_text(item):
+                return path, f"must not hold {held}"
+        elif isinstance(item, float) and not math.isfinite(item):
+            return path, "must be a finite number (NaN and Infinity are not JSON)"
+        elif isinstance(item, dict | list):
+            if depth >= max_depth:
+                return path, f"nests deeper than {max_depth} levels"
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in pairs:
+                child_path = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and (held := _unservable_text(key)):
+                    return _clean_text(child_path), f"its name must not hold {held}"
+                stack.append((child_path, child, depth + 1))
+    return None
+
+
+def storable(value: Any, depth: int = 0) -> Any:
+    """`value` (parsed JSON a job wrote) made servable: NaN and infinities become None, lone
+    surrogates U+FFFD, NUL is dropped, and what nests deeper than MAX_JSON_DEPTH becomes None."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite(item) for item in value]
+    if isinstance(value, str):
+        return _clean_text(value)
+    if isinstance(value, dict | list):
+        if depth >= MAX_JSON_DEPTH:
+            return None
+        if isinstance(value, dict):
+            return {_clean_text(str(key)): storable(item, depth + 1) for key, item in value.items()}
+        return [storable(item, depth + 1) for item in value]
     return value
+
+
+def _unservable_text(text: str) -> str | None:
+    """What in `text` no response or PostgreSQL column can hold, or None."""
+    if _SURROGATE.search(text):
+        return "a lone UTF-16 surrogate (it is not UTF-8)"
+    if "\x00" in text:
+        return "a NUL character"
+    return None
+
+
+def _clean_text(text: str) -> str:
+    return _SURROGATE.sub("\ufffd", text).replace("\x00", "")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,6 +29,7 @@ from service.errors import (
     Unauthenticated,
 )
 from service.states import IllegalTransition
+from worker.spec import storable
 
 log = logging.getLogger(__name__)
 
@@ -122,20 +122,12 @@ async def _service_error(request: Request, error: Exception) -> JSONResponse:
 
 
 async def _invalid_input(request: Request, error: Exception) -> JSONResponse:
-    """FastAPI's own 422, except that it echoes NaN / Infinity inputs as text: JSON cannot hold them,
-    and the stock handler fails to render them (a 500 in place of the 422)."""
+    """FastAPI's own 422 without the `input` it echoes: what was refused may be what no response can
+    hold (NaN, a lone surrogate, nesting deep enough to exhaust the encoder's recursion), and echoing
+    it turned the 422 into a 500. `loc` and `msg` say what and where."""
     assert isinstance(error, RequestValidationError)
-    return JSONResponse({"detail": _json_safe(jsonable_encoder(error.errors()))}, status_code=422)
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(item) for item in value]
-    return value
+    problems = [{key: value for key, value in item.items() if key != "input"} for item in error.errors()]
+    return JSONResponse({"detail": storable(jsonable_encoder(problems))}, status_code=422)
 
 
 UNREADABLE_BODY = "There was an error parsing the body"  # FastAPI's 400 for a body it cannot decode

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from service.backends.base import SUBMITTED_SUFFIX
-from worker.spec import CheckpointRecord, JobFiles, ProgressRecord, parse_error_text, parse_progress_line
+from worker.spec import (
+    CheckpointRecord,
+    JobFiles,
+    ProgressRecord,
+    parse_error_text,
+    parse_progress_line,
+    storable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -19,13 +26,16 @@ MAX_PROGRESS_READ = 4 * 1024 * 1024  # one tick reads at most this much; the res
 
 
 def read_result(files: JobFiles) -> dict[str, Any] | None:
+    """Rank 0's result.json, made storable: a job may write any JSON there, NaN and lone surrogates
+    included, and the ledger row must still be servable to every reader."""
     try:
         value = json.loads(files.result.read_text())
-    except (FileNotFoundError, ValueError):
+    except (FileNotFoundError, ValueError, RecursionError):
         return None
     if not isinstance(value, dict) or "value" not in value:
         return None
-    return value
+    cleaned: dict[str, Any] = storable(value)
+    return cleaned
 
 
 def error_summary(files: JobFiles, limit: int = 4000) -> str | None:

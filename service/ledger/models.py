@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import math
+import json
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import ConfigDict, field_validator, model_validator
+from pydantic import ConfigDict, ValidationInfo, field_validator, model_validator
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, String, TypeDecorator
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
 from service.states import JobState
-from worker.spec import Resources, check_entrypoint, check_one_target
+from worker.spec import Resources, check_entrypoint, check_one_target, json_problem
+
+MAX_SPEC_VALUES_BYTES = 256 * 1024  # kwargs, args and env of one job, as JSON
 
 
 def utcnow() -> datetime:
@@ -74,48 +76,27 @@ class JobCreate(JobBase):
     def _entrypoint_shape(cls, value: str | None) -> str | None:
         return check_entrypoint(value)
 
-    @field_validator("name", "script")
+    @field_validator("name", "script", "args", "env", "kwargs")
     @classmethod
-    def _no_nul(cls, value: str | None) -> str | None:
-        if value is not None and "\x00" in value:  # PostgreSQL text and the OS's paths cannot hold it
-            raise ValueError("must not contain a NUL character")
-        return value
-
-    @field_validator("args")
-    @classmethod
-    def _no_nul_in_args(cls, value: list[str]) -> list[str]:
-        if any("\x00" in arg for arg in value):  # no process can be given such an argument
-            raise ValueError("must not contain a NUL character")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _no_nul_in_env(cls, value: dict[str, str]) -> dict[str, str]:
-        if any("\x00" in key + item for key, item in value.items()):
-            raise ValueError("must not contain a NUL character")
-        return value
-
-    @field_validator("kwargs")
-    @classmethod
-    def _json_numbers_only(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if not _finite(value):  # Python's parser takes NaN and Infinity; JSON (and PostgreSQL) cannot
-            raise ValueError("must hold finite numbers only (NaN and Infinity are not JSON)")
+    def _servable(cls, value: Any, info: ValidationInfo) -> Any:
+        """Nothing a response or the ledger cannot hold: a lone surrogate or a NaN parses, and the row
+        would then break every list it is in; NUL fits neither PostgreSQL nor a process's argv."""
+        if (problem := json_problem(value)) is not None:
+            path, why = problem
+            where = f"{info.field_name}.{path}" if path else info.field_name
+            raise ValueError(f"{where} {why}")
         return value
 
     @model_validator(mode="after")
-    def _exactly_one_target(self) -> JobCreate:
+    def _one_target_and_room(self) -> JobCreate:
         check_one_target(self.entrypoint, self.script)
+        size = len(json.dumps([self.kwargs, self.args, self.env]))
+        if size > MAX_SPEC_VALUES_BYTES:
+            raise ValueError(
+                f"kwargs, args and env hold {size} bytes of JSON together, above the "
+                f"{MAX_SPEC_VALUES_BYTES} this service takes (pass large inputs as files)"
+            )
         return self
-
-
-def _finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_finite(item) for item in value.values())
-    if isinstance(value, list):
-        return all(_finite(item) for item in value)
-    return True
 
 
 class Job(JobBase, table=True):

@@ -124,8 +124,15 @@ def test_resource_bounds(resources: dict[str, Any], field: str, message: str) ->
         ({"args": ["ok", "\x00"]}, ("args",), "NUL"),
         ({"env": {"A": 1}}, ("env", "A"), "valid string"),
         ({"env": {"A": "x\x00"}}, ("env",), "NUL"),
-        ({"kwargs": {"lr": math.nan}}, ("kwargs",), "finite numbers only"),
-        ({"kwargs": {"sched": [{"lr": math.inf}]}}, ("kwargs",), "finite numbers only"),
+        ({"kwargs": {"lr": math.nan}}, ("kwargs",), "kwargs.lr must be a finite number"),
+        ({"kwargs": {"sched": [{"lr": math.inf}]}}, ("kwargs",), "kwargs.sched.0.lr must be a finite number"),
+        # What parses but no response, PostgreSQL or process can hold: the path names where it is.
+        ({"kwargs": {"note": "\ud800"}}, ("kwargs",), "kwargs.note must not hold a lone UTF-16 surrogate"),
+        ({"kwargs": {"tag": "a\x00b"}}, ("kwargs",), "kwargs.tag must not hold a NUL character"),
+        ({"kwargs": {"\udfff": 1}}, ("kwargs",), "its name must not hold a lone UTF-16 surrogate"),
+        ({"name": "\ud800"}, ("name",), "valid string"),  # pydantic refuses it in a plain str field
+        ({"args": ["\ud800"]}, ("args",), "args.0 must not hold a lone UTF-16 surrogate"),
+        ({"env": {"OMP_NUM_THREADS": "\ud800"}}, ("env",), "env.OMP_NUM_THREADS must not hold a lone"),
     ],
 )
 def test_field_errors_name_the_field(extra: dict[str, Any], loc: tuple[str, ...], message: str) -> None:
@@ -133,6 +140,18 @@ def test_field_errors_name_the_field(extra: dict[str, Any], loc: tuple[str, ...]
     assert where == loc and message in msg
 
 
+def test_kwargs_nested_too_deep_or_too_large_are_refused() -> None:
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(500):  # the depth that raised RecursionError (a 500) in the old finite-number check
+        inner["a"] = {}
+        inner = inner["a"]
+    [(where, msg)] = refused({**BASE, "kwargs": deep})
+    assert where == ("kwargs",) and "nests deeper than 32 levels" in msg
+    [(where, msg)] = refused({**BASE, "kwargs": {"blob": "x" * (256 * 1024)}})
+    assert where == () and "bytes of JSON together" in msg
+
+
 def test_kwargs_keep_any_json() -> None:
-    kwargs = {"lr": 0.1, "layers": [64, 32], "opt": {"name": "sgd", "momentum": None}, "tag": "a\x00b"}
+    kwargs = {"lr": 0.1, "layers": [64, 32], "opt": {"name": "sgd", "momentum": None}, "tag": "\u00e9t\u00e9"}
     assert JobCreate.model_validate({**BASE, "kwargs": kwargs}).kwargs == kwargs

@@ -146,16 +146,17 @@ def test_what_a_record_holds_can_be_stored_as_it_is() -> None:
     assert bare == CheckpointRecord(checkpoint="/x/ckpt-00000001.pt")
 
 
-def test_a_line_is_shown_as_written_with_only_the_numbers_json_cannot_hold_made_none() -> None:
+def test_a_line_is_shown_as_written_with_only_what_no_reader_can_hold_cleaned() -> None:
     line = (
         '{"step":3,"total":"ten","time":1700000000,"attempt":"first","extra":1,'
-        '"metrics":{"loss":NaN,"int":2,"word":"low","nul\\u0000name":1.0,"deep":[Infinity,{"a":-Infinity}]}}'
+        '"metrics":{"loss":NaN,"int":2,"word":"low\\ud800","nul\\u0000name":1.0,"deep":[Infinity,{"a":-Infinity}]}}'
     )
     record = parse_progress_line(line)
     assert isinstance(record, ProgressRecord)
+    # NaN and infinities become None, a lone surrogate U+FFFD, and NUL is dropped.
     assert record.shown == {
         "step": 3, "total": "ten", "time": 1700000000, "attempt": "first",
-        "metrics": {"loss": None, "int": 2, "word": "low", "nul\x00name": 1.0, "deep": [None, {"a": None}]},
+        "metrics": {"loss": None, "int": 2, "word": "low\ufffd", "nulname": 1.0, "deep": [None, {"a": None}]},
     }  # fmt: skip
     assert type(record.shown["metrics"]["int"]) is int  # shown as written: 2, not 2.0
     assert "shown" not in record.model_dump()  # a record dumps as the line's format, nothing more
