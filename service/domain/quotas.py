@@ -5,12 +5,15 @@ Job size over a limit is 403 (asking again will not help); too many unfinished j
 submissions a minute is 429 with Retry-After (it will pass later).
 
 The counts are kept per replica, refreshed from the ledger every `refresh_s` seconds, so a POST costs
-no count query. With several replicas the limits hold per replica between refreshes, and the
-unfinished-job count is exact again at every refresh.
+no count query. A user's unfinished jobs are the ledger's count at the last refresh, plus the jobs this
+replica admitted that are not stored yet, plus those it stored after that count was taken: a refresh
+never forgets a job that is on its way into the ledger, however many POSTs race it. With several
+replicas the limits hold per replica between refreshes, and the count is exact again at every refresh.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -47,9 +50,16 @@ class RetryLater(LimitExceeded):
 @dataclass
 class _Book:
     limits: Limits
-    active: int
+    ledger_active: int  # unfinished jobs in the ledger when it was last counted
     fetched_at: float
+    pending: int = 0  # admitted, not stored yet
+    stored_total: int = 0  # stored by this replica, ever
+    stored_since_count: int = 0  # stored after the last count was taken (it may hold some: a safe side)
     submissions: deque[float] = field(default_factory=deque)
+
+    @property
+    def active(self) -> int:
+        return self.ledger_active + self.pending + self.stored_since_count
 
 
 def limits_for(session: Session, user: str, settings: Settings) -> Limits:
@@ -92,25 +102,33 @@ class QuotaBook:
         self._settings = settings
         self._refresh_s = refresh_s
         self._books: dict[str, _Book] = {}
+        self._lock = threading.Lock()  # refresh runs in worker threads, the rest on the event loop
 
     def needs_refresh(self, user: str) -> bool:
         book = self._books.get(user)
         return book is None or time.monotonic() - book.fetched_at > self._refresh_s
 
     def refresh(self, user: str) -> None:
+        with self._lock:
+            old = self._books.get(user)
+            stored_before = old.stored_total if old else 0
         with Session(self._engine) as session:
             limits = limits_for(session, user, self._settings)
             active = count_unfinished(session, user)
-        old = self._books.get(user)
-        book = _Book(limits, active, time.monotonic(), old.submissions if old else deque())
-        self._books[user] = book
+        with self._lock:
+            book = self._books.setdefault(user, _Book(limits, active, time.monotonic()))
+            book.limits, book.ledger_active, book.fetched_at = limits, active, time.monotonic()
+            book.stored_since_count = book.stored_total - stored_before
 
     def limits(self, user: str) -> Limits:
         return self._books[user].limits
 
     def admit(self, user: str, resources: Resources) -> None:
         """Count one submission, or raise: Forbidden for size, RetryLater for count and rate."""
-        book = self._books[user]
+        with self._lock:
+            self._admit(self._books[user], resources)
+
+    def _admit(self, book: _Book, resources: Resources) -> None:
         check_job_size(resources, book.limits)
         now = time.monotonic()
         while book.submissions and book.submissions[0] <= now - WINDOW_S:
@@ -129,12 +147,21 @@ class QuotaBook:
                 retry_after_s=max(self._refresh_s, 1.0),
             )
         book.submissions.append(now)
-        book.active += 1
+        book.pending += 1
+
+    def stored(self, user: str) -> None:
+        """An admitted submission is in the ledger now (the next count will hold it)."""
+        with self._lock:
+            book = self._books[user]
+            book.pending = max(0, book.pending - 1)
+            book.stored_total += 1
+            book.stored_since_count += 1
 
     def release(self, user: str) -> None:
         """A counted submission that was not stored after all (validation or the database said no)."""
-        book = self._books.get(user)
-        if book is not None:
-            book.active = max(0, book.active - 1)
-            if book.submissions:
-                book.submissions.pop()
+        with self._lock:
+            book = self._books.get(user)
+            if book is not None:
+                book.pending = max(0, book.pending - 1)
+                if book.submissions:
+                    book.submissions.pop()

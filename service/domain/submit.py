@@ -70,6 +70,8 @@ class Admission:
             raise
         if accepted.replayed:  # a concurrent first request with this key was stored first
             self.quotas.release(user.user)
+        else:
+            self.quotas.stored(user.user)
         return accepted
 
     async def _apply_policy(self, payload: JobCreate) -> JobCreate:

@@ -3,8 +3,11 @@ with per-user overrides from the `userquota` table."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -14,7 +17,8 @@ from service.ledger.db import session_scope
 from service.ledger.models import UserQuota
 from tests.conftest import Login
 from tests.fakes import FakeBackend
-from tests.support import JOBS, authorize, runtime_of
+from tests.serving import serve
+from tests.support import JOBS, authorize, login_headers, runtime_of
 
 BODY: dict[str, Any] = {"name": "q", "entrypoint": "worker.tasks.seed:ddp_step"}
 
@@ -127,3 +131,23 @@ def test_an_idempotent_retry_at_the_limit_gets_its_job_not_429(tight: TestClient
     runtime_of(tight).quotas.refresh("alice")
     assert tight.post(JOBS, json=BODY).status_code == 201
     assert tight.post(JOBS, json=BODY).status_code == 429
+
+
+def test_concurrent_posts_at_the_limit_admit_exactly_the_limit(settings: Settings) -> None:
+    """15 POSTs at once with room for 5. Each refresh of the count used to drop the jobs admitted but
+    not yet committed, and all 15 got 201 (issue 15)."""
+    limits = settings.model_copy(update={"max_active_jobs_per_user": 5})
+    with serve(create_app(limits, backends={"local": FakeBackend("local")})) as server:
+        headers = login_headers(server.app, "alice")
+        barrier = threading.Barrier(15)
+
+        def post(_: int) -> int:
+            barrier.wait()
+            return httpx.post(f"{server.url}{JOBS}", json=BODY, headers=headers, timeout=30).status_code
+
+        with ThreadPoolExecutor(15) as pool:
+            statuses = sorted(pool.map(post, range(15)))
+        stored = httpx.get(f"{server.url}{JOBS}", headers=headers, timeout=30).json()["items"]
+
+    assert statuses == [201] * 5 + [429] * 10
+    assert len(stored) == 5
