@@ -19,6 +19,7 @@ from service.ledger import clock as ledger_clock
 from service.ledger.models import Job, LedgerClock
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 
 
 def is_sqlite(url: str) -> bool:
@@ -63,8 +64,14 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def check_ledger(engine: Engine) -> None:
     """Raise unless the ledger answers a read of its tables. `SELECT 1` is answered without reading
-    the file, so it says ok for a ledger that was truncated or overwritten; the clock row and the
-    newest job are read from the file's pages."""
+    the file, so it says ok for a ledger that was truncated or overwritten; so do a connection's cached
+    pages, which SQLite in WAL mode trusts until the WAL changes. So a SQLite file's header is read
+    too (16 bytes), then the clock row and the newest job."""
+    database = engine.url.database
+    if is_sqlite(str(engine.url)) and database and database != ":memory:":
+        with open(database, "rb") as ledger:
+            if ledger.read(16) != SQLITE_HEADER:
+                raise RuntimeError(f"{database} is not a SQLite database any more")
     with engine.connect() as connection:
         if connection.execute(select(col(LedgerClock.seq)).where(col(LedgerClock.id) == 1)).first() is None:
             raise RuntimeError("the ledger has no clock row")

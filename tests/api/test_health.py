@@ -57,3 +57,13 @@ def test_healthz_is_degraded_when_the_ledger_file_is_overwritten(settings: Setti
         response = client.get("/healthz")
     assert response.status_code == 503, response.text
     assert response.json()["status"] == "degraded"
+
+
+def test_only_the_public_paths_answer_without_a_token(settings: Settings) -> None:
+    """The README's promise: /healthz, the dashboard's page and the API's description are public
+    (the same for everyone, no job's data); everything under /api needs a token (issue 15)."""
+    with TestClient(create_app(settings, backends={"local": FakeBackend("local")})) as client:
+        for path in ("/healthz", "/", "/docs", "/openapi.json"):
+            assert client.get(path).status_code == 200, path
+        for path in ("/api/v1/jobs", "/api/v1/jobs/1", "/api/v1/whoami", "/api/v1/audit", "/metrics"):
+            assert client.get(path).status_code == 401, path
