@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event, select
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, create_engine
+from sqlmodel import Session, create_engine
 
 from service.ledger import clock as ledger_clock
-from service.ledger.models import Job, LedgerClock
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 
 
 def is_sqlite(url: str) -> bool:
@@ -63,19 +62,30 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 def check_ledger(engine: Engine) -> None:
-    """Raise unless the ledger answers a read of its tables. `SELECT 1` is answered without reading
-    the file, so it says ok for a ledger that was truncated or overwritten; so do a connection's cached
-    pages, which SQLite in WAL mode trusts until the WAL changes. So a SQLite file's header is read
-    too (16 bytes), then the clock row and the newest job."""
+    """Raise unless the ledger answers a read of its tables from what it holds now.
+
+    `SELECT 1` is answered without reading the file, so it said ok for a ledger that was truncated or
+    overwritten; so do a pooled SQLite connection's cached pages, which SQLite in WAL mode trusts until
+    the WAL changes. A SQLite ledger is therefore read through a fresh connection of its own (SQLite
+    shares the file's locks between connections of one process, where a plain open() and close() of
+    the file would drop them all).
+    """
     database = engine.url.database
     if is_sqlite(str(engine.url)) and database and database != ":memory:":
-        with open(database, "rb") as ledger:
-            if ledger.read(16) != SQLITE_HEADER:
-                raise RuntimeError(f"{database} is not a SQLite database any more")
+        fresh = sqlite3.connect(database, timeout=5)
+        try:
+            _read_ledger(fresh.execute)
+        finally:
+            fresh.close()
+        return
     with engine.connect() as connection:
-        if connection.execute(select(col(LedgerClock.seq)).where(col(LedgerClock.id) == 1)).first() is None:
-            raise RuntimeError("the ledger has no clock row")
-        connection.execute(select(col(Job.id)).order_by(col(Job.id).desc()).limit(1)).first()
+        _read_ledger(connection.exec_driver_sql)
+
+
+def _read_ledger(execute: Callable[[str], Any]) -> None:
+    if execute("SELECT seq FROM ledgerclock WHERE id = 1").fetchone() is None:
+        raise RuntimeError("the ledger has no clock row")
+    execute("SELECT id FROM job ORDER BY id DESC LIMIT 1").fetchone()
 
 
 def alembic_config(engine: Engine) -> Config:
