@@ -261,11 +261,7 @@ def _number(value: Any) -> float | None:
 def _metrics(value: Any) -> dict[str, float | None]:
     if not isinstance(value, dict):
         return {}
-    return {
-        str(name): _number(item)
-        for name, item in value.items()
-        if "\x00" not in str(name) and not _SURROGATE.search(str(name))
-    }
+    return {str(name): _number(item) for name, item in value.items() if _unservable_text(str(name)) is None}
 
 
 def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, str] | None:

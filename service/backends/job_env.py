@@ -2,10 +2,10 @@
 
 A job is untrusted code. Nothing of the service's environment (its database URL, its tokens, a
 developer's PYTHONPATH) reaches a rank: every backend starts a job's processes with exactly
-`JobEnvironment.variables(account)`, and SLURM is told to export exactly those names (`sbatch
---export`). On top of that base the scheduler adds its own variables (SLURM_*, submitit's), the
-worker adds the rank's (RANK, MASTER_PORT, ..., TORCHYARD_JOB_DIR, TMPDIR) and the spec's allow-listed
-`env` (service.domain.policy).
+`JobEnvironment.variables(account)` (on SLURM, `sbatch` runs with it, and its default --export=ALL
+passes exactly that on; see SlurmBackend._sbatch). On top of that base the scheduler adds its own
+variables (SLURM_*, submitit's), the worker adds the rank's (RANK, MASTER_PORT, ..., TORCHYARD_JOB_DIR,
+TMPDIR) and the spec's allow-listed `env` (service.domain.policy).
 
 The ranks import `worker` from a copy the service stages under `<data dir>/runtime/` (owned by the
 service, read-only to jobs), so that neither the service's installation nor anything a job can write
