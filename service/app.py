@@ -7,8 +7,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from service.api.errors import install_error_handlers
+from service.api.gate import RequestGate
 from service.api.loopback import is_loopback
 from service.api.metrics import LatencyMiddleware, ServiceMetrics
 from service.api.routes import access, dashboard, health, jobs
@@ -47,9 +49,13 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
         summary="Launch PyTorch distributed training on this machine or a SLURM cluster.",
         lifespan=lifespan,
     )
+    app.state.settings = settings  # what it was made with, for whoever serves it (tests.serving)
     install_error_handlers(app)
     app.state.metrics = ServiceMetrics(lambda: getattr(app.state, "runtime", None))
-    app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
+    app.add_middleware(RequestGate, settings=settings)
+    if settings.trusted_proxies:  # outside the gate: the client they name is the one it checks
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies)
+    app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)  # last added: outermost
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(access.router)

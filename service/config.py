@@ -46,6 +46,20 @@ class Settings(BaseSettings):
     min_free_disk_mb: int = Field(64, ge=0, description="Refuse new jobs when data_dir has less free.")
 
     dev_mode: bool = Field(False, description="No tokens: every caller is admin 'dev'. Loopback only.")
+    trusted_proxies: CommaList = Field(
+        default_factory=list,
+        description="Proxy addresses whose X-Forwarded-For/-Proto are believed; by default the peer decides.",
+    )
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Larger request bodies get 413 unread.")
+    max_header_bytes: int = Field(32_768, ge=1024, description="A request line and headers longer get 431.")
+    request_read_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request must arrive whole within this long (from connecting or its first byte).",
+    )
+    keep_alive_s: int = Field(5, ge=1, description="An idle kept-alive connection is closed after this long.")
+    max_long_polls: int = Field(1000, ge=1, description="Long polls held at once, in all (more get 429).")
+    max_long_polls_per_user: int = Field(50, ge=1, description="Long polls one user may hold at once.")
     token_cache_s: float = Field(2.0, ge=0, description="How long a checked token is remembered.")
     allowed_entrypoints: CommaList = Field(
         default_factory=lambda: ["worker.tasks."], description="Module prefixes jobs may call."
@@ -80,6 +94,7 @@ class Settings(BaseSettings):
         "allowed_script_dirs",
         "allowed_env_keys",
         "job_pythonpath",
+        "trusted_proxies",
         mode="before",
     )
     @classmethod

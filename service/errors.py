@@ -42,3 +42,7 @@ class Forbidden(ServiceError):
 
 class InsufficientStorage(ServiceError):
     """The data directory is full or not writable: no new job can get a folder."""
+
+
+class TooLarge(ServiceError):
+    """The request body is over the service's limit; it was not read."""

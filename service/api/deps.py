@@ -6,12 +6,11 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
-from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
-from service.api.loopback import is_loopback
+from service.api.gate import principal_of
 from service.config import Settings
-from service.domain.auth import DEV_PRINCIPAL, Principal, bearer_token
+from service.domain.auth import Principal
 from service.errors import Forbidden
 from service.ledger.db import session_scope
 from service.runtime import Runtime
@@ -44,22 +43,13 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 async def get_current_user(
     request: Request,
-    runtime: RuntimeDep,
     authorization: Annotated[
         str | None, Header(description="'Bearer <token>' (`torchyard token create`).")
     ] = None,
 ) -> Principal:
-    """Who is asking: from the bearer token, or everyone is admin 'dev' in dev mode (loopback only)."""
-    if runtime.settings.dev_mode:
-        peer = request.client.host if request.client else ""
-        if not is_loopback(peer):
-            raise Forbidden("this service runs in dev mode and answers only this machine")
-        return DEV_PRINCIPAL
-    raw = bearer_token(authorization)
-    principal = runtime.tokens.cached(raw)
-    if principal is None:  # a token not seen lately: one indexed read, off the event loop
-        principal = await run_in_threadpool(runtime.tokens.lookup, raw)
-    return principal
+    """Who is asking: found by the request gate (service.api.gate) before the body was read. The
+    header is declared here so that the API schema shows it; the gate is what checks it."""
+    return principal_of(request.scope)
 
 
 CurrentUser = Annotated[Principal, Depends(get_current_user)]

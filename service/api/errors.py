@@ -15,6 +15,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from service.config import Settings
 from service.domain.quotas import RetryLater
 from service.domain.storage import ledger_storage_problem
 from service.errors import (
@@ -26,6 +27,7 @@ from service.errors import (
     LimitExceeded,
     NotFound,
     ServiceError,
+    TooLarge,
     Unauthenticated,
 )
 from service.states import IllegalTransition
@@ -39,6 +41,7 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
     NotFound: 404,
     InvalidRequest: 422,
     Conflict: 409,
+    TooLarge: 413,
     LimitExceeded: 429,
     BackendError: 502,
     InsufficientStorage: 507,
@@ -65,9 +68,10 @@ class ErrorBody(BaseModel):
 ERROR_DESCRIPTIONS: dict[int, str] = {
     401: "No token, a malformed one, or one the service does not know",
     403: "Not allowed: not an admin, over a per-job limit, refused by an allow-list, or a dev-mode "
-    "service asked from another machine",
+    "service asked from another machine or another site",
     404: "No such job, or one the caller may not see",
     409: "Clashes with the current state (an Idempotency-Key reused with another body)",
+    413: "The body is over TORCHYARD_MAX_BODY_BYTES",
     422: "Invalid input; `loc` names the field",
     429: "Too many unfinished jobs or submissions; retry after Retry-After seconds",
     502: "The scheduler refused or could not be reached",
@@ -109,8 +113,8 @@ def error_body(message: str, field: str | None = None) -> dict[str, object]:
     return {"detail": [detail]}
 
 
-async def _service_error(request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, ServiceError)
+def service_error_response(error: ServiceError) -> JSONResponse:
+    """The answer to a ServiceError: the route handlers' and the request gate's (service.api.gate)."""
     status = next((code for kind, code in STATUS_BY_ERROR.items() if isinstance(error, kind)), 400)
     text = f"{error.field}: {error.message}" if error.field else error.message
     headers: dict[str, str] = {}
@@ -119,6 +123,11 @@ async def _service_error(request: Request, error: Exception) -> JSONResponse:
     if isinstance(error, RetryLater):
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
     return JSONResponse(error_body(text, error.field), status_code=status, headers=headers)
+
+
+async def _service_error(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, ServiceError)
+    return service_error_response(error)
 
 
 async def _invalid_input(request: Request, error: Exception) -> JSONResponse:
@@ -140,6 +149,10 @@ async def _http_error(request: Request, error: Exception) -> Response:
     if error.status_code == 400 and error.detail == UNREADABLE_BODY:
         detail = {"loc": ["body"], "msg": "the body is not valid JSON (UTF-8)", "type": "json_invalid"}
         return JSONResponse({"detail": [detail]}, status_code=422)
+    if error.status_code == 413:  # the request gate's, for a body that grew past the limit as it came
+        response = service_error_response(TooLarge(str(error.detail)))
+        response.headers["Connection"] = "close"
+        return response
     return await http_exception_handler(request, error)
 
 
@@ -147,10 +160,10 @@ async def _illegal_transition(request: Request, error: Exception) -> JSONRespons
     return JSONResponse(error_body(str(error)), status_code=409)
 
 
-async def _database_down(request: Request, error: Exception) -> JSONResponse:
-    runtime = getattr(request.app.state, "runtime", None)
-    no_room = ledger_storage_problem(error, runtime.settings if runtime is not None else None)
-    if no_room is not None:  # the database answers but cannot write: retrying soon will not help
+def database_down_response(error: OperationalError, settings: Settings | None) -> JSONResponse:
+    """507 when the database answers but cannot write, else 503: it may be back in a moment."""
+    no_room = ledger_storage_problem(error, settings)
+    if no_room is not None:  # retrying soon will not help
         log.warning("ledger write refused: %s", error)
         return JSONResponse(error_body(no_room), status_code=507)
     log.warning("database unavailable: %s", error)
@@ -159,6 +172,12 @@ async def _database_down(request: Request, error: Exception) -> JSONResponse:
         status_code=503,
         headers={"Retry-After": "2"},
     )
+
+
+async def _database_down(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, OperationalError)
+    runtime = getattr(request.app.state, "runtime", None)
+    return database_down_response(error, runtime.settings if runtime is not None else None)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -184,7 +184,8 @@ def test_the_audit_log_records_submit_cancel_and_tokens_and_only_admins_read_it(
 def test_dev_mode_needs_no_token_and_everyone_is_admin(settings: Settings) -> None:
     dev = settings.model_copy(update={"dev_mode": True})
     app = create_app(dev, backends={"local": FakeBackend("local")})
-    with TestClient(app, client=("127.0.0.1", 50000)) as client:  # a caller on this machine
+    # a caller on this machine, asking for it by a loopback name
+    with TestClient(app, base_url="http://127.0.0.1:8321", client=("127.0.0.1", 50000)) as client:
         created = client.post(JOBS, json=BODY)
         whoami = client.get("/api/v1/whoami").json()
 
