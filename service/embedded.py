@@ -15,9 +15,9 @@ from typing import Any
 
 import uvicorn
 
-from service.api.watch import SHUTDOWN_GRACE_S
 from service.app import create_app
 from service.config import Settings
+from service.serving import uvicorn_config
 
 START_TIMEOUT_S = 60.0
 App = Callable[[Any, Any, Any], Awaitable[None]]  # an ASGI app (FastAPI is imported only where it is built)
@@ -58,11 +58,11 @@ class EmbeddedService:
         self.port: int = self._socket.getsockname()[1]
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(
+        config = uvicorn_config(
             app if app is not None else create_app(settings.model_copy(update={"port": self.port})),
+            settings,
             log_level="warning",  # the demo's own output is the story; uvicorn's access log is noise
             access_log=False,
-            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

@@ -35,8 +35,8 @@ class Runtime:
     tokens: TokenCheck
     quotas: QuotaBook
     admission: Admission
+    job_watch: JobWatch  # long polls on one job (GET ?wait_s=)
     pages: PageCache = field(default_factory=PageCache)
-    job_watch: JobWatch = field(default_factory=JobWatch)  # long polls on one job (GET ?wait_s=)
 
     @classmethod
     def build(cls, settings: Settings, backends: dict[str, Backend] | None = None) -> Runtime:
@@ -52,8 +52,19 @@ class Runtime:
         quotas = QuotaBook(engine, settings)
         clock = ClockReader(engine)
         admission = Admission(settings, engine, backends, quotas, RoomCheck(settings), intake)
+        job_watch = JobWatch(settings.max_long_polls, settings.max_long_polls_per_user)
         runtime = cls(
-            settings, engine, backends, intake, dispatcher, reconciler, clock, tokens, quotas, admission
+            settings,
+            engine,
+            backends,
+            intake,
+            dispatcher,
+            reconciler,
+            clock,
+            tokens,
+            quotas,
+            admission,
+            job_watch,
         )
         on_stamped_commit(engine, runtime.job_watch.changed)
         return runtime

@@ -48,6 +48,7 @@ class LiveServer:
 @contextmanager
 def serve(app: FastAPI) -> Iterator[LiveServer]:
     """Run `app` (lifespan included) on 127.0.0.1 and a free port until the block ends."""
-    anywhere = Settings(host="127.0.0.1").model_copy(update={"port": 0})  # 0: a free port (no validation)
+    made_with: Settings = getattr(app.state, "settings", None) or Settings()  # its connection limits
+    anywhere = made_with.model_copy(update={"host": "127.0.0.1", "port": 0})  # 0: a free port (no validation)
     with EmbeddedService(anywhere, app=app) as service:
         yield LiveServer(app=app, url=service.url)

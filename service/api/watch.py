@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import Counter
 from collections.abc import Collection, Iterator
+
+from service.domain.quotas import RetryLater
 
 # When the service stops, uvicorn waits for requests in flight, held long polls among them, before
 # the lifespan can stop anything: give them this long, then cut them (clients ask again elsewhere).
@@ -42,11 +45,17 @@ class JobChange:
 
 class JobWatch:
     """Who waits on which job. Thread-safe: commits arrive from the intake, dispatch and reconcile
-    threads and from the thread pool, waiters register on the event loop."""
+    threads and from the thread pool, waiters register on the event loop.
 
-    def __init__(self) -> None:
+    A held poll costs a connection and a task for up to MAX_WAIT_S, so there are only so many seats:
+    `max_total` in all and `max_per_user` for one user; the next waiter hears 429 and asks again later."""
+
+    def __init__(self, max_total: int, max_per_user: int) -> None:
         self._lock = threading.Lock()
         self._waiting: dict[int, set[JobChange]] = {}
+        self._max_total = max_total
+        self._max_per_user = max_per_user
+        self._held: Counter[str] = Counter()
 
     def changed(self, job_ids: Collection[int]) -> None:
         """These jobs were stamped by a commit that has completed."""
@@ -58,20 +67,37 @@ class JobWatch:
             change.notify()
 
     @contextlib.contextmanager
-    def watching(self, job_id: int) -> Iterator[JobChange]:
-        """Register before reading the job, so that no commit between the read and the wait is missed."""
+    def watching(self, job_id: int, user: str) -> Iterator[JobChange]:
+        """Register before reading the job, so that no commit between the read and the wait is missed;
+        RetryLater when every seat is taken."""
         change = JobChange(asyncio.get_running_loop())
         with self._lock:
+            self._take_seat(user)
             self._waiting.setdefault(job_id, set()).add(change)
         try:
             yield change
         finally:
             with self._lock:
+                self._held[user] -= 1
                 waiting = self._waiting.get(job_id)
                 if waiting is not None:
                     waiting.discard(change)
                     if not waiting:
                         del self._waiting[job_id]
+
+    def _take_seat(self, user: str) -> None:
+        if self._held[user] >= self._max_per_user:
+            raise RetryLater(
+                f"you hold {self._held[user]} long polls, the limit is {self._max_per_user} "
+                "(TORCHYARD_MAX_LONG_POLLS_PER_USER); wait for one to end",
+                retry_after_s=1,
+            )
+        if self._held.total() >= self._max_total:
+            raise RetryLater(
+                f"this service holds {self._max_total} long polls, its limit (TORCHYARD_MAX_LONG_POLLS)",
+                retry_after_s=1,
+            )
+        self._held[user] += 1
 
     def waiters(self) -> int:
         with self._lock:

@@ -117,9 +117,9 @@ def serve(
     """
     import uvicorn
 
-    from service.api.watch import SHUTDOWN_GRACE_S
     from service.app import create_app
     from service.config import Settings
+    from service.serving import uvicorn_config
 
     overrides: dict[str, Any] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     if dev:
@@ -135,13 +135,10 @@ def serve(
         application = create_app(settings)
     except ValueError as error:
         raise _fail(str(error), EXIT_REQUEST) from None
-    uvicorn.run(
-        application,
-        host=settings.host,
-        port=settings.port,
-        log_level=log_level.lower(),
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    config = uvicorn_config(
+        application, settings, host=settings.host, port=settings.port, log_level=log_level.lower()
     )
+    uvicorn.Server(config).run()
 
 
 @app.command()

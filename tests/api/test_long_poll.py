@@ -169,8 +169,8 @@ def test_a_long_poll_on_a_job_nobody_may_see_is_a_404_at_once(live: LiveServer) 
 
 def test_the_watch_wakes_only_the_waiters_of_the_changed_job() -> None:
     async def scenario() -> tuple[bool, bool, int, int]:
-        watch = JobWatch()
-        with watch.watching(1) as one, watch.watching(2) as two:
+        watch = JobWatch(max_total=10, max_per_user=10)
+        with watch.watching(1, "alice") as one, watch.watching(2, "alice") as two:
             held = watch.waiters()
             # From another thread, as the loops commit.
             threading.Thread(target=watch.changed, args=([1, 3],)).start()

@@ -107,7 +107,7 @@ def _job_tag(session: SessionDep, job_id: int, user: Principal) -> str:
     summary="Submit a job",
     responses={
         200: {"model": JobPublic, "description": "A retry: the job this Idempotency-Key made."},
-        **error_responses(409, 422, 429, 502, 507),
+        **error_responses(409, 413, 422, 429, 502, 507),
     },
 )
 async def create_job(
@@ -176,7 +176,12 @@ def _render_page(runtime: Runtime, key: tuple[Any, ...], version: LedgerVersion)
     return body
 
 
-@router.get("/{job_id}", response_model=JobPublic, summary="One job", responses=READ_RESPONSES)
+@router.get(
+    "/{job_id}",
+    response_model=JobPublic,
+    summary="One job",
+    responses={**READ_RESPONSES, **error_responses(404, 422, 429)},
+)
 async def get_job(
     request: Request,
     job_id: JobId,
@@ -196,8 +201,11 @@ async def get_job(
     """The job. A long poll (`wait_s` with `If-None-Match`) answers within milliseconds of a change,
     without the caller asking again and again; a change made by another replica is seen within
     about a second."""
+    if wait_s <= 0 or if_none_match is None:  # not a long poll: one read
+        return await run_in_threadpool(_job_answer, runtime, job_id, user, if_none_match)
     deadline = time.monotonic() + wait_s
-    with runtime.job_watch.watching(job_id) as change:  # before the read: no change can slip between
+    # Registered before the read, so no change can slip between them.
+    with runtime.job_watch.watching(job_id, user.user) as change:
         while True:
             answer = await run_in_threadpool(_job_answer, runtime, job_id, user, if_none_match)
             remaining = deadline - time.monotonic()

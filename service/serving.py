@@ -1,0 +1,113 @@
+"""How uvicorn serves the app: one configuration for `torchyard serve` and the embedded service.
+
+uvicorn bounds an idle connection only between requests (`timeout_keep_alive`), and its httptools
+parser takes headers of any size at any pace: a client sending one header line every few seconds
+holds a connection, and a task, for as long as it likes. GuardedHttpTools bounds both:
+- a request must arrive whole (request line, headers and body) within `request_read_timeout_s` of
+  its first byte; a new connection must send one within that long too;
+- the request line and headers may take `max_header_bytes`; more is answered 431.
+The time a route then takes (a long poll waits up to 30 s) is not counted: the request has arrived.
+Forwarding headers are the app's business (service.app, TORCHYARD_TRUSTED_PROXIES), not uvicorn's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from service.api.errors import error_body
+from service.api.watch import SHUTDOWN_GRACE_S
+from service.config import Settings
+
+
+def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
+    """`options`: uvicorn.Config's own (host, port, log_level, access_log)."""
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(settings),
+        proxy_headers=False,
+        timeout_keep_alive=settings.keep_alive_s,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        **options,
+    )
+
+
+def guarded_protocol(settings: Settings) -> type[HttpToolsProtocol]:
+    class Guarded(GuardedHttpTools):
+        read_timeout_s = settings.request_read_timeout_s
+        max_head_bytes = settings.max_header_bytes
+
+    return Guarded
+
+
+class GuardedHttpTools(HttpToolsProtocol):
+    read_timeout_s: float
+    max_head_bytes: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_deadline: asyncio.TimerHandle | None = None
+        self._reading_head = True  # between requests, and while a request line and headers come
+        self._head_bytes = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_read_deadline()  # a connection that never sends a request is cut too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_read_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._reading_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._refuse(431, f"the request line and headers are over {self.max_head_bytes} bytes")
+                return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm_read_deadline()
+
+    def on_headers_complete(self) -> None:
+        self._reading_head = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm_read_deadline()
+        self._reading_head, self._head_bytes = True, 0
+        super().on_message_complete()
+
+    def _arm_read_deadline(self) -> None:
+        if self._read_deadline is None:
+            self._read_deadline = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+
+    def _disarm_read_deadline(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _read_timed_out(self) -> None:
+        self._read_deadline = None
+        if self._reading_head and self._head_bytes:
+            self._refuse(408, f"the request did not arrive within {self.read_timeout_s:g} s")
+        elif not self.transport.is_closing():
+            self.transport.close()  # idle, or a body too slow: the app's receive hears a disconnect
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer before any app saw the request, and close: the client is not keeping to HTTP's pace."""
+        if self.transport.is_closing():
+            return
+        body = json.dumps(error_body(message)).encode()
+        reason = {408: "Request Timeout", 431: "Request Header Fields Too Large"}[status]
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode() + body)
+        self.transport.close()
