@@ -4,11 +4,13 @@ Defaults come from Settings; a `UserQuota` row overrides them for one user (`tor
 Job size over a limit is 403 (asking again will not help); too many unfinished jobs or too many
 submissions a minute is 429 with Retry-After (it will pass later).
 
-The counts are kept per replica, refreshed from the ledger every `refresh_s` seconds, so a POST costs
-no count query. A user's unfinished jobs are the ledger's count at the last refresh, plus the jobs this
-replica admitted that are not stored yet, plus those it stored after that count was taken: a refresh
-never forgets a job that is on its way into the ledger, however many POSTs race it. With several
-replicas the limits hold per replica between refreshes, and the count is exact again at every refresh.
+The counts are kept per replica, refreshed from the ledger every `refresh_s` seconds, so a POST
+refused for a count costs no query. A user's unfinished jobs are the ledger's count at the last
+refresh, plus the jobs this replica admitted that are not stored yet, plus those it stored after that
+count was taken: a refresh never forgets a job that is on its way into the ledger, however many POSTs
+race it. The ledger has the last word: the intake counts again in the transaction that stores the
+jobs, under a lock per user (service.loops.intake), so replicas sharing a ledger cannot together admit
+more than the limit, between refreshes or not.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from worker.spec import Resources
 
 UNFINISHED = [state.value for state in JobState if not is_terminal(state)]
 WINDOW_S = 60.0
+REFRESH_S = 2.0  # how often a replica counts a user's unfinished jobs again
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,13 @@ def count_unfinished(session: Session, user: str) -> int:
     return int(session.exec(query).one())
 
 
+def too_many_unfinished(active: int, limit: int) -> RetryLater:
+    return RetryLater(
+        f"you have {active} unfinished jobs, your limit is {limit}; submit more when some finish",
+        retry_after_s=REFRESH_S,
+    )
+
+
 def check_job_size(resources: Resources, limits: Limits) -> None:
     tasks = resources.nodes * resources.tasks_per_node
     gpus = resources.nodes * resources.gpus_per_node
@@ -97,7 +107,7 @@ def check_job_size(resources: Resources, limits: Limits) -> None:
 class QuotaBook:
     """The per-user counts of one replica. `refresh` runs in a worker thread, `admit` on the event loop."""
 
-    def __init__(self, engine: Engine, settings: Settings, refresh_s: float = 2.0) -> None:
+    def __init__(self, engine: Engine, settings: Settings, refresh_s: float = REFRESH_S) -> None:
         self._engine = engine
         self._settings = settings
         self._refresh_s = refresh_s
@@ -141,11 +151,7 @@ class QuotaBook:
                 retry_after_s=wait,
             )
         if book.active >= book.limits.max_active_jobs:
-            raise RetryLater(
-                f"you have {book.active} unfinished jobs, your limit is {book.limits.max_active_jobs}; "
-                "submit more when some finish",
-                retry_after_s=max(self._refresh_s, 1.0),
-            )
+            raise too_many_unfinished(book.active, book.limits.max_active_jobs)
         book.submissions.append(now)
         book.pending += 1
 

@@ -64,7 +64,7 @@ class Admission:
         try:
             await self.room.check()
             await self._validate(backend, RunSpec(job_id=0, name=payload.name, folder="", **row.spec))
-            accepted = await self.intake.add(row)
+            accepted = await self.intake.add(row, self.quotas.limits(user.user).max_active_jobs)
         except BaseException:
             self.quotas.release(user.user)
             raise

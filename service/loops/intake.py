@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import String, Table, cast, insert, literal, update
+from sqlalchemy import String, Table, cast, false, func, insert, literal, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from service.domain.quotas import count_unfinished, too_many_unfinished
 from service.errors import Conflict
 from service.ledger.clock import stamp_jobs
 from service.ledger.db import write_scope
@@ -48,6 +49,7 @@ class Accepted:
 @dataclass
 class _Pending:
     row: NewJob
+    max_active: int | None  # the owner's limit on unfinished jobs, checked in the commit
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Accepted]
 
@@ -72,11 +74,15 @@ class JobIntake:
         self._queue.put(None)
         self._thread.join(timeout=10)
 
-    async def add(self, row: NewJob) -> Accepted:
-        """Store `row`, or find the job an earlier request with the same (owner, idempotency key) made."""
+    async def add(self, row: NewJob, max_active: int | None = None) -> Accepted:
+        """Store `row`, or find the job an earlier request with the same (owner, idempotency key) made.
+
+        `max_active`: the owner may have at most this many unfinished jobs. They are counted in the
+        transaction that stores the row, under a lock per owner, so replicas sharing one ledger cannot
+        together admit more (RetryLater when the row would be one too many)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Accepted] = loop.create_future()
-        self._queue.put(_Pending(row=row, loop=loop, future=future))
+        self._queue.put(_Pending(row=row, max_active=max_active, loop=loop, future=future))
         return await future
 
     def _run(self) -> None:
@@ -101,11 +107,10 @@ class JobIntake:
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:
-            rows = [item.row for item in batch]
             try:
-                outcomes = self._store(rows)
+                outcomes = self._store(batch)
             except IntegrityError:  # another replica stored one of these keys since we looked: look again
-                outcomes = self._store(rows)
+                outcomes = self._store(batch)
         except Exception as error:  # the whole batch failed: every waiter hears it, nothing half-written
             log.warning("could not store %d new jobs: %s", len(batch), error)
             for item in batch:
@@ -120,17 +125,27 @@ class JobIntake:
             loop.call_soon_threadsafe(_answer_all, answers)
         self._on_commit()
 
-    def _store(self, rows: list[NewJob]) -> list[Accepted | Exception]:
+    def _store(self, batch: list[_Pending]) -> list[Accepted | Exception]:
         with write_scope(self._engine) as session:
-            earlier = _jobs_by_key(session, rows)
+            earlier = _jobs_by_key(session, [item.row for item in batch])
+            room = _UnfinishedCount(
+                session, {item.row.owner for item in batch if item.max_active is not None}
+            )
             fresh: list[NewJob] = []
             first_in_batch: dict[Key, int] = {}  # a retry in this same batch answers with that job
-            slots: list[int | tuple[Key, NewJob]] = []  # index into fresh, or (key of the earlier job, row)
-            for row in rows:
+            # Per row: an index into fresh, (the key of the earlier job, row), or why it was refused.
+            slots: list[int | tuple[Key, NewJob] | Exception] = []
+            for item in batch:
+                row = item.row
                 key = (row.owner, row.idempotency_key) if row.idempotency_key is not None else None
                 if key is not None and (key in earlier or key in first_in_batch):
                     slots.append((key, row))
                     continue
+                if item.max_active is not None:
+                    refusal = room.take(row.owner, item.max_active)
+                    if refusal is not None:
+                        slots.append(refusal)
+                        continue
                 if key is not None:
                     first_in_batch[key] = len(fresh)
                 slots.append(len(fresh))
@@ -141,6 +156,8 @@ class JobIntake:
         return [
             Accepted(stored[slot], replayed=False)
             if isinstance(slot, int)
+            else slot
+            if isinstance(slot, Exception)
             else _replay(earlier[slot[0]], slot[1])
             for slot in slots
         ]
@@ -184,6 +201,32 @@ class JobIntake:
             )
             for job_id, value in zip(ids, values, strict=True)
         ]
+
+
+class _UnfinishedCount:
+    """The owners' unfinished jobs, counted once per batch under a lock per owner, plus those the
+    batch adds. On PostgreSQL the lock is a transaction-scoped advisory lock, taken in name order so
+    two replicas' batches cannot deadlock. On SQLite it is the database's one write lock, taken
+    before the count by a write that changes nothing: the driver starts no transaction for a
+    SELECT, so a count alone would see nothing of another writer's batch in flight."""
+
+    def __init__(self, session: Session, owners: set[str]) -> None:
+        self._counts: dict[str, int] = {}
+        if not owners:
+            return
+        if session.get_bind().dialect.name == "sqlite":
+            session.execute(update(_JOBS).where(false()).values(name=_JOBS.c.name))
+        for owner in sorted(owners):
+            if session.get_bind().dialect.name == "postgresql":
+                session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"quota:{owner}"))))
+            self._counts[owner] = count_unfinished(session, owner)
+
+    def take(self, owner: str, limit: int) -> Exception | None:
+        """Count one more job of `owner`, or the refusal when that would pass `limit`."""
+        if self._counts[owner] >= limit:
+            return too_many_unfinished(self._counts[owner], limit)
+        self._counts[owner] += 1
+        return None
 
 
 def _job_values(row: NewJob) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from sqlmodel import Session, select
@@ -133,6 +134,54 @@ def test_two_replica_processes_dispatch_every_job_exactly_once(
         for replica in replicas:
             replica.stop()
         scancel([blocker, *(one.get("external_id") for one in created)])
+
+
+def test_two_replica_processes_admit_exactly_a_users_limit_of_unfinished_jobs(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """15 POSTs at once, alternating between two replicas, for a user with room for 5: the replicas'
+    own counts are fresh (each has just counted alice's none), so only the count in the intake's
+    transaction stands between them and 10 jobs. Exactly 5 are taken in, 10 get 429."""
+    url = postgres_server.reset_ledger()
+    env = service_env(tmp_path / "data", url, max_active_jobs_per_user="5")
+    token = ledger_token(url)
+    replicas: list[ServiceProcess] = []
+    accepted: list[dict[str, Any]] = []
+    try:
+        replicas = [ServiceProcess(env, tmp_path / f"{name}.log", cwd=tmp_path / name) for name in "ab"]
+        apis = [Api(replica.url, token) for replica in replicas]
+        for api in apis:  # each replica counts alice's unfinished jobs now: none
+            assert api.get("/api/v1/jobs").raise_for_status().json()["items"] == []
+        barrier = threading.Barrier(15)
+
+        def post(n: int) -> httpx.Response:
+            barrier.wait()
+            return apis[n % 2].post(
+                "/api/v1/jobs",
+                json={
+                    "name": f"q-{n}",
+                    "entrypoint": "worker.tasks.faults:sleep",
+                    "kwargs": {"seconds": 120},
+                },
+            )
+
+        with ThreadPoolExecutor(15) as pool:
+            answers = list(pool.map(post, range(15)))
+        accepted = [answer.json() for answer in answers if answer.status_code == 201]
+        refused = [answer for answer in answers if answer.status_code == 429]
+        print(f"\nby replica: { {n: Counter(a.status_code for a in answers[n::2]) for n in (0, 1)} }")
+
+        assert (len(accepted), len(refused)) == (5, 10), [answer.status_code for answer in answers]
+        assert all("your limit is 5" in answer.text for answer in refused)
+        assert all(int(answer.headers["Retry-After"]) >= 1 for answer in refused)
+        assert len(apis[1].all_jobs()) == 5
+    finally:
+        for one in accepted:
+            Api(replicas[0].url, token).post(f"/api/v1/jobs/{one['id']}/cancel")
+        for one in accepted:
+            Api(replicas[0].url, token).finished(one["id"], timeout=60)
+        for replica in replicas:
+            replica.stop()
 
 
 def _squeue_state(job_id: str) -> str:

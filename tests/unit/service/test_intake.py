@@ -13,10 +13,12 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import StatementError
 from sqlmodel import Session, func, select
 
+from service.domain.quotas import RetryLater
 from service.errors import Conflict
 from service.ledger.db import make_engine, migrate
 from service.ledger.models import Job, JobEvent, JobPublic, NewJob
 from service.loops.intake import MAX_BATCH, Accepted, JobIntake
+from service.states import JobState
 
 T = TypeVar("T")
 
@@ -177,3 +179,60 @@ def test_a_key_reused_for_a_different_request_is_a_conflict(engine: Engine) -> N
 
     assert isinstance(outcome, Conflict) and "different request" in outcome.message
     assert counts(engine) == (1, 1)
+
+
+# ---------------------------------------------------------------- the unfinished-jobs limit
+
+
+def test_the_limit_on_unfinished_jobs_holds_across_two_replicas_writers(
+    database_url: str, engine: Engine
+) -> None:
+    """Two intakes on two engines (two replicas' writers on one ledger), 15 rows of alice racing with
+    room for 5: exactly 5 stored, the rest refused with the count; bob's row is not alice's limit."""
+    other = make_engine(database_url)
+    intakes = [make_intake(engine, Commits()), make_intake(other, Commits())]
+
+    async def race() -> list[Accepted | BaseException]:
+        adds = [intakes[n % 2].add(row(n), max_active=5) for n in range(15)]
+        adds.append(intakes[0].add(row(99, owner="bob"), max_active=5))
+        return await asyncio.gather(*adds, return_exceptions=True)
+
+    for intake in intakes:
+        intake.start()
+    try:
+        outcomes = run(race())
+    finally:
+        for intake in intakes:
+            intake.stop()
+        other.dispose()
+
+    stored = [o for o in outcomes[:15] if isinstance(o, Accepted)]
+    refused = [o for o in outcomes[:15] if isinstance(o, RetryLater)]
+    assert (len(stored), len(refused)) == (5, 10), outcomes
+    assert all("your limit is 5" in r.message for r in refused)
+    assert isinstance(outcomes[15], Accepted)
+    assert counts(engine) == (6, 6)
+
+
+def test_finished_jobs_do_not_count_against_the_limit(engine: Engine) -> None:
+    intake = make_intake(engine, Commits())
+    intake.start()
+    try:
+        first = run(intake.add(row(0), max_active=1))
+
+        async def one_more() -> list[Accepted | BaseException]:
+            return list(await asyncio.gather(intake.add(row(1), max_active=1), return_exceptions=True))
+
+        refused = run(one_more())
+        with Session(engine) as session:
+            job = session.get(Job, first.job.id)
+            assert job is not None
+            job.state = JobState.succeeded
+            session.add(job)
+            session.commit()
+        later = run(intake.add(row(2), max_active=1))
+    finally:
+        intake.stop()
+
+    assert isinstance(refused[0], RetryLater)
+    assert later.job.name == "job-2"
