@@ -16,10 +16,20 @@ Passes per operation:
 Checks: no 5xx, status code / content type / headers / body as declared, and (coverage cases)
 inputs the schema forbids refused.
 The figures (cases per pass, status codes seen) are printed and the total is asserted.
+
+Two more passes, each a test of its own, printing its figures too:
+- hostile bodies, sent as raw bytes (a JSON escape for a lone surrogate, NaN / Infinity tokens, NUL,
+  kwargs 500 deep, out-of-range resources, no JSON and no token): each gets its status, the field its
+  422 names, and the checks above; none stores a job, and the owner's and the admin's lists still read;
+- stateful: schemathesis's state machine over links the test declares on the served schema (create ->
+  read, events, metrics, logs, cancel, list by name; read -> cancel; cancel -> read, list; list ->
+  read), each scenario as a user of its own; the chains must be walked on the jobs the scenarios made,
+  and none of those may answer 404 to its owner.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,12 +39,15 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.parameters import ParameterLocation
+from schemathesis.generation.stateful.state_machine import APIStateMachine, StepInput, StepOutput
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -299,6 +312,265 @@ def test_every_operation_answers_as_its_schema_declares(
     # The passes reached past validation: accepted jobs and replays, real reads, and every refusal.
     for status in (200, 201, 401, 403, 404, 409, 422):
         assert statuses[status] > 0, f"no {status} among {dict(statuses)}"
+
+
+# ---------------------------------------------------------------- hostile clients, as explicit cases
+
+
+def raw_job(**fields: bytes) -> bytes:
+    """A job's JSON as the bytes a client writes, each field's value verbatim (escapes, NaN and all)."""
+    merged = {"name": b'"j"', "entrypoint": b'"' + ALLOWED_TARGET.encode() + b'"', **fields}
+    return b"{" + b",".join(b'"%s":%s' % (name.encode(), value) for name, value in merged.items()) + b"}"
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """A body as a hostile client writes it, sent as raw bytes, and the answer it must get.
+
+    Raw bytes, because httpx's JSON encoder refuses NaN and cannot encode a lone surrogate: the
+    generated passes never send either.
+    """
+
+    name: str
+    body: bytes
+    status: int
+    where: tuple[str, ...] = ()  # how the loc of one problem in the 422 starts
+    says: str = ""  # what that problem's message names
+    token: bool = True
+
+
+DEEP = b'{"a":' * 500 + b"{}" + b"}" * 500
+HOSTILE = [
+    # JSON escapes the server decodes to a lone surrogate: no UTF-8 encoder can write it back out.
+    Hostile("surrogate kwarg", raw_job(kwargs=rb'{"note":"\ud800"}'), 422, ("body", "kwargs"), "kwargs.note"),
+    Hostile("surrogate name", raw_job(name=rb'"\ud800"'), 422, ("body", "name")),
+    Hostile("kwargs 500 deep", raw_job(kwargs=DEEP), 422, ("body", "kwargs"), "deeper"),
+    # Python's json module reads these tokens; JSON has no such values and no client could read them back.
+    Hostile("NaN kwarg", raw_job(kwargs=b'{"loss":NaN}'), 422, ("body", "kwargs"), "kwargs.loss"),
+    Hostile("Infinity kwarg", raw_job(kwargs=b'{"lr":Infinity}'), 422, ("body", "kwargs"), "kwargs.lr"),
+    Hostile(
+        "-Infinity listed", raw_job(kwargs=b'{"lr":[-Infinity]}'), 422, ("body", "kwargs"), "kwargs.lr.0"
+    ),
+    Hostile("NUL in a kwarg", raw_job(kwargs=rb'{"note":"a\u0000b"}'), 422, ("body", "kwargs"), "NUL"),
+    Hostile("mem_gb 1e308", raw_job(resources=b'{"mem_gb":1e308}'), 422, ("body", "resources", "mem_gb")),
+    Hostile(
+        "cpus_per_task 1e5",
+        raw_job(resources=b'{"cpus_per_task":100000}'),
+        422,
+        ("body", "resources", "cpus_per_task"),
+    ),
+    # The token comes first: a stranger learns nothing about what the body would have been told.
+    Hostile("not JSON, no token", b'{"name": "j", ', 401, token=False),
+]
+
+
+def listed_ids(client: TestClient, token: str) -> list[int]:
+    response = client.get(JOBS, params={"limit": 500}, headers=bearer(token))
+    assert response.status_code == 200, response.text
+    return [item["id"] for item in response.json()["items"]]
+
+
+def test_hostile_bodies_are_refused_as_declared_and_store_nothing(service: Service) -> None:
+    """tests/api/test_hostile_input.py pins the messages; here the schema checks run on the answers too."""
+    client = service.client
+    engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
+    alice = issue_token(engine, "alice")
+    root = issue_token(engine, "root", admin=True)
+    # Jobs finished, cancelled, with logs, and one of bob's: every one of them must still render.
+    seed_jobs(service, alice, issue_token(engine, "bob"))
+    before = {alice: listed_ids(client, alice), root: listed_ids(client, root)}
+    assert len(before[root]) > len(before[alice]) > 0, before
+
+    schema = schemathesis.openapi.from_dict(client.app.openapi())  # type: ignore[attr-defined]
+    operation = schema[JOBS]["POST"]
+    tally = Tally()
+    for hostile in HOSTILE:
+        # A bytes body goes out as it is; the Case is there for the response checks.
+        case = operation.Case(
+            body=hostile.body,
+            media_type="application/json",
+            headers={"authorization": f"Bearer {alice}"} if hostile.token else {},
+        )
+        response = send(client, case)
+        tally.add(f"hostile: {hostile.name}", response.status_code)
+        assert response.status_code == hostile.status, (hostile.name, response.text)
+        case.validate_response(response, checks=CHECKS)
+        if hostile.where:
+            problems = response.json()["detail"]
+            where, says = hostile.where, hostile.says
+            assert any(
+                tuple(problem["loc"][: len(where)]) == where and says in problem["msg"]
+                for problem in problems
+            ), (hostile.name, problems)
+
+    print(f"\nhostile POST {JOBS}: {tally.total} cases\n{tally.report()}")
+    # Nothing stored, and every list (the owner's and the admin's) still reads, each job in it too.
+    for token, ids in before.items():
+        assert listed_ids(client, token) == ids, token
+        for job_id in ids:
+            read = client.get(f"{JOBS}/{job_id}", headers=bearer(token))
+            assert read.status_code == 200, read.text
+
+
+# ---------------------------------------------------------------- stateful: create, read, cancel, list
+
+JOB = f"{JOBS}/{{job_id}}"
+NOBODYS_JOB = 2**62  # within the schema's range, and no test's ledger gets there
+
+
+def with_links(served: dict[str, Any]) -> dict[str, Any]:
+    """The served schema plus the links a client follows from a job it created.
+
+    Declared here, not inferred: what the phase walks must not change with schemathesis's heuristics.
+    """
+    spec = copy.deepcopy(served)
+    paths = spec["paths"]
+
+    def to(path: str, method: str, **parameters: str) -> dict[str, Any]:
+        return {"operationId": paths[path][method]["operationId"], "parameters": parameters}
+
+    by_id = {"path.job_id": "$response.body#/id"}
+    reads = {
+        "GetJob": to(JOB, "get", **by_id),
+        "GetEvents": to(f"{JOB}/events", "get", **by_id),
+        "GetMetrics": to(f"{JOB}/metrics", "get", **by_id),
+        "GetLogs": to(f"{JOB}/logs", "get", **by_id),
+        # By name, so the page is one that should hold the job just created or cancelled.
+        "ListByName": to(JOBS, "get", **{"query.name": "$response.body#/name"}),
+    }
+    cancel = {"CancelJob": to(f"{JOB}/cancel", "post", **by_id)}
+    # 200 is the replay of an Idempotency-Key: the same job, so the same links.
+    for code in ("200", "201"):
+        paths[JOBS]["post"]["responses"][code]["links"] = {**reads, **cancel}
+    paths[JOB]["get"]["responses"]["200"]["links"] = cancel
+    paths[f"{JOB}/cancel"]["post"]["responses"]["200"]["links"] = {
+        "GetJob": reads["GetJob"],
+        "ListByName": reads["ListByName"],
+    }
+    paths[JOBS]["get"]["responses"]["200"]["links"] = {
+        "GetListed": to(JOB, "get", **{"path.job_id": "$response.body#/items/0/id"})
+    }
+    return spec
+
+
+@dataclass
+class Walk:
+    """What the stateful scenarios sent and created, and the links they followed."""
+
+    client: TestClient
+    engine: sa.Engine
+    tally: Tally = field(default_factory=Tally)
+    scenarios: int = 0
+    created: int = 0
+    followed: Counter[str] = field(default_factory=Counter)  # link -> steps it supplied a value to
+    to_own_job: Counter[str] = field(default_factory=Counter)  # link -> of those, on a job made in it
+
+
+def is_positive(case: Case[Any]) -> bool:
+    return case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE
+
+
+def workflow(base: type[APIStateMachine], walk: Walk) -> type[APIStateMachine]:
+    """schemathesis's state machine, sending through our TestClient, each scenario as a user of its own.
+
+    Hypothesis replays the start of one scenario at the start of another and requires the same draws
+    to follow: a bundle left empty, or an id extracted the first time and not the second, is
+    FlakyStrategyDefinition. A fresh user has nothing to list, no Idempotency-Key used, no job to
+    find, so every scenario meets the same service whatever ran before it.
+    """
+
+    class Workflow(base):  # type: ignore[misc, valid-type]
+        def setup(self) -> None:
+            walk.scenarios += 1
+            self.token = issue_token(walk.engine, f"walker{walk.scenarios}")
+            self.jobs: set[int] = set()
+
+        def before_call(self, case: Case[Any]) -> None:
+            case.headers["authorization"] = f"Bearer {self.token}"
+            # Positive bodies only: a negative one must stay as wrong as it was made.
+            if case.path == JOBS and case.method == "POST" and is_positive(case):
+                keep_allowed_target(case, None)
+
+        def call(self, case: Case[Any], **kwargs: Any) -> schemathesis.Response:
+            return schemathesis.Response.from_any(send(walk.client, case))
+
+        def after_call(self, response: schemathesis.Response, case: Case[Any]) -> None:
+            super().after_call(response, case)  # recorded: stateful checks look up the parent step
+            walk.tally.add(f"{case.method} {case.path} stateful", response.status_code)
+            if case.path == JOBS and case.method == "POST" and response.status_code == 201:
+                walk.created += 1
+                self.jobs.add(response.json()["id"])
+
+        def validate_response(
+            self, response: schemathesis.Response, case: Case[Any], *args: Any, **kwargs: Any
+        ) -> None:
+            # The checks of the other passes. schemathesis's default set adds positive_data_acceptance,
+            # which fails on a policy's 422 (more nodes than max_nodes) that no schema can express.
+            case.validate_response(response, checks=CHECKS, recorder=self.recorder)
+
+        def step(self, input: StepInput) -> StepOutput:
+            case = input.case
+            linked = (ParameterLocation.PATH, "job_id") in input.applied_parameters
+            if not linked and (case.path_parameters or {}).get("job_id") in self.jobs:
+                # A drawn id that names a job of this scenario by chance (ids start at 1, and so do
+                # drawn integers): on Hypothesis's replay that job has another id, and 200 turns 404.
+                case.path_parameters = {**case.path_parameters, "job_id": NOBODYS_JOB}
+            output: StepOutput = super().step(input)
+            if input.transition is None or not input.is_applied:
+                return output
+            link = input.transition.id.rsplit(" -> ", 1)[0]  # "POST /api/v1/jobs -> [201] GetJob"
+            walk.followed[link] += 1
+            if linked and case.path_parameters["job_id"] in self.jobs:
+                walk.to_own_job[link] += 1
+                # The owner, with the id from the answer that made the job: it must be found.
+                assert output.response.status_code != 404, (link, output.response.text)
+            return output
+
+    return Workflow
+
+
+def test_links_from_a_created_job_lead_to_it(service: Service, settings: Settings) -> None:
+    client = service.client
+    engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
+    walk = Walk(client, engine)
+    # Inference off: only the declared links, the same on every schemathesis release.
+    config = schemathesis.Config.from_dict({"phases": {"stateful": {"inference": {"algorithms": []}}}})
+    served = client.app.openapi()  # type: ignore[attr-defined]
+    schema = schemathesis.openapi.from_dict(with_links(served), config=config)
+    machine = workflow(schema.as_state_machine(), walk)
+    started = time.monotonic()
+    machine.run(
+        settings=hypothesis_settings(
+            max_examples=50,
+            stateful_step_count=10,
+            derandomize=True,
+            database=None,
+            deadline=None,
+            # No shrinking, as schemathesis runs state machines: its replays of a failing scenario
+            # meet jobs the service's loops have moved on meanwhile, and can end in Flaky instead.
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+    elapsed = time.monotonic() - started
+    print(
+        f"\nstateful: {walk.tally.total} calls in {elapsed:.1f} s, {walk.scenarios} scenarios, "
+        f"{walk.created} jobs created\n{walk.tally.report()}\nlinks followed (to a job of the scenario):"
+    )
+    for link, count in sorted(walk.followed.items()):
+        print(f"  {link}: {count} ({walk.to_own_job[link]})")
+    assert walk.created > 0, walk.tally.report()
+    # create -> read, create -> cancel, read -> cancel, cancel -> read: each on the job made before.
+    for link in (
+        f"POST {JOBS} -> [201] GetJob",
+        f"POST {JOBS} -> [201] CancelJob",
+        f"GET {JOB} -> [200] CancelJob",
+        f"POST {JOB}/cancel -> [200] GetJob",
+    ):
+        assert walk.to_own_job[link] > 0, (link, walk.to_own_job)
+    assert walk.followed[f"POST {JOBS} -> [201] ListByName"] > 0, walk.followed  # create -> list
+    statuses = walk.tally.all_statuses()
+    assert statuses[201] > 0 and statuses[200] > 0, dict(statuses)
 
 
 # ---------------------------------------------------------------- what the fuzzer found, pinned
