@@ -206,13 +206,19 @@ class TorchyardClient:
         """One job. Asks with the last ETag seen for it, so an unchanged job costs the service a 304.
 
         With wait_s > 0 (and an ETag seen before) it is a long poll: the service answers as soon as
-        the job changes, or after wait_s with the job as it was.
+        the job changes, or after wait_s with the job as it was. When the service holds as many long
+        polls as it allows (429), it is a plain read instead: wait() paces the rounds then.
         """
         path = f"/api/v1/jobs/{job_id}"
         cached = self._etags.get(path)
         headers = {"If-None-Match": cached[0]} if cached else None
         params = {"wait_s": round(wait_s, 3)} if cached and wait_s > 0 else None
-        response = self._request("GET", path, headers=headers, params=params)
+        try:
+            response = self._request("GET", path, headers=headers, params=params)
+        except TorchyardError as error:
+            if error.status != 429 or params is None:
+                raise
+            response = self._request("GET", path, headers=headers)
         if response.status_code == 304 and cached:
             return dict(cached[1])  # a copy: callers may change what they get
         job = _as_object(response)

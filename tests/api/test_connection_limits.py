@@ -7,6 +7,7 @@ a user and 4 in all) so the bounds are measured in seconds; the defaults are in 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from service.app import create_app
+from service.client import TorchyardClient
 from service.config import Settings
 from tests.fakes import FakeBackend
 from tests.serving import LiveServer, serve
@@ -171,3 +173,31 @@ def test_long_polls_are_capped_per_user_and_in_total(live: LiveServer, fake: Fak
     assert "its limit (TORCHYARD_MAX_LONG_POLLS)" in bobs_second.text
     assert [answer.status_code for answer in held] == [304] * 4
     assert live.runtime.job_watch.waiters() == 0  # every seat given back
+
+
+def test_the_client_waits_on_with_plain_reads_when_every_seat_is_taken(
+    live: LiveServer, fake: FakeBackend
+) -> None:
+    body = {"name": "p", "entrypoint": "worker.tasks.seed:ddp_step"}
+    with live.client("alice") as alice:
+        job_id = alice.post(JOBS, json=body).json()["id"]
+        wait_for(lambda: alice.get(f"{JOBS}/{job_id}").json()["state"] == "running", what="running")
+        tag = alice.get(f"{JOBS}/{job_id}").headers["ETag"]
+        token = alice.headers["Authorization"].removeprefix("Bearer ")
+
+        def hold() -> httpx.Response:
+            with live.client("alice") as other:
+                return other.get(f"{JOBS}/{job_id}", params={"wait_s": 6}, headers={"If-None-Match": tag})
+
+        with ThreadPoolExecutor(3) as pool:
+            held = [pool.submit(hold) for _ in range(3)]
+            wait_for(lambda: live.runtime.job_watch.waiters() == 3, what="alice's three polls held")
+            client = TorchyardClient(live.url, token=token)
+            threading.Timer(1.0, fake.finish, args=(job_id, {"ok": True})).start()
+            started = time.monotonic()
+            done = client.wait(job_id, timeout_s=20)
+            took = time.monotonic() - started
+            assert all(future.result().status_code == 200 for future in held)  # woken by the end
+
+    assert done["state"] == "succeeded"
+    assert took < 5, f"{took:.1f} s: the client did not keep reading while the seats were taken"
