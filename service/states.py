@@ -18,6 +18,7 @@ class JobState(str, Enum):
     running = "running"
     preempted = "preempted"  # the scheduler stopped it; it will come back
     requeued = "requeued"  # back in the scheduler's queue after preemption (attempt + 1)
+    retrying = "retrying"  # an attempt ended and the job's retry policy starts another (attempt + 1)
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
@@ -29,16 +30,20 @@ TERMINAL_STATES: frozenset[JobState] = frozenset(
 )
 TERMINAL_STATE_NAMES: frozenset[str] = frozenset(state.value for state in TERMINAL_STATES)  # as JSON has them
 ACTIVE_STATES: frozenset[JobState] = frozenset(set(JobState) - TERMINAL_STATES)
+# States in which the service holds the job, waiting to hand it to a backend (a retry after its backoff).
+DISPATCHABLE_STATES: frozenset[JobState] = frozenset({JobState.queued, JobState.retrying})
 # States in which a backend holds the job and the reconcile loop must watch it.
-WATCHED_STATES: frozenset[JobState] = frozenset(ACTIVE_STATES - {JobState.queued})
+WATCHED_STATES: frozenset[JobState] = frozenset(ACTIVE_STATES - DISPATCHABLE_STATES)
 
+_ENDED = TERMINAL_STATES | {JobState.retrying}  # how an attempt the scheduler held can end
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.queued: frozenset({JobState.submitted, JobState.failed, JobState.cancelled}),
-    JobState.submitted: frozenset({JobState.pending, JobState.running, JobState.preempted} | TERMINAL_STATES),
-    JobState.pending: frozenset({JobState.running, JobState.preempted} | TERMINAL_STATES),
-    JobState.running: frozenset({JobState.pending, JobState.preempted, JobState.requeued} | TERMINAL_STATES),
-    JobState.preempted: frozenset({JobState.requeued, JobState.pending, JobState.running} | TERMINAL_STATES),
-    JobState.requeued: frozenset({JobState.pending, JobState.running, JobState.preempted} | TERMINAL_STATES),
+    JobState.submitted: frozenset({JobState.pending, JobState.running, JobState.preempted} | _ENDED),
+    JobState.pending: frozenset({JobState.running, JobState.preempted} | _ENDED),
+    JobState.running: frozenset({JobState.pending, JobState.preempted, JobState.requeued} | _ENDED),
+    JobState.preempted: frozenset({JobState.requeued, JobState.pending, JobState.running} | _ENDED),
+    JobState.requeued: frozenset({JobState.pending, JobState.running, JobState.preempted} | _ENDED),
+    JobState.retrying: frozenset({JobState.submitted, JobState.failed, JobState.cancelled}),
     JobState.succeeded: frozenset(),
     JobState.failed: frozenset(),
     JobState.cancelled: frozenset(),
@@ -68,5 +73,5 @@ def check_transition(current: JobState, target: JobState) -> None:
 
 
 def starts_new_attempt(target: JobState) -> bool:
-    """Going back to the scheduler's queue after a preemption begins attempt + 1."""
-    return target is JobState.requeued
+    """Going back to the scheduler's queue after a preemption, or to ours for a retry, begins attempt + 1."""
+    return target in (JobState.requeued, JobState.retrying)

@@ -60,10 +60,15 @@ class FakeBackend:
         return f"{self.name}-{job_id}"
 
     def set_status(
-        self, job_id: int, state: JobState, reason: str | None = None, exit_code: int | None = None
+        self,
+        job_id: int,
+        state: JobState,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        nodes: str | None = None,
     ) -> None:
         with self._lock:
-            self._statuses[self.external_id(job_id)] = BackendStatus(state, reason, exit_code)
+            self._statuses[self.external_id(job_id)] = BackendStatus(state, reason, exit_code, nodes)
         self._wakeup()
 
     def finish(self, job_id: int, value: object) -> None:
@@ -108,6 +113,7 @@ class FakeBackend:
                     outcomes.append(SubmitOutcome(job_id=spec.job_id, error=self.reject[spec.name]))
                     continue
                 self.specs[spec.job_id] = spec
+                self._statuses.pop(self.external_id(spec.job_id), None)  # a retry starts afresh
                 outcomes.append(SubmitOutcome(job_id=spec.job_id, external_id=self.external_id(spec.job_id)))
             return outcomes
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from worker.spec import RunSpec
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 3.0
+HOST = socket.gethostname()  # where every local job runs
 RESULT_CHECK_S = 0.02
 _CONTROLLER_MARK = b"submitit.local._local"
 
@@ -145,12 +147,12 @@ class LocalBackend:
         if process is not None:
             code = process.poll()
             if code is None:
-                return BackendStatus(JobState.running)
+                return BackendStatus(JobState.running, nodes=HOST)
             with self._lock:
                 self._processes.pop(external_id, None)
             return _ended(code)
         if _controller_alive(external_id):
-            return BackendStatus(JobState.running, reason="re-attached after restart")
+            return BackendStatus(JobState.running, reason="re-attached after restart", nodes=HOST)
         return _ended(None)
 
     def _signal_group(self, external_id: str, signum: int) -> None:

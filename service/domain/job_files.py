@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,29 +39,27 @@ def read_result(files: JobFiles) -> dict[str, Any] | None:
     return cleaned
 
 
-def error_summary(files: JobFiles, limit: int = 4000) -> str | None:
-    """The first failing rank's traceback, trimmed from the front (the end says what broke).
+@dataclass(frozen=True)
+class RankError:
+    rank: int
+    text: str  # the traceback, or what the rank wrote instead
+    written: float  # when (the file's mtime)
 
-    The first error file written is the cause; ranks that fail after it usually fail *because* of it
-    (their peer vanished), so they are only named.
-    """
-    failed: list[tuple[float, str, str]] = []
+
+def rank_errors(files: JobFiles) -> list[RankError]:
+    """Every rank's error file, the first written first: it is the cause; ranks that fail after it
+    usually fail *because* of it (their peer vanished)."""
+    found: list[RankError] = []
     for path in files.errors():
+        rank = path.stem.removeprefix("error-rank")
         try:
             _, text = parse_error_text(path.read_text(errors="replace"))
-            text = text.strip()
             written = path.stat().st_mtime
         except FileNotFoundError:
             continue
-        if text:
-            failed.append((written, path.stem.removeprefix("error-rank"), text))
-    if not failed:
-        return None
-    failed.sort(key=lambda item: (item[0], int(item[1]) if item[1].isdigit() else 0))
-    _, rank, text = failed[0]
-    others = ", ".join(item[1] for item in failed[1:])
-    after = f"\n(ranks {others} failed after it)" if others else ""
-    return f"rank {rank} raised:\n{text[-limit:]}{after}"
+        if text.strip() and rank.isdigit():
+            found.append(RankError(int(rank), text.strip(), written))
+    return sorted(found, key=lambda error: (error.written, error.rank))
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

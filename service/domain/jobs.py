@@ -22,9 +22,9 @@ from service.domain.auth import Principal
 from service.errors import InvalidRequest, NotFound
 from service.ledger.clock import LedgerVersion, read_version
 from service.ledger.db import write_scope
-from service.ledger.models import Job, JobEvent, JobMetric, JobPage, JobPublic
+from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, JobPage, JobPublic
 from service.loops.transitions import record_transition
-from service.states import JobState, is_terminal
+from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 
 MAX_PAGE = 500
 MAX_ID = 2**63 - 1  # the largest id a ledger can hold: beyond it SQLite's driver raises, not answers
@@ -118,6 +118,29 @@ def list_events(session: Session, job_id: int, viewer: Principal) -> Sequence[Jo
     return session.exec(query).all()
 
 
+def list_attempts(session: Session, job_id: int, viewer: Principal) -> list[JobAttemptPublic]:
+    """Every attempt, the first first: the ended ones from their rows, the current one (when the job
+    is not finished) from the job itself."""
+    job = get_job(session, job_id, viewer)
+    query = select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(col(JobAttempt.attempt))
+    attempts = [JobAttemptPublic.model_validate(row, from_attributes=True) for row in session.exec(query)]
+    if not attempts or attempts[-1].attempt < job.attempt:
+        state = JobState(job.state)
+        current = JobAttemptPublic(
+            attempt=job.attempt,
+            state=state,
+            kind=None,
+            reason=job.reason,
+            exit_code=None,
+            external_id=job.external_id,
+            nodes=job.nodes if state is not JobState.retrying else None,
+            started_at=job.attempt_started_at,
+            ended_at=None,
+        )
+        attempts.append(current)
+    return attempts
+
+
 def list_metrics(
     session: Session,
     job_id: int,
@@ -165,8 +188,8 @@ def cancel_job(engine: Engine, job_id: int, backends: Mapping[str, Backend], vie
 def _request_cancel(session: Session, job_id: int, viewer: Principal) -> Job:
     """Flag the job for cancelling and end it at once where no scheduler holds it.
 
-    A job still queued may be in a dispatcher's hands right now: the flag makes the dispatcher
-    cancel what it submits instead of letting it run.
+    A job still queued (or retrying) may be in a dispatcher's hands right now: the flag makes the
+    dispatcher cancel what it submits instead of letting it run.
     """
     job = get_job(session, job_id, viewer)
     # Decide on the row as it is now, locked: a reconciler (this replica's or another's) may have just
@@ -178,7 +201,7 @@ def _request_cancel(session: Session, job_id: int, viewer: Principal) -> Job:
     audit.record(session, viewer.user, "job.cancel", f"job {job_id}", f"owner={job.owner} was={state.value}")
     job.cancel_requested = True
     session.add(job)
-    if job.external_id is None and (state is not JobState.queued or job.claimed_by is None):
+    if job.external_id is None and (state not in DISPATCHABLE_STATES or job.claimed_by is None):
         record_transition(session, job, JobState.cancelled, "cancelled by user")
     return job
 

@@ -122,7 +122,7 @@ def new_job_row(
     *,
     run_as: str | None = None,
 ) -> NewJob:
-    spec = payload.model_dump(exclude={"name", "backend"}, mode="json")
+    spec = payload.model_dump(exclude={"name", "backend", "retries"}, mode="json")  # what the ranks get
     return NewJob(
         name=payload.name,
         owner=owner,
@@ -130,6 +130,7 @@ def new_job_row(
         spec=spec,
         run_as=run_as,
         idempotency_key=idempotency_key,
+        retries=payload.retries.model_dump(mode="json"),
     )
 
 

@@ -8,7 +8,8 @@ from dataclasses import field as dataclass_field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import ConfigDict, ValidationInfo, field_validator, model_validator
+import pydantic
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, String, TypeDecorator
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
@@ -51,6 +52,31 @@ class JobBase(SQLModel):
     name: str = Field(min_length=1, max_length=200, description="A name to find the job by.")
 
 
+EndingKind = Literal["failure", "node_failure", "preemption", "timeout", "oom", "cancel"]
+RetryOn = Literal["failure", "node_failure", "preemption", "timeout", "oom"]
+MAX_RETRY_WAIT_S = 24 * 3600.0
+DEFAULT_RETRY_ON: tuple[RetryOn, ...] = ("node_failure", "preemption")  # not the user's own failures
+
+
+class RetryPolicy(BaseModel):
+    """When an attempt that ended for one of `on` is followed by another, and after how long."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max: int = pydantic.Field(2, ge=0, le=20, description="Most attempts after the first.")
+    backoff_s: float = pydantic.Field(30.0, ge=0, le=MAX_RETRY_WAIT_S, description="Wait before retry 1.")
+    backoff_factor: float = pydantic.Field(2.0, ge=1, le=10, description="Growth of each next wait.")
+    on: list[RetryOn] = pydantic.Field(
+        default_factory=lambda: list(DEFAULT_RETRY_ON),
+        description="How an attempt must have ended to be retried: node_failure (a node or a rank "
+        "lost), preemption, timeout, oom, failure (the job's own exception: only when asked).",
+    )
+
+    def wait_s(self, ended_attempt: int) -> float:
+        """The backoff after attempt `ended_attempt` (1 for the first) ended."""
+        return float(min(MAX_RETRY_WAIT_S, self.backoff_s * self.backoff_factor ** (ended_attempt - 1)))
+
+
 class JobCreate(JobBase):
     """The body of POST /api/v1/jobs."""
 
@@ -70,6 +96,10 @@ class JobCreate(JobBase):
         default=None, description="'local' or 'slurm'; default from settings."
     )
     resources: Resources = Field(default_factory=Resources)
+    retries: RetryPolicy = Field(
+        default_factory=RetryPolicy,
+        description="Attempts after one that ended for a reason not the job's own; {\"max\": 0} for none.",
+    )
 
     @field_validator("entrypoint")
     @classmethod
@@ -118,6 +148,10 @@ class Job(JobBase, table=True):
     external_id: str | None = Field(default=None, max_length=64, index=True)
     folder: str | None = None
     attempt: int = 1
+    retries: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))  # RetryPolicy
+    retry_at: datetime | None = _time_column()  # retrying: the next attempt goes out from then
+    nodes: str | None = None  # the hosts the current attempt runs on, as the scheduler lists them
+    attempt_started_at: datetime | None = _time_column()
     result: Any | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     progress: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     progress_offset: int = 0  # bytes of the progress file already read into the ledger
@@ -146,6 +180,7 @@ class NewJob:
     spec: dict[str, Any]
     run_as: str | None = None
     idempotency_key: str | None = None
+    retries: dict[str, Any] | None = None  # a RetryPolicy, as JSON
     created_at: datetime = dataclass_field(default_factory=utcnow)
 
 
@@ -160,6 +195,9 @@ class JobPublic(JobBase):
     external_id: str | None
     folder: str | None
     attempt: int
+    retries: RetryPolicy | None = Field(description="The retry policy (none for jobs older than retries).")
+    retry_at: datetime | None = Field(description="While retrying: when the next attempt goes out.")
+    nodes: str | None = Field(description="The hosts the current (or last) attempt ran on.")
     spec: dict[str, Any]
     result: Any | None
     progress: dict[str, Any] | None
@@ -213,6 +251,36 @@ class JobEventPublic(SQLModel):
     reason: str | None
     attempt: int
     time: datetime
+
+
+class JobAttempt(SQLModel, table=True):
+    """How one attempt of a job ended: written once, when it ended (unique per job and attempt)."""
+
+    __table_args__ = (Index("ix_jobattempt_job_attempt", "job_id", "attempt", unique=True),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    attempt: int
+    state: JobState = Field(sa_type=String(20))  # how it ended: failed, timeout, succeeded, ...
+    kind: str | None = Field(default=None, max_length=20)  # EndingKind: why, for retry policies
+    reason: str | None = None
+    exit_code: int | None = None
+    external_id: str | None = Field(default=None, max_length=64)
+    nodes: str | None = None
+    started_at: datetime | None = _time_column()
+    ended_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class JobAttemptPublic(SQLModel):
+    attempt: int
+    state: JobState = Field(description="How the attempt ended; the job's state for the current one.")
+    kind: EndingKind | None = Field(description="Why it ended, as retry policies name it.")
+    reason: str | None
+    exit_code: int | None
+    external_id: str | None = Field(description="The backend's id of this attempt.")
+    nodes: str | None = Field(description="The hosts it ran on.")
+    started_at: datetime | None = Field(description="When its ranks started.")
+    ended_at: datetime | None = Field(description="None for the current attempt.")
 
 
 class JobMetric(SQLModel, table=True):

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import ColumnElement, and_, or_, update
 from sqlalchemy import select as core_select
-from sqlalchemy import update
 from sqlalchemy.engine import Engine, RowMapping
 from sqlmodel import Session, col, select
 
@@ -35,7 +35,7 @@ from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
 from service.loops.transitions import Submission, record_submissions, record_transition
-from service.states import JobState, is_terminal
+from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 from worker.spec import JobFiles, RunSpec
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class Dispatcher:
             self._recover_stale_claims(session)
             query = (
                 core_select(*_CLAIM_COLUMNS)
-                .where(col(Job.state) == JobState.queued, col(Job.claimed_by).is_(None))
+                .where(_due(), col(Job.claimed_by).is_(None))
                 .order_by(col(Job.id))
                 .limit(self._settings.dispatch_batch_size)
                 .with_for_update(skip_locked=True)
@@ -165,13 +165,16 @@ class Dispatcher:
             run_as=job["run_as"],
             **job["spec"],
         )
-        make_job_folder(spec.files, Account.of_job(spec.run_as), self._settings.job_folder_group)
+        account = Account.of_job(spec.run_as)
+        if spec.attempt > 1:
+            archive_attempt(spec.files, spec.attempt - 1, account, self._settings.job_folder_group)
+        make_job_folder(spec.files, account, self._settings.job_folder_group)
         return spec
 
     def _recover_stale_claims(self, session: Session) -> None:
         """Claims left by a dispatcher that died: adopt what the backend has, free the rest for a new
         submission, and keep the ones the backend cannot tell yet (its sbatch may still be running)."""
-        query = select(Job).where(Job.state == JobState.queued, col(Job.claimed_by).is_not(None))
+        query = select(Job).where(_due(), col(Job.claimed_by).is_not(None))
         unsure: dict[str, list[Job]] = defaultdict(list)
         for job in session.exec(query).all():
             if not self._is_stale(job):
@@ -243,7 +246,7 @@ class Dispatcher:
                 if row is None:
                     continue
                 state = JobState(row["state"])
-                if outcome.accepted and state is JobState.queued and not row["cancel_requested"]:
+                if outcome.accepted and state in DISPATCHABLE_STATES and not row["cancel_requested"]:
                     reason = f"{backend.name} id {outcome.external_id}"
                     accepted.append(
                         Submission(outcome.job_id, state, row["attempt"], str(outcome.external_id), reason)
@@ -291,6 +294,31 @@ def make_job_folder(files: JobFiles, account: Account, group: str | None) -> Non
     files.submitit.mkdir(mode=mode, exist_ok=True)
     for folder in (files.folder, files.submitit):
         account.own(folder, group)
+
+
+def archive_attempt(files: JobFiles, attempt: int, account: Account, group: str | None) -> None:
+    """Move what attempt `attempt` left that the next one must not meet (its error files, which
+    would end the new attempt at once; its submitit folder, whose pickle names the old id to a
+    recovering dispatcher) to `attempts/<attempt>/`. Idempotent: a dispatcher that died after it
+    finds nothing left to move. Checkpoints, progress and the rendezvous files (keyed by attempt) stay.
+    """
+    leftovers = [path for path in (*files.errors(), files.submitit) if path.exists()]
+    if not leftovers:
+        return
+    archive = files.folder / "attempts" / str(attempt)
+    archive.mkdir(mode=0o750 if group else 0o700, parents=True, exist_ok=True)
+    for folder in (archive.parent, archive):
+        account.own(folder, group)
+    for path in leftovers:
+        path.rename(archive / path.name)
+
+
+def _due() -> ColumnElement[bool]:
+    """Jobs to hand to a backend now: the queued ones, and the retries whose backoff is over."""
+    return or_(
+        col(Job.state) == JobState.queued,
+        and_(col(Job.state) == JobState.retrying, col(Job.retry_at) <= utcnow()),
+    )
 
 
 def _release_claim(session: Session, job: Job, external_id: str | None) -> None:

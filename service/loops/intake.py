@@ -243,6 +243,10 @@ def _job_values(row: NewJob) -> dict[str, Any]:
         "external_id": None,
         "folder": None,
         "attempt": 1,
+        "retries": row.retries,
+        "retry_at": None,
+        "nodes": None,
+        "attempt_started_at": None,
         "result": None,
         "progress": None,
         "progress_offset": 0,
@@ -274,7 +278,9 @@ def _jobs_by_key(session: Session, rows: list[NewJob]) -> dict[Key, JobPublic]:
 
 def check_same_request(existing: JobPublic, row: NewJob) -> None:
     """A retry must be the same request: one key reused for a different job is the caller's bug."""
-    if (existing.name, existing.backend, existing.spec) != (row.name, row.backend, row.spec):
+    retries = existing.retries.model_dump(mode="json") if existing.retries is not None else None
+    asked = (row.name, row.backend, row.spec, row.retries)
+    if (existing.name, existing.backend, existing.spec, retries) != asked:
         raise Conflict(
             f"this Idempotency-Key was already used for a different request (job {existing.id})",
             field="Idempotency-Key",

@@ -14,18 +14,18 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend, BackendStatus
-from service.domain.job_files import error_summary, log_tail, read_result
+from service.domain.endings import from_rank_errors, settle
+from service.domain.job_files import rank_errors, read_result
 from service.errors import BackendError
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, utcnow
 from service.loops.progress import ingest_progress
-from service.loops.transitions import record_transition, record_waiting
+from service.loops.transitions import end_attempt, record_transition, record_waiting
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
 from worker.spec import JobFiles
 
@@ -139,15 +139,18 @@ class Reconciler:
         ingest_progress(session, job, files.progress)
         if status is None:
             return False  # the scheduler does not list it (yet): ask again next tick
+        if status.nodes and status.nodes != job.nodes:
+            job.nodes = status.nodes
+            session.add(job)
         target = JobState(status.state)
         if target is JobState.running:
             # Only running ranks write these files; a job waiting in the queue has none of its own,
             # and on a long queue each look is a file system call per job per tick.
-            failure = error_summary(files)
-            if failure is not None:
-                # One rank raised while the others still run: end the job now rather than let
+            errors = rank_errors(files)
+            if errors:
+                # One rank raised while the others still run: end the attempt now rather than let
                 # the survivors wait out the rendezvous timeout.
-                record_transition(session, job, JobState.failed, failure, exit_code=status.exit_code)
+                end_attempt(session, job, from_rank_errors(job, errors), status.exit_code)
                 return True
             result = read_result(files)
             if result is not None:
@@ -158,10 +161,7 @@ class Reconciler:
         if not is_terminal(target):
             self._move(session, job, target, status.reason)
             return False
-        final, reason, result = settle(job, files, status, self._backends[backend_name])
-        if final is JobState.succeeded:
-            job.result = result
-        record_transition(session, job, final, reason, exit_code=status.exit_code)
+        end_attempt(session, job, settle(job, files, status, self._backends[backend_name]), status.exit_code)
         return False
 
     @staticmethod
@@ -184,34 +184,3 @@ def _still_waiting(state: str, reason: str | None, status: BackendStatus | None)
         and status.state is JobState.pending
         and status.reason in (None, reason)
     )
-
-
-def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -> tuple[JobState, str, Any]:
-    """The final state of a job whose processes have ended, from the scheduler's word and the files."""
-    result = read_result(files)
-    if result is not None and status.state in (JobState.succeeded, JobState.failed):
-        return JobState.succeeded, "completed", result["value"]
-    failure = error_summary(files)
-    if failure is not None:
-        return JobState.failed, failure, None
-    if status.state is JobState.timeout or _ran_out_of_time(job):
-        return JobState.timeout, status.reason or "exceeded its time limit", None
-    if status.state is JobState.cancelled:
-        return JobState.cancelled, status.reason or "cancelled", None
-    if status.state is JobState.failed:
-        return JobState.failed, status.reason or "failed", None
-    code = f" (exit code {status.exit_code})" if status.exit_code is not None else ""
-    return JobState.failed, f"ended without a result{code}{_rank0_stderr(job, backend)}", None
-
-
-def _ran_out_of_time(job: Job) -> bool:
-    started = job.started_at or job.submitted_at
-    limit_min = float(job.spec.get("resources", {}).get("timeout_min", 0) or 0)
-    return started is not None and limit_min > 0 and (utcnow() - started).total_seconds() >= limit_min * 60
-
-
-def _rank0_stderr(job: Job, backend: Backend) -> str:
-    if job.folder is None or job.external_id is None:
-        return ""
-    tail = log_tail(backend.log_path(Path(job.folder), job.external_id, 0, "err"))
-    return f"; rank 0 stderr ends:\n{tail}" if tail else ""

@@ -8,15 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import bindparam, insert, update
 from sqlmodel import Session, col
 
+from service.domain.endings import Ending
 from service.ledger.clock import note_changed
-from service.ledger.models import Job, JobEvent, utcnow
+from service.ledger.models import EndingKind, Job, JobAttempt, JobEvent, RetryPolicy, utcnow
 from service.ledger.sql import id_conditions
 from service.states import JobState, check_transition, is_terminal, starts_new_attempt
+
+# How an attempt ended when the caller does not say (service.domain.endings says it for the reconciler).
+DEFAULT_KINDS: dict[JobState, EndingKind] = {
+    JobState.failed: "failure",
+    JobState.timeout: "timeout",
+    JobState.cancelled: "cancel",
+    JobState.requeued: "preemption",
+}
 
 
 def record_transition(
@@ -26,9 +35,15 @@ def record_transition(
     reason: str | None = None,
     *,
     exit_code: int | None = None,
+    kind: EndingKind | None = None,
+    ended_as: JobState | None = None,
+    ended_because: str | None = None,
 ) -> bool:
     """Move `job` to `target` (raises IllegalTransition when the machine forbids it).
 
+    A target that ends the attempt (a terminal state, a requeue, a retry) also writes the attempt's
+    row: how it ended (`ended_as`, default `target`), why (`kind`, and `ended_because`, default
+    `reason`) and where it ran.
     Returns False, changing nothing, when the job is already in `target` with the same reason.
     """
     current = JobState(job.state)
@@ -39,26 +54,77 @@ def record_transition(
         return False
     check_transition(current, target)
     now = utcnow()
-    if starts_new_attempt(target):
-        job.attempt += 1
-    job.state = target
-    job.reason = reason
+    assert job.id is not None, "flush the job before recording its history"
     if exit_code is not None:
         job.exit_code = exit_code
+    if is_terminal(target) or starts_new_attempt(target):
+        ended = ended_as or target
+        session.add(
+            JobAttempt(
+                job_id=job.id,
+                attempt=job.attempt,
+                state=ended,
+                kind=kind or DEFAULT_KINDS.get(ended),
+                reason=ended_because or reason,
+                exit_code=exit_code,
+                external_id=job.external_id,
+                nodes=job.nodes,
+                started_at=job.attempt_started_at,
+                ended_at=now,
+            )
+        )
+    if starts_new_attempt(target):
+        job.attempt += 1
+        job.attempt_started_at = None
+    job.state = target
+    job.reason = reason
     if target is JobState.submitted:
         job.submitted_at = now
-    if target is JobState.running and job.started_at is None:
-        job.started_at = now
+    if target is JobState.running:
+        job.started_at = job.started_at or now
+        job.attempt_started_at = job.attempt_started_at or now
     if is_terminal(target):
         job.finished_at = now
     session.add(job)
-    assert job.id is not None, "flush the job before recording its history"
     session.add(
         JobEvent(
             job_id=job.id, from_state=current, to_state=target, reason=reason, attempt=job.attempt, time=now
         )
     )
     return True
+
+
+def end_attempt(session: Session, job: Job, ending: Ending, exit_code: int | None = None) -> None:
+    """End the job's current attempt as `ending` says: with a new attempt after the backoff when its
+    retry policy covers this kind of ending and has retries left, else for good."""
+    if ending.state is JobState.succeeded:
+        job.result = ending.result
+    policy = RetryPolicy.model_validate(job.retries) if job.retries else None
+    if (
+        policy is None
+        or ending.kind not in policy.on
+        or job.attempt > policy.max
+        or job.cancel_requested
+    ):
+        record_transition(session, job, ending.state, ending.reason, exit_code=exit_code, kind=ending.kind)
+        return
+    wait_s = policy.wait_s(job.attempt)
+    job.retry_at = utcnow() + timedelta(seconds=wait_s)
+    reason = (
+        f"attempt {job.attempt} ended ({ending.kind}): {ending.reason}\n"
+        f"retry {job.attempt} of {policy.max}: attempt {job.attempt + 1} in {wait_s:g} s"
+    )
+    record_transition(
+        session,
+        job,
+        JobState.retrying,
+        reason,
+        exit_code=exit_code,
+        kind=ending.kind,
+        ended_as=ending.state,
+        ended_because=ending.reason,
+    )
+    job.external_id = None  # the next attempt gets the backend's new id; this one is in its attempt row
 
 
 @dataclass(frozen=True)
@@ -92,6 +158,7 @@ def record_submissions(session: Session, accepted: Sequence[Submission]) -> None
             reason=bindparam("b_reason"),
             external_id=bindparam("b_external_id"),
             submitted_at=now,
+            retry_at=None,
             claimed_by=None,
             claimed_at=None,
         ),

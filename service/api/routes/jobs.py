@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from pydantic import AfterValidator, BeforeValidator
-from sqlmodel import Session
+from sqlmodel import Session, SQLModel
 
 from service.api import etag
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
@@ -20,7 +21,14 @@ from service.domain import jobs, logs
 from service.domain.auth import Principal
 from service.ledger.clock import LedgerVersion
 from service.ledger.db import session_scope
-from service.ledger.models import JobCreate, JobEventPublic, JobMetricPublic, JobPage, JobPublic
+from service.ledger.models import (
+    JobAttemptPublic,
+    JobCreate,
+    JobEventPublic,
+    JobMetricPublic,
+    JobPage,
+    JobPublic,
+)
 from service.runtime import Runtime
 from service.states import JobState
 
@@ -244,6 +252,24 @@ def get_events(
 
 
 @router.get(
+    "/{job_id}/attempts",
+    response_model=list[JobAttemptPublic],
+    summary="Attempts: how each ended, where it ran",
+    responses=READ_RESPONSES,
+)
+def get_attempts(
+    job_id: JobId, session: SessionDep, user: CurrentUser, if_none_match: IfNoneMatch = None
+) -> Response:
+    """Every attempt, the first first, the current one last: a retry (the job's retry policy) or a
+    requeue after preemption starts a new one."""
+    tag = _job_tag(session, job_id, user)
+    if etag.matches(if_none_match, tag):
+        return _not_modified(tag)
+    attempts = jobs.list_attempts(session, job_id, user)
+    return Response(_dump(attempts), media_type=JSON, headers={**etag.headers(tag), **VARY})
+
+
+@router.get(
     "/{job_id}/metrics",
     response_model=list[JobMetricPublic],
     summary="Reported metrics",
@@ -267,7 +293,7 @@ def get_metrics(
     return Response(_dump(metrics), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
-def _dump(items: list[JobEventPublic] | list[JobMetricPublic]) -> bytes:
+def _dump(items: Sequence[SQLModel]) -> bytes:
     return b"[" + b",".join(item.model_dump_json().encode() for item in items) + b"]"
 
 

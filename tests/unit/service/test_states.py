@@ -16,6 +16,7 @@ from service.loops.transitions import record_transition
 from service.states import (
     ACTIVE_STATES,
     ALLOWED_TRANSITIONS,
+    DISPATCHABLE_STATES,
     TERMINAL_STATES,
     WATCHED_STATES,
     IllegalTransition,
@@ -55,6 +56,8 @@ def test_every_allowed_transition_is_allowed(current: JobState, target: JobState
         [S.queued, S.failed],  # the backend refused it
         [S.queued, S.submitted, S.running, S.preempted, S.requeued, S.pending, S.running, S.succeeded],
         [S.queued, S.submitted, S.running, S.requeued, S.running, S.succeeded],
+        [S.queued, S.submitted, S.running, S.retrying, S.submitted, S.running, S.succeeded],
+        [S.queued, S.submitted, S.pending, S.retrying, S.cancelled],  # cancelled during the backoff
     ],
     ids=lambda path: "->".join(s.value for s in path),
 )
@@ -98,7 +101,9 @@ def test_terminal_states_are_final_and_the_rest_active() -> None:
     assert not any(is_terminal(s) for s in ACTIVE_STATES)
     assert set(S) == ACTIVE_STATES | TERMINAL_STATES and not ACTIVE_STATES & TERMINAL_STATES
     assert all(ALLOWED_TRANSITIONS[s] == frozenset() for s in TERMINAL_STATES)
-    assert S.queued not in WATCHED_STATES and ACTIVE_STATES - {S.queued} == WATCHED_STATES
+    # The service holds queued jobs and retries waiting their backoff; a backend holds the rest.
+    assert {S.queued, S.retrying} == DISPATCHABLE_STATES
+    assert not DISPATCHABLE_STATES & WATCHED_STATES and ACTIVE_STATES - DISPATCHABLE_STATES == WATCHED_STATES
 
 
 def test_every_active_state_can_be_cancelled_and_can_fail() -> None:
@@ -106,8 +111,8 @@ def test_every_active_state_can_be_cancelled_and_can_fail() -> None:
         assert can_transition(state, S.cancelled) and can_transition(state, S.failed), state
 
 
-def test_only_requeued_starts_a_new_attempt() -> None:
-    assert [s for s in S if starts_new_attempt(s)] == [S.requeued]
+def test_a_requeue_and_a_retry_start_a_new_attempt() -> None:
+    assert [s for s in S if starts_new_attempt(s)] == [S.requeued, S.retrying]
 
 
 def test_states_are_plain_strings() -> None:

@@ -1,0 +1,125 @@
+"""How an attempt ended, in the words retry policies use, from the scheduler's word and the job folder.
+
+The kinds (service.ledger.models.EndingKind):
+- failure: the job's own exception (a traceback on a rank that is not about a lost peer), or an end
+  without a result that nothing else explains;
+- node_failure: the scheduler says a node failed, or a rank vanished: the ranks that wrote an error
+  all lost a peer, and the ranks that wrote none are the ones that were lost;
+- timeout: the time limit (or a deadline);
+- oom: the scheduler's OUT_OF_MEMORY, or every rank killed (exit 137) without a word;
+- cancel: cancelled, by the user or an operator.
+A preemption is no ending: SLURM requeues the job (service.states `requeued`), a new attempt.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.backends.base import Backend, BackendStatus
+from service.domain.job_files import RankError, log_tail, rank_errors, read_result
+from service.ledger.models import EndingKind, Job, utcnow
+from service.states import JobState
+from worker.hostlist import expand_hostlist
+from worker.spec import JobFiles
+
+# What the ranks that survive a lost peer raise: gloo's and NCCL's words for a vanished process.
+LOST_PEER = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|communicator was aborted|remote process exited"
+    r"|watchdog caught collective operation timeout|DistNetworkError|(recv|send)Bytes failed"
+    r"|socket timeout|ProcessGroupNCCL.*(error|abort)",
+    re.IGNORECASE,
+)
+SIGKILL_EXIT = 137  # 128 + 9: the kernel's OOM killer, or `kill -9`
+SCHEDULER_KINDS: dict[str, EndingKind] = {  # the reasons service.backends.slurm_states adds
+    "node failure": "node_failure",
+    "node boot failure": "node_failure",
+    "out of memory": "oom",
+}
+
+
+@dataclass(frozen=True)
+class Ending:
+    state: JobState  # the job's final state, unless a retry follows
+    kind: EndingKind | None  # None for a success
+    reason: str
+    result: Any = None
+
+
+def from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:
+    """The ending told by the ranks' error files (at least one)."""
+    own = [error for error in errors if not LOST_PEER.search(error.text)]
+    if own:  # a rank raised on its own: the job's failure, whatever its peers said after it
+        cause = own[0]
+        others = ", ".join(str(error.rank) for error in errors if error is not cause)
+        after = f"\n(ranks {others} failed after it)" if others else ""
+        reason = f"rank {cause.rank}{_on(job, cause.rank)} raised:\n{cause.text[-4000:]}{after}"
+        return Ending(JobState.failed, "failure", reason)
+    wrote = {error.rank for error in errors}
+    lost = [rank for rank in range(world_size(job)) if rank not in wrote]
+    vanished = "; ".join(f"rank {rank}{_on(job, rank)} vanished" for rank in lost) or "a peer vanished"
+    first = errors[0]
+    reason = f"{vanished} (rank {first.rank}{_on(job, first.rank)} lost it):\n{first.text[-2000:]}"
+    return Ending(JobState.failed, "node_failure", reason)
+
+
+def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -> Ending:
+    """The ending of an attempt whose processes have ended, from the scheduler's word and the files."""
+    result = read_result(files)
+    if result is not None and status.state in (JobState.succeeded, JobState.failed):
+        return Ending(JobState.succeeded, None, "completed", result["value"])
+    errors = rank_errors(files)
+    if errors:
+        return from_rank_errors(job, errors)
+    if status.state is JobState.timeout or _ran_out_of_time(job):
+        return Ending(JobState.timeout, "timeout", status.reason or "exceeded its time limit")
+    if status.state is JobState.cancelled:
+        return Ending(JobState.cancelled, "cancel", status.reason or "cancelled")
+    scheduler_kind = SCHEDULER_KINDS.get(status.reason or "")
+    if scheduler_kind is not None:
+        nodes = f" (nodes {job.nodes})" if job.nodes else ""
+        return Ending(JobState.failed, scheduler_kind, f"{status.reason}{nodes}")
+    code = f" (exit code {status.exit_code})" if status.exit_code is not None else ""
+    if status.exit_code == SIGKILL_EXIT:
+        reason = f"every rank was killed without a word{code}: out of memory, most likely"
+        return Ending(JobState.failed, "oom", reason)
+    if status.state is JobState.failed:
+        return Ending(JobState.failed, "failure", status.reason or "failed")
+    return Ending(JobState.failed, "failure", f"ended without a result{code}{_rank0_stderr(job, backend)}")
+
+
+def world_size(job: Job) -> int:
+    resources = job.spec.get("resources", {})
+    return int(resources.get("nodes", 1)) * int(resources.get("tasks_per_node", 1))
+
+
+def rank_host(job: Job, rank: int) -> str | None:
+    """The host of `rank`: ranks fill the nodes in order, tasks_per_node each (SLURM's block
+    distribution, which srun uses for our jobs; one host for local jobs)."""
+    if not job.nodes:
+        return None
+    hosts = expand_hostlist(job.nodes)
+    per_node = int(job.spec.get("resources", {}).get("tasks_per_node", 1))
+    index = rank // max(1, per_node)
+    return hosts[index] if index < len(hosts) else None
+
+
+def _on(job: Job, rank: int) -> str:
+    host = rank_host(job, rank)
+    return f" on {host}" if host else ""
+
+
+def _ran_out_of_time(job: Job) -> bool:
+    started = job.attempt_started_at or job.started_at or job.submitted_at
+    limit_min = float(job.spec.get("resources", {}).get("timeout_min", 0) or 0)
+    return started is not None and limit_min > 0 and (utcnow() - started).total_seconds() >= limit_min * 60
+
+
+def _rank0_stderr(job: Job, backend: Backend) -> str:
+    if job.folder is None or job.external_id is None:
+        return ""
+    tail = log_tail(backend.log_path(Path(job.folder), job.external_id, 0, "err"))
+    return f"; rank 0 stderr ends:\n{tail}" if tail else ""

@@ -1,0 +1,212 @@
+"""How an attempt's end is classified (service.domain.endings) and what a retry policy makes of it
+(service.loops.transitions.end_attempt), on a real ledger: the attempt rows, the backoff, the limits."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from service.backends.base import BackendStatus
+from service.domain.endings import Ending, from_rank_errors, rank_host, settle
+from service.domain.job_files import rank_errors
+from service.ledger.db import make_engine, migrate
+from service.ledger.models import Job, JobAttempt, JobEvent, RetryPolicy, utcnow
+from service.loops.transitions import end_attempt, record_transition
+from service.states import JobState
+from tests.fakes import FakeBackend
+from worker.spec import JobFiles
+
+S = JobState
+GLOO_LOST_PEER = (
+    "Traceback (most recent call last):\n  ...\nRuntimeError: "
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:50313"
+)
+USER_ERROR = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueError: bad learning rate'
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def running_job(session: Session, tmp_path: Path, policy: RetryPolicy | None, **resources: Any) -> Job:
+    job = Job(
+        name="j",
+        backend="slurm",
+        spec={"entrypoint": "a.b:c", "resources": {"nodes": 1, "tasks_per_node": 1, **resources}},
+        retries=None if policy is None else policy.model_dump(mode="json"),
+        folder=str(tmp_path / "job"),
+        external_id="100",
+        nodes="n[1-2]",
+    )
+    session.add(job)
+    session.flush()
+    record_transition(session, job, S.submitted, "slurm id 100")
+    record_transition(session, job, S.running)
+    return job
+
+
+def write_error(tmp_path: Path, rank: int, text: str, age_s: float = 0) -> None:
+    files = JobFiles(tmp_path / "job")
+    files.folder.mkdir(parents=True, exist_ok=True)
+    path = files.error(rank)
+    path.write_text(text)
+    written = path.stat().st_mtime - age_s
+    os.utime(path, (written, written))
+
+
+# ---------------------------------------------------------------- classification
+
+
+def test_a_rank_that_raised_on_its_own_is_the_jobs_failure_whatever_its_peers_said(
+    engine: Engine, tmp_path: Path
+) -> None:
+    write_error(tmp_path, 1, USER_ERROR, age_s=2)  # first: the cause
+    write_error(tmp_path, 0, GLOO_LOST_PEER)  # then rank 0, which lost rank 1
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, None, nodes=2, tasks_per_node=1)
+        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job")))
+
+    assert ending.kind == "failure" and ending.state is S.failed
+    assert ending.reason.startswith("rank 1 on n2 raised:\n")
+    assert "ValueError: bad learning rate" in ending.reason
+    assert ending.reason.endswith("(ranks 0 failed after it)")
+
+
+def test_ranks_that_only_lost_a_peer_mean_the_silent_rank_vanished(engine: Engine, tmp_path: Path) -> None:
+    for rank in (0, 1, 3):  # rank 2 was SIGKILLed: it wrote nothing
+        write_error(tmp_path, rank, GLOO_LOST_PEER, age_s=3 - rank)
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, None, nodes=2, tasks_per_node=2)
+        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job")))
+
+    assert ending.kind == "node_failure"
+    assert ending.reason.startswith("rank 2 on n2 vanished (rank 0 on n1 lost it):\n")
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "state", "says"),
+    [
+        (BackendStatus(S.failed, "node failure"), "node_failure", S.failed, "node failure (nodes n[1-2])"),
+        (BackendStatus(S.failed, "out of memory"), "oom", S.failed, "out of memory"),
+        (BackendStatus(S.failed, None, exit_code=137), "oom", S.failed, "out of memory, most likely"),
+        (BackendStatus(S.timeout, None), "timeout", S.timeout, "exceeded its time limit"),
+        (BackendStatus(S.cancelled, "cancelled by uid 0"), "cancel", S.cancelled, "cancelled by uid 0"),
+        (BackendStatus(S.failed, None, exit_code=1), "failure", S.failed, "failed"),
+    ],
+)
+def test_the_schedulers_word_when_no_rank_wrote_one(
+    engine: Engine, tmp_path: Path, status: BackendStatus, kind: str, state: JobState, says: str
+) -> None:
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, None)
+        ending = settle(job, JobFiles(tmp_path / "job"), status, FakeBackend("slurm"))
+
+    assert (ending.kind, ending.state) == (kind, state)
+    assert says in ending.reason
+
+
+def test_ranks_fill_the_nodes_in_order(engine: Engine, tmp_path: Path) -> None:
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, None, nodes=2, tasks_per_node=3)
+        assert [rank_host(job, rank) for rank in range(6)] == ["n1", "n1", "n1", "n2", "n2", "n2"]
+
+
+# ---------------------------------------------------------------- the policy
+
+
+def attempts(session: Session, job: Job) -> list[tuple[int, str, str | None, str | None]]:
+    rows = session.exec(
+        select(JobAttempt).where(JobAttempt.job_id == job.id).order_by(col(JobAttempt.attempt))
+    )
+    return [(row.attempt, S(row.state).value, row.kind, row.external_id) for row in rows]
+
+
+def test_a_covered_ending_becomes_a_retry_after_the_backoff(engine: Engine, tmp_path: Path) -> None:
+    policy = RetryPolicy(max=2, backoff_s=30, backoff_factor=2, on=["failure"])
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, policy)
+        before = utcnow()
+        end_attempt(session, job, Ending(S.failed, "failure", "rank 0 raised: boom"), exit_code=1)
+
+        assert S(job.state) is S.retrying and job.attempt == 2
+        assert job.external_id is None  # the next attempt gets a new one
+        assert job.retry_at is not None
+        assert before + timedelta(seconds=30) <= job.retry_at <= utcnow() + timedelta(seconds=30)
+        assert attempts(session, job) == [(1, "failed", "failure", "100")]
+        event = session.exec(
+            select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id).desc())
+        ).first()
+        assert event is not None and event.to_state == S.retrying and event.attempt == 2
+        assert event.reason is not None and "rank 0 raised: boom" in event.reason
+        assert "retry 1 of 2: attempt 2 in 30 s" in event.reason
+        row = session.exec(select(JobAttempt).where(JobAttempt.job_id == job.id)).one()
+        assert row.reason == "rank 0 raised: boom"  # the ending's own words, without the retry's
+
+        # Attempt 2 goes out and fails the same way: the wait doubles.
+        record_transition(session, job, S.submitted, "slurm id 101")
+        job.external_id = "101"
+        record_transition(session, job, S.running)
+        end_attempt(session, job, Ending(S.failed, "failure", "again"))
+        assert S(job.state) is S.retrying and job.attempt == 3
+        assert job.reason is not None and "retry 2 of 2: attempt 3 in 60 s" in job.reason
+
+        # Attempt 3 is the last one the policy allows: it ends the job, every attempt listed.
+        record_transition(session, job, S.submitted, "slurm id 102")
+        job.external_id = "102"
+        end_attempt(session, job, Ending(S.failed, "failure", "and again"))
+        assert S(job.state) is S.failed and job.reason == "and again"
+        assert attempts(session, job) == [
+            (1, "failed", "failure", "100"),
+            (2, "failed", "failure", "101"),
+            (3, "failed", "failure", "102"),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "ending"),
+    [
+        (None, Ending(S.failed, "node_failure", "rank 1 vanished")),  # a job older than policies
+        (RetryPolicy(max=0), Ending(S.failed, "node_failure", "rank 1 vanished")),
+        (RetryPolicy(), Ending(S.failed, "failure", "rank 0 raised")),  # the default leaves the user's own
+        (RetryPolicy(on=["failure"]), Ending(S.timeout, "timeout", "exceeded its time limit")),
+        (RetryPolicy(on=["failure"]), Ending(S.cancelled, "cancel", "cancelled by uid 0")),
+        (RetryPolicy(), Ending(S.succeeded, None, "completed", {"loss": 0.1})),
+    ],
+)
+def test_an_ending_the_policy_does_not_cover_ends_the_job(
+    engine: Engine, tmp_path: Path, policy: RetryPolicy | None, ending: Ending
+) -> None:
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, policy)
+        end_attempt(session, job, ending)
+
+        assert S(job.state) is ending.state and job.attempt == 1
+        assert attempts(session, job) == [(1, ending.state.value, ending.kind, "100")]
+        assert job.result == ending.result
+
+
+def test_the_default_policy_retries_a_node_failure_twice(engine: Engine, tmp_path: Path) -> None:
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, RetryPolicy())
+        end_attempt(session, job, Ending(S.failed, "node_failure", "rank 1 on n2 vanished"))
+        assert S(job.state) is S.retrying and job.reason is not None
+        assert "retry 1 of 2: attempt 2 in 30 s" in job.reason
+
+
+def test_no_retry_for_a_job_its_user_asked_to_cancel(engine: Engine, tmp_path: Path) -> None:
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, RetryPolicy())
+        job.cancel_requested = True
+        end_attempt(session, job, Ending(S.failed, "node_failure", "rank 1 vanished"))
+        assert S(job.state) is S.failed
