@@ -231,6 +231,10 @@ class TorchyardClient:
         """The job's state history, oldest first."""
         return self._array("GET", f"/api/v1/jobs/{job_id}/events")
 
+    def attempts(self, job_id: int) -> Jobs:
+        """Its attempts, the first first: how each ended, its backend id, where it ran."""
+        return self._array("GET", f"/api/v1/jobs/{job_id}/attempts")
+
     def metrics(self, job_id: int, name: str | None = None, after_step: int | None = None) -> Jobs:
         params: dict[str, Any] = {}
         if name:

@@ -251,14 +251,15 @@ def show(
     job_id: Annotated[int, typer.Argument(metavar="ID")],
     as_json_flag: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
 ) -> None:
-    """One job: state, reason, progress, result and its history."""
+    """One job: state, reason, where it runs, progress, result, its attempts and its history."""
     with _client(ctx) as client:
         job = client.get(job_id)
         events = client.events(job_id)
+        attempts = client.attempts(job_id) if int(job.get("attempt", 1)) > 1 else []
     if as_json_flag:
         typer.echo(as_json(job))
         return
-    _console().print(job_details(job, events))
+    _console().print(job_details(job, events, attempts))
 
 
 @app.command()

@@ -25,6 +25,7 @@ STATE_STYLE = {
     "timeout": "bold red",
     "preempted": "yellow",
     "requeued": "yellow",
+    "retrying": "yellow",
 }
 
 
@@ -133,8 +134,11 @@ def jobs_table(jobs: list[Job], width: int = 80) -> Table:
     return table
 
 
-def job_details(job: Job, events: list[Job] | None = None) -> RenderableType:
-    """Everything a person asks about one job, top to bottom: what, where, how it went, history."""
+def job_details(
+    job: Job, events: list[Job] | None = None, attempts: list[Job] | None = None
+) -> RenderableType:
+    """Everything a person asks about one job, top to bottom: what, where, how it went, its attempts
+    (when there was more than one), history."""
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
     facts.add_column()
@@ -144,7 +148,8 @@ def job_details(job: Job, events: list[Job] | None = None) -> RenderableType:
         ("state", state_text(str(job.get("state")))),
         ("runs", Text(f"{target}  on {ranks(job)} ranks, backend {job.get('backend')}")),
         ("owner", Text(owner(job))),
-        ("attempt", Text(str(job.get("attempt", 1)))),
+        ("attempt", Text(attempt_text(job))),
+        ("nodes", Text(str(job.get("nodes") or "-"))),
         ("external id", Text(str(job.get("external_id") or "-"))),
         ("folder", Text(str(job.get("folder") or "-"))),
         ("created", Text(f"{job.get('created_at')} ({age(job)} ago)")),
@@ -163,6 +168,21 @@ def job_details(job: Job, events: list[Job] | None = None) -> RenderableType:
         parts += [Text("\nreason", style="bold"), Text(str(job["reason"]).strip())]
     if job.get("result") is not None:
         parts += [Text("\nresult", style="bold"), Pretty(job["result"])]
+    if attempts:
+        table = Table(title="attempts", title_justify="left", show_edge=False, header_style="bold")
+        for column in ("#", "ENDED AS", "WHY", "NODES", "ID", "ENDED", "REASON"):
+            table.add_column(column)
+        for one in attempts:
+            table.add_row(
+                str(one.get("attempt")),
+                state_text(str(one.get("state", ""))),
+                str(one.get("kind") or ""),
+                escape(str(one.get("nodes") or "")),
+                escape(str(one.get("external_id") or "")),
+                str(one.get("ended_at") or ""),
+                escape(first_line(one.get("reason"), 60)),
+            )
+        parts += [Text(""), table]
     if not events:
         return Group(*parts)
     history = Table(title="history", title_justify="left", show_edge=False, header_style="bold")
@@ -176,6 +196,16 @@ def job_details(job: Job, events: list[Job] | None = None) -> RenderableType:
             escape(first_line(event.get("reason"), 80)),
         )
     return Group(*parts, Text(""), history)
+
+
+def attempt_text(job: Job) -> str:
+    """ "2", or "2 of at most 3" under a retry policy, with when a retry waiting its backoff goes out."""
+    attempt = int(job.get("attempt", 1))
+    policy = job.get("retries") or {}
+    text = f"{attempt} of at most {1 + int(policy['max'])}" if policy.get("max") else str(attempt)
+    if job.get("state") == "retrying" and job.get("retry_at"):
+        text += f", goes out at {job['retry_at']}"
+    return text
 
 
 def as_json(value: Any) -> str:

@@ -99,6 +99,7 @@ export const api = {
   listJobs: (query) => request(`/jobs?${query}`),
   job: (id) => request(`/jobs/${id}`),
   events: (id) => request(`/jobs/${id}/events`),
+  attempts: (id) => request(`/jobs/${id}/attempts`),
   metrics: (id, afterStep) => request(`/jobs/${id}/metrics${afterStep == null ? "" : `?after_step=${afterStep}`}`),
   logs: (id, rank, stream, tail) =>
     request(`/jobs/${id}/logs?rank=${rank}&stream=${stream}${tail ? `&tail=${tail}` : ""}`, { text: true }),

@@ -24,6 +24,12 @@ export class JobView {
     this.facts = el("dl", { class: "facts" });
     this.chartBox = el("div", { class: "chart-box" });
     this.events = el("tbody");
+    this.attempts = el("tbody");
+    this.attemptsCard = el("section", { class: "card attempts", hidden: true }, el("h2", {}, "Attempts"),
+      el("table", { class: "events" },
+        el("thead", {}, el("tr", {}, ["#", "Ended as", "Why", "Nodes", "Scheduler id", "Started", "Ended", "Reason"]
+          .map((h) => el("th", {}, h)))),
+        this.attempts));
     this.result = el("pre", { class: "json result" }, "—");
     this.spec = el("pre", { class: "json" });
     this.logText = el("pre", { class: "log", tabindex: "0", "aria-label": "log" });
@@ -37,6 +43,7 @@ export class JobView {
       el("div", { class: "grid-2" },
         el("section", { class: "card" }, el("h2", {}, "Details"), this.facts),
         el("section", { class: "card" }, el("h2", {}, "Metrics"), this.chartBox)),
+      this.attemptsCard,
       el("div", { class: "grid-2 wide-first" },
         el("section", { class: "card" }, el("h2", {}, "State history"),
           el("table", { class: "events" },
@@ -71,7 +78,7 @@ export class JobView {
       this.spec.textContent = pretty(job.spec);
       if (first) this.renderLogControls(job);
       // Events and metrics restamp the job, so they can only have changed when the job did.
-      await Promise.all([this.refreshEvents(), this.refreshMetrics(job)]);
+      await Promise.all([this.refreshEvents(), this.refreshMetrics(job), this.refreshAttempts(job)]);
     }
     this.renderDuration(job);
     if (this.log.follow || this.log.text === null) await this.refreshLog();
@@ -87,6 +94,23 @@ export class JobView {
       el("td", { class: "change" }, e.from_state ? badge(e.from_state) : el("span", { class: "muted" }, "new"), " → ", badge(e.to_state)),
       el("td", { class: "reason-cell" }, e.reason ? el("span", { title: e.reason }, e.reason) : el("span", { class: "muted" }, "—")),
       el("td", { class: "num" }, e.attempt))));
+  }
+
+  async refreshAttempts(job) {
+    // One attempt is the job itself: the table is for jobs that were retried or requeued.
+    this.attemptsCard.hidden = job.attempt < 2;
+    if (job.attempt < 2) return;
+    const { data, changed } = await api.attempts(this.id);
+    if (!changed && this.attempts.children.length) return;
+    this.attempts.replaceChildren(...data.map((a) => el("tr", { dataset: { attempt: a.attempt } },
+      el("td", { class: "num" }, a.attempt),
+      el("td", {}, badge(a.state)),
+      el("td", {}, a.kind ? a.kind.replace("_", " ") : "—"),
+      el("td", {}, a.nodes || "—"),
+      el("td", {}, a.external_id || "—"),
+      el("td", { class: "when", title: localTime(a.started_at) }, a.started_at ? shortTime(a.started_at) : "—"),
+      el("td", { class: "when", title: localTime(a.ended_at) }, a.ended_at ? shortTime(a.ended_at) : "—"),
+      el("td", { class: "reason-cell" }, a.reason ? el("span", { title: a.reason }, a.reason) : el("span", { class: "muted" }, "—")))));
   }
 
   async refreshMetrics(job) {
@@ -124,7 +148,8 @@ export class JobView {
     const target = job.spec.entrypoint || job.spec.script || "—";
     const rows = [
       ["Owner", job.owner], ["Runs as", job.run_as || "—"], ["Backend", job.backend], ["Scheduler id", job.external_id || "—"],
-      ["Nodes × tasks", resources(job)], ["Attempt", job.attempt], ["Target", el("code", {}, target)],
+      ["Nodes × tasks", resources(job)], ["Runs on", job.nodes || "—"], ["Attempt", attemptText(job)],
+      ["Target", el("code", {}, target)],
       ["Created", localTime(job.created_at)], ["Submitted", localTime(job.submitted_at)],
       ["Started", localTime(job.started_at)], ["Finished", localTime(job.finished_at)],
       ["Run time", el("span", { class: "run-time" }, duration(runTime(job)))],
@@ -219,6 +244,11 @@ export class JobView {
   }
 }
 
+function attemptText(job) {
+  const most = job.retries && job.retries.max ? ` of at most ${1 + job.retries.max}` : "";
+  return `${job.attempt}${most}`;
+}
+
 function pretty(value) {
   return JSON.stringify(value, null, 2);
 }
@@ -228,5 +258,6 @@ function headline(job) {
   return {
     failed: `Failed${code}`, timeout: "Ran out of time", cancelled: "Cancelled", pending: "Waiting in the scheduler's queue",
     queued: "Not dispatched yet", submitted: "Submitted", preempted: "Preempted", requeued: "Requeued",
+    retrying: `Retrying: attempt ${job.attempt} goes out ${job.retry_at ? `at ${new Date(job.retry_at).toLocaleTimeString()}` : "soon"}`,
   }[job.state] || job.state;
 }

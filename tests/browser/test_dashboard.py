@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
+import httpx
 import pytest
 
 from service.app import create_app
 from service.config import Settings
+from service.states import JobState
 from tests.browser.conftest import TIMEZONE, job, open_page, shot, submit, token
 from tests.fakes import FakeBackend
 from tests.serving import LiveServer, serve
-from tests.support import wait_for
+from tests.support import bearer, wait_for
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -210,3 +212,42 @@ def _alive(pid: str) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def test_a_retried_job_lists_its_attempts(browser: Browser, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        data_dir=tmp_path / "data",
+        job_accounts="service",
+        local_reconcile_interval_s=0.05,
+        dispatch_interval_s=0.1,
+    )
+    fake = FakeBackend("local")
+    with serve(create_app(settings, backends={"local": fake})) as fresh:
+        body = {"name": "retried", "entrypoint": SLEEP, "retries": {"max": 2, "backoff_s": 3}}
+        response = httpx.post(f"{fresh.url}/api/v1/jobs", json=body, headers=bearer(token(fresh)))
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+        wait_for(lambda: job(fresh, job_id)["state"] == "running", what="running")
+        fake.set_status(job_id, JobState.running, nodes="n[1-2]")
+        wait_for(lambda: job(fresh, job_id)["nodes"] == "n[1-2]", what="its nodes")
+        fake.set_status(job_id, JobState.failed, "node failure")
+        with open_page(browser, fresh.url, token(fresh)) as page:
+            page.goto(f"/#/jobs/{job_id}")
+            expect(page.locator(".job-head .badge")).to_have_text("retrying")
+            expect(page.locator(".reason-box strong")).to_contain_text("Retrying: attempt 2 goes out at")
+            expect(page.locator(".facts dt:text-is('Attempt') + dd")).to_have_text("2 of at most 3")
+            rows = page.locator(".attempts tbody tr")
+            expect(rows).to_have_count(2)
+            expect(rows.nth(0).locator(".badge")).to_have_text("failed")
+            expect(rows.nth(0)).to_contain_text("node failure")
+            expect(rows.nth(0)).to_contain_text("n[1-2]")
+            expect(rows.nth(1).locator(".badge")).to_have_text("retrying")
+            expect(page.locator(".job-head .badge")).to_have_text("running", timeout=15_000)
+            fake.finish(job_id, {"ok": True})
+            expect(page.locator(".job-head .badge")).to_have_text("succeeded")
+            expect(rows.nth(1).locator(".badge")).to_have_text("succeeded")
+            expect(page.locator(".facts dt:text-is('Runs on') + dd")).to_have_text("n[1-2]")
+            shot(page, tmp_path, "job-retried")
