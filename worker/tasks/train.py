@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,8 +31,12 @@ FEATURES = 8
 
 
 def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int = 32, lr: float = 0.05,
-          seed: int = 0, report_every: int = 5, sleep_per_step: float = 0.0) -> dict[str, Any]:
-    """Train for `epochs` (resuming after the last checkpointed epoch); checked result on every rank."""
+          seed: int = 0, report_every: int = 5, sleep_per_step: float = 0.0,
+          fail_on_attempts: Sequence[int] = ()) -> dict[str, Any]:
+    """Train for `epochs` (resuming after the last checkpointed epoch); checked result on every rank.
+
+    `fail_on_attempts`: raise on every rank right after this attempt's first checkpoint, as a job
+    that breaks mid-run does (what retry policies are tested with)."""
     dataset = make_dataset(samples, seed)
     torch.manual_seed(seed)  # the same start on every rank (DDP would broadcast rank 0's anyway)
     model = make_model().to(ctx.device)
@@ -59,6 +64,8 @@ def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int 
         ctx.report(step, total=total, loss=final_loss, epoch=epoch)
         ctx.save_checkpoint({"model": _cpu(model.state_dict()), "optimizer": optimizer.state_dict(),
                              "epoch": epoch, "step": step, "first_loss": first_loss}, step)
+        if ctx.attempt in fail_on_attempts:
+            raise RuntimeError(f"failing on purpose after epoch {epoch}'s checkpoint (attempt {ctx.attempt})")
     if start_epoch >= epochs:  # nothing left to train: the loss of the checkpointed model
         final_loss = evaluate(model, dataset, ctx.device)
     return {
