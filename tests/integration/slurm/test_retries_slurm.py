@@ -101,6 +101,20 @@ def test_a_rank_killed_on_slurm_is_a_node_failure_and_the_job_is_retried(api: Ap
     assert (first["state"], first["kind"]) == ("failed", "node_failure"), first
     assert first["reason"].startswith("rank 1 on n2"), first["reason"]
     assert first["nodes"] == "n[1-2]" and first["external_id"] != done["external_id"]
+    wait_for(lambda: not processes_in(job["folder"]), 30, "every process of the job to be gone")
+
+
+def processes_in(folder: str) -> list[int]:
+    """Live processes whose command line names the job's folder (the ranks of every attempt do)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ours = entry.name.isdigit() and folder.encode() in (entry / "cmdline").read_bytes()
+            if ours and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
 
 
 def test_a_node_that_dies_under_a_two_node_job_is_a_node_failure_retried_once_it_is_back(api: Api) -> None:
