@@ -5,7 +5,8 @@
     whole cluster meanwhile, so that nothing runs on either side; everything is scancelled after.
     Target: torchyard >= 3x the sbatch loop.
 (b) a tiny 3-rank DDP job (the seed's ddp_parameters): POST -> succeeded, against raw submitit
-    submit -> result() of the same RankLauncher. Target: <= 1.1x.
+    submit -> result() of the same RankLauncher. Target: <= 1.0x (rank 0's result is looked for
+    between ticks, with no scheduler call).
 (c) scheduler calls per reconcile interval with 1000 active jobs (a held job array entered in the
     ledger), the reconciler running in this process. Target: 1.
 
@@ -221,7 +222,7 @@ def ddp_rounds(client: httpx.Client, tmp: Path, rounds: int) -> None:
         ours.append(torchyard_ddp(client))
         print(f"(b) round {n + 1}: raw submitit {theirs[-1]:.2f} s   torchyard {ours[-1]:.2f} s")
     ratio = statistics.median(ours) / statistics.median(theirs)
-    print(f"    ratio torchyard / raw submitit = {ratio:.2f}x (target <= 1.1x)")
+    print(f"    ratio torchyard / raw submitit = {ratio:.2f}x (target <= 1.0x)")
 
 
 if __name__ == "__main__":

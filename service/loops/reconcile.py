@@ -15,8 +15,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col
 
 from service.backends.base import Backend, BackendStatus
 from service.domain.endings import from_rank_errors, settle
@@ -32,6 +33,9 @@ from worker.spec import JobFiles
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0  # the scheduler is down: ask it rarely
+WATCHED_COLUMNS = (col(Job.id), col(Job.external_id), col(Job.state), col(Job.reason), col(Job.folder))
+RESULT_CHECK_S = 0.25  # between ticks, rank 0's result is looked for this often
+RESULT_CHECKS_PER_PASS = 500  # above this many watched jobs, the passes space out to keep the stats bounded
 MAX_LEDGER_BACKOFF_S = 5.0  # the database is down: it is ours, and the ledger should catch up soon after
 
 
@@ -48,6 +52,8 @@ class Reconciler:
             for name in backends
         ]
         self.ticks: dict[str, int] = dict.fromkeys(backends, 0)
+        # Per backend, the jobs its last tick watched: job id -> where rank 0 writes its result.
+        self._watched: dict[str, dict[int, Path]] = {name: {} for name in backends}
         self.last_duration_s: dict[str, float] = dict.fromkeys(backends, 0.0)
         for name, backend in backends.items():
             backend.set_wakeup(self._wakes[name].set)
@@ -73,7 +79,7 @@ class Reconciler:
     def _run(self, backend_name: str) -> None:
         delay = 0.0
         while not self._stop.is_set():
-            self._wakes[backend_name].wait(delay)
+            self._wait_looking_for_results(backend_name, delay)
             self._wakes[backend_name].clear()
             if self._stop.is_set():
                 return
@@ -87,6 +93,45 @@ class Reconciler:
                 delay = min(MAX_LEDGER_BACKOFF_S, max(self.interval(backend_name), delay) * 2)
                 log.exception("reconcile of %s failed; next try in %.0f s", backend_name, delay)
 
+    def _wait_looking_for_results(self, backend_name: str, delay: float) -> None:
+        """Wait `delay` (or until woken), looking for rank 0's result of the watched jobs meanwhile:
+        a finished job is noticed within RESULT_CHECK_S, not at the next tick, and with no
+        scheduler call (one stat per job; passes space out when many jobs are watched)."""
+        deadline = time.monotonic() + delay
+        while (remaining := deadline - time.monotonic()) > 0:
+            watched = self._watched[backend_name]
+            gap = RESULT_CHECK_S * max(1.0, len(watched) / RESULT_CHECKS_PER_PASS)
+            if self._wakes[backend_name].wait(min(remaining, gap)) or self._stop.is_set():
+                return
+            try:
+                self.settle_results(backend_name)
+            except Exception:  # the database is down: the next tick says so and backs off
+                log.debug("result pass of %s failed", backend_name, exc_info=True)
+
+    def settle_results(self, backend_name: str) -> int:
+        """End the watched jobs whose rank 0 has written its result (the job is done for its user; its
+        processes are only exiting). Returns how many it ended."""
+        watched = self._watched[backend_name]
+        found = [job_id for job_id, result in watched.items() if result.exists()]
+        ended = 0
+        if not found:
+            return 0
+        with write_scope(self._engine) as session:
+            for job_id in found:
+                watched.pop(job_id, None)
+                job = session.get(Job, job_id, with_for_update={"skip_locked": True})
+                if job is None or is_terminal(JobState(job.state)):
+                    continue
+                files = JobFiles(Path(job.folder or "."))
+                result = read_result(files)
+                if result is None:  # not a whole result (yet): the next tick reads it again
+                    continue
+                ingest_progress(session, job, files.progress)
+                job.result = result["value"]
+                self._move(session, job, JobState.succeeded, "completed")
+                ended += 1
+        return ended
+
     # ---------------------------------------------------------------- one tick
 
     def reconcile_once(self, backend_name: str) -> int:
@@ -94,22 +139,25 @@ class Reconciler:
         started = time.perf_counter()
         backend = self._backends[backend_name]
         with session_scope(self._engine) as session:
-            watched = session.exec(
-                select(Job.id, Job.external_id, Job.state, Job.reason).where(
-                    Job.backend == backend_name,
+            watched = session.execute(  # five columns: more than sqlmodel's select() is typed for
+                select(*WATCHED_COLUMNS).where(
+                    col(Job.backend) == backend_name,
                     col(Job.state).in_([s.value for s in WATCHED_STATES]),
                     col(Job.external_id).is_not(None),
                 )
             ).all()
+        self._watched[backend_name] = {
+            job_id: JobFiles(Path(folder)).result for job_id, _, _, _, folder in watched if job_id and folder
+        }
         if not watched:
             return 0
         polled_at = utcnow()
-        statuses = backend.poll([str(external_id) for _, external_id, _, _ in watched])  # the one query
+        statuses = backend.poll([str(external_id) for _, external_id, _, _, _ in watched])  # the one query
         self.ticks[backend_name] += 1
         to_cancel: list[str] = []
         newly_queued: dict[int, str | None] = {}  # submitted -> pending, written together below
         with write_scope(self._engine) as session:
-            for job_id, external_id, state, reason in watched:
+            for job_id, external_id, state, reason, _ in watched:
                 if self._stop.is_set():
                     break  # stopping: what is done so far commits, the rest waits for the next start
                 status = statuses.get(str(external_id))

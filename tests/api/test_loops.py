@@ -8,6 +8,7 @@ cause a poll; the scheduler's states and words reach the ledger.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -340,3 +341,22 @@ def test_preemption_and_requeue_start_a_new_attempt(api: TestClient, fake_slurm:
     assert job["attempt"] == 2
     history = [(e["to_state"], e["attempt"]) for e in events(api, job_id)]
     assert history[-3:] == [("preempted", 1), ("requeued", 2), ("running", 2)]
+
+
+def test_a_result_is_noticed_between_ticks_without_asking_the_scheduler(settings: Settings) -> None:
+    """Rank 0's result ends the job within a result pass (RESULT_CHECK_S), not at the next tick: the
+    result is written just after a tick, and the job ends long before the next one, with no poll."""
+    slow = FakeBackend("slurm", poll_interval_s=5)
+    with TestClient(create_app(settings, backends={"local": FakeBackend("local"), "slurm": slow})) as client:
+        api = authorize(client)
+        job_id = submit(api, backend="slurm")["id"]
+        wait_for(lambda: slow.polled_ids > 0, 10, "a tick that polls it")  # watched from now on
+        polls = len(slow.poll_calls)
+        slow.specs[job_id].files.result.write_text('{"attempt": 1, "value": {"ok": true}}')
+        started = time.monotonic()
+        done = wait_state(api, job_id, "succeeded", timeout=5)
+        took = time.monotonic() - started
+
+    assert done["result"] == {"ok": True} and done["reason"] == "completed"
+    assert took < 1.5, f"{took:.2f} s"
+    assert len(slow.poll_calls) == polls  # no scheduler call made it
