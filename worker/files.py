@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import socket
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,6 +61,13 @@ def to_jsonable(value: Any) -> Any:
     if callable(tolist):
         return to_jsonable(tolist())
     return repr(value)
+
+
+def write_placement(path: Path, attempt: int, rank: int, local_rank: int, gpu: str | None) -> None:
+    """A rank's placement file (worker.spec.parse_placement reads it)."""
+    host = socket.gethostname()
+    record = {"attempt": attempt, "rank": rank, "host": host, "local_rank": local_rank, "gpu": gpu}
+    atomic_write_text(path, json.dumps(record) + "\n")
 
 
 def write_result(path: Path, attempt: int, value: Any) -> None:

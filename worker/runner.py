@@ -24,7 +24,7 @@ from typing import Any
 
 from worker.context import JobContext
 from worker.distributed import RankEnv, init_process_group, teardown
-from worker.files import atomic_write_text, write_error, write_result
+from worker.files import atomic_write_text, write_error, write_placement, write_result
 from worker.rendezvous import rendezvous_key, rendezvous_port, rendezvous_store
 from worker.spec import RunSpec
 
@@ -37,6 +37,9 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
     """Run the attempt's entrypoint on this rank; rank 0 writes result.json when it returns."""
     files = spec.files
     files.error(env.rank).unlink(missing_ok=True)  # a requeued run starts clean
+    gpu = env.visible_gpus[env.gpu] if env.gpu is not None and env.gpu < len(env.visible_gpus) else env.gpu
+    write_placement(files.placement(env.rank), spec.attempt, env.rank, env.local_rank,
+                    None if gpu is None else str(gpu))  # fmt: skip
     if env.is_main:
         # What this attempt runs with, for a person reading the folder. Written here rather than at
         # dispatch: a file per job less on the dispatcher's path, where thousands go out at once.

@@ -128,6 +128,11 @@ class JobFiles:
         """
         return self.folder / f"error-rank{rank}.txt"
 
+    def placement(self, rank: int) -> Path:
+        """Written atomically by every rank when it starts: {"attempt", "rank", "host", "local_rank",
+        "gpu"} (parse_placement), so the service knows where each rank of the attempt runs."""
+        return self.folder / "placement" / f"rank{rank}.json"
+
     def rendezvous(self, key: str) -> Path:
         """Written atomically by rank 0 before the others connect: {"addr", "port", "host", "pid"}.
 
@@ -196,6 +201,38 @@ class CheckpointRecord(BaseModel):
     step: int | None = None  # the epoch_or_step given to ctx.save_checkpoint
     time: float | None = None
     attempt: int | None = None
+
+
+class RankPlacement(BaseModel):
+    """Where one rank of an attempt runs: its host, its place on that host, the GPU it was given."""
+
+    rank: int
+    host: str
+    local_rank: int
+    gpu: str | None = None  # as CUDA_VISIBLE_DEVICES names it (an index or a UUID), None on CPU
+
+
+MAX_HOST_CHARS = 255  # a DNS name's length
+
+
+def parse_placement(text: str, attempt: int) -> RankPlacement | None:
+    """A placement file of `attempt`, or None: another attempt's, torn or unusable (a job wrote it)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or _count(data.get("attempt")) != attempt:
+        return None
+    rank, local_rank, host, gpu = (_count(data.get("rank")), _count(data.get("local_rank")),
+                                   data.get("host"), data.get("gpu"))  # fmt: skip
+    if rank is None or local_rank is None or not _short_text(host, MAX_HOST_CHARS):
+        return None
+    gpu = gpu if _short_text(gpu, 64) else None
+    return RankPlacement(rank=rank, host=host, local_rank=local_rank, gpu=gpu)
+
+
+def _short_text(value: Any, most: int) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= most and value.isprintable()
 
 
 def parse_error_text(text: str) -> tuple[int | None, str]:

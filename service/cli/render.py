@@ -150,6 +150,7 @@ def job_details(
         ("owner", Text(owner(job))),
         ("attempt", Text(attempt_text(job))),
         ("nodes", Text(str(job.get("nodes") or "-"))),
+        ("ranks", Text(placement_text(job.get("placement")) or "-")),
         ("external id", Text(str(job.get("external_id") or "-"))),
         ("folder", Text(str(job.get("folder") or "-"))),
         ("created", Text(f"{job.get('created_at')} ({age(job)} ago)")),
@@ -180,7 +181,7 @@ def job_details(
                 escape(str(one.get("nodes") or "")),
                 escape(str(one.get("external_id") or "")),
                 str(one.get("ended_at") or ""),
-                escape(first_line(one.get("reason"), 60)),
+                escape(str(one.get("reason") or "").strip().split("\n", 1)[0][:80]),  # who, where
             )
         parts += [Text(""), table]
     if not events:
@@ -196,6 +197,24 @@ def job_details(
             escape(first_line(event.get("reason"), 80)),
         )
     return Group(*parts, Text(""), history)
+
+
+def placement_text(placement: list[dict[str, Any]] | None) -> str:
+    """Ranks by host, e.g. "0-3 on n1 (GPUs 0,1,2,3); 4-7 on n2", in rank order."""
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for placed in placement or []:
+        by_host.setdefault(str(placed.get("host")), []).append(placed)
+    parts = []
+    for host, ranks in by_host.items():
+        numbers = [int(placed["rank"]) for placed in ranks]
+        span = (
+            f"{numbers[0]}-{numbers[-1]}"
+            if numbers == list(range(numbers[0], numbers[-1] + 1)) and len(numbers) > 1
+            else ",".join(map(str, numbers))
+        )
+        gpus = [str(placed["gpu"]) for placed in ranks if placed.get("gpu") is not None]
+        parts.append(f"{span} on {host}" + (f" (GPUs {','.join(gpus)})" if gpus else ""))
+    return "; ".join(parts)
 
 
 def attempt_text(job: Job) -> str:

@@ -148,7 +148,8 @@ export class JobView {
     const target = job.spec.entrypoint || job.spec.script || "—";
     const rows = [
       ["Owner", job.owner], ["Runs as", job.run_as || "—"], ["Backend", job.backend], ["Scheduler id", job.external_id || "—"],
-      ["Nodes × tasks", resources(job)], ["Runs on", job.nodes || "—"], ["Attempt", attemptText(job)],
+      ["Nodes × tasks", resources(job)], ["Runs on", job.nodes || "—"], ["Ranks", placementText(job.placement)],
+      ["Attempt", attemptText(job)],
       ["Target", el("code", {}, target)],
       ["Created", localTime(job.created_at)], ["Submitted", localTime(job.submitted_at)],
       ["Started", localTime(job.started_at)], ["Finished", localTime(job.finished_at)],
@@ -242,6 +243,19 @@ export class JobView {
     this.dialog.returnValue = "";
     this.dialog.showModal();
   }
+}
+
+// "0-3 on n1 (GPUs 0,1,2,3); 4-7 on n2": each host's ranks, as the ranks reported them.
+function placementText(placement) {
+  if (!placement || !placement.length) return "—";
+  const hosts = new Map();
+  for (const p of placement) hosts.set(p.host, [...(hosts.get(p.host) || []), p]);
+  return [...hosts].map(([host, ranks]) => {
+    const numbers = ranks.map((p) => p.rank);
+    const run = numbers.length > 1 && numbers.every((n, i) => n === numbers[0] + i);
+    const gpus = ranks.filter((p) => p.gpu != null).map((p) => p.gpu);
+    return `${run ? `${numbers[0]}-${numbers.at(-1)}` : numbers.join(",")} on ${host}${gpus.length ? ` (GPUs ${gpus.join(",")})` : ""}`;
+  }).join("; ");
 }
 
 function attemptText(job) {

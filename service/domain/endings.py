@@ -97,8 +97,12 @@ def world_size(job: Job) -> int:
 
 
 def rank_host(job: Job, rank: int) -> str | None:
-    """The host of `rank`: ranks fill the nodes in order, tasks_per_node each (SLURM's block
-    distribution, which srun uses for our jobs; one host for local jobs)."""
+    """The host of `rank`: as the rank said it (Job.placement), else as the scheduler placed it,
+    ranks filling the nodes in order, tasks_per_node each (SLURM's block distribution, which srun uses
+    for our jobs; one host for local jobs)."""
+    for placed in job.placement or []:
+        if placed.get("rank") == rank and isinstance(placed.get("host"), str):
+            return str(placed["host"])
     if not job.nodes:
         return None
     hosts = expand_hostlist(job.nodes)

@@ -17,6 +17,7 @@ from worker.spec import (
     JobFiles,
     ProgressRecord,
     parse_error_text,
+    parse_placement,
     parse_progress_line,
     storable,
 )
@@ -60,6 +61,20 @@ def rank_errors(files: JobFiles) -> list[RankError]:
         if text.strip() and rank.isdigit():
             found.append(RankError(int(rank), text.strip(), written))
     return sorted(found, key=lambda error: (error.written, error.rank))
+
+
+def read_placement(files: JobFiles, attempt: int, world_size: int) -> list[dict[str, Any]]:
+    """Where the ranks of `attempt` run, as far as they have said (rank order; a rank that has not
+    started yet, or wrote something unusable, is missing)."""
+    found = []
+    for rank in range(world_size):
+        try:
+            placed = parse_placement(files.placement(rank).read_text(errors="replace"), attempt)
+        except OSError:
+            continue
+        if placed is not None and placed.rank == rank:
+            found.append(placed.model_dump())
+    return found
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

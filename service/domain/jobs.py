@@ -126,16 +126,19 @@ def list_attempts(session: Session, job_id: int, viewer: Principal) -> list[JobA
     attempts = [JobAttemptPublic.model_validate(row, from_attributes=True) for row in session.exec(query)]
     if not attempts or attempts[-1].attempt < job.attempt:
         state = JobState(job.state)
-        current = JobAttemptPublic(
-            attempt=job.attempt,
-            state=state,
-            kind=None,
-            reason=job.reason,
-            exit_code=None,
-            external_id=job.external_id,
-            nodes=job.nodes if state is not JobState.retrying else None,
-            started_at=job.attempt_started_at,
-            ended_at=None,
+        current = JobAttemptPublic.model_validate(
+            {
+                "attempt": job.attempt,
+                "state": state,
+                "kind": None,
+                "reason": job.reason,
+                "exit_code": None,
+                "external_id": job.external_id,
+                "nodes": job.nodes if state is not JobState.retrying else None,
+                "placement": job.placement,
+                "started_at": job.attempt_started_at,
+                "ended_at": None,
+            }
         )
         attempts.append(current)
     return attempts

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
 from service.states import JobState
-from worker.spec import Resources, check_entrypoint, check_one_target, json_problem
+from worker.spec import RankPlacement, Resources, check_entrypoint, check_one_target, json_problem
 
 MAX_SPEC_VALUES_BYTES = 256 * 1024  # kwargs, args and env of one job, as JSON
 
@@ -151,6 +151,7 @@ class Job(JobBase, table=True):
     retries: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))  # RetryPolicy
     retry_at: datetime | None = _time_column()  # retrying: the next attempt goes out from then
     nodes: str | None = None  # the hosts the current attempt runs on, as the scheduler lists them
+    placement: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     attempt_started_at: datetime | None = _time_column()
     result: Any | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     progress: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
@@ -198,6 +199,9 @@ class JobPublic(JobBase):
     retries: RetryPolicy | None = Field(description="The retry policy (none for jobs older than retries).")
     retry_at: datetime | None = Field(description="While retrying: when the next attempt goes out.")
     nodes: str | None = Field(description="The hosts the current (or last) attempt ran on.")
+    placement: list[RankPlacement] | None = Field(
+        description="Where each rank of the current attempt runs (from the ranks themselves)."
+    )
     spec: dict[str, Any]
     result: Any | None
     progress: dict[str, Any] | None
@@ -267,6 +271,7 @@ class JobAttempt(SQLModel, table=True):
     exit_code: int | None = None
     external_id: str | None = Field(default=None, max_length=64)
     nodes: str | None = None
+    placement: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     started_at: datetime | None = _time_column()
     ended_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
@@ -279,6 +284,7 @@ class JobAttemptPublic(SQLModel):
     exit_code: int | None
     external_id: str | None = Field(description="The backend's id of this attempt.")
     nodes: str | None = Field(description="The hosts it ran on.")
+    placement: list[RankPlacement] | None = Field(description="Where each of its ranks ran.")
     started_at: datetime | None = Field(description="When its ranks started.")
     ended_at: datetime | None = Field(description="None for the current attempt.")
 

@@ -246,6 +246,7 @@ def _job_values(row: NewJob) -> dict[str, Any]:
         "retries": row.retries,
         "retry_at": None,
         "nodes": None,
+        "placement": None,
         "attempt_started_at": None,
         "result": None,
         "progress": None,

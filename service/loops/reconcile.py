@@ -20,8 +20,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
 from service.backends.base import Backend, BackendStatus
-from service.domain.endings import from_rank_errors, settle
-from service.domain.job_files import rank_errors, read_result
+from service.domain.endings import from_rank_errors, settle, world_size
+from service.domain.job_files import rank_errors, read_placement, read_result
 from service.errors import BackendError
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, utcnow
@@ -194,6 +194,12 @@ class Reconciler:
         if target is JobState.running:
             # Only running ranks write these files; a job waiting in the queue has none of its own,
             # and on a long queue each look is a file system call per job per tick.
+            world = world_size(job)
+            if job.placement is None or len(job.placement) < world:  # until every rank has said
+                placement = read_placement(files, job.attempt, world)
+                if placement and placement != job.placement:
+                    job.placement = placement
+                    session.add(job)
             errors = rank_errors(files)
             if errors:
                 # One rank raised while the others still run: end the attempt now rather than let

@@ -69,13 +69,14 @@ def record_transition(
                 exit_code=exit_code,
                 external_id=job.external_id,
                 nodes=job.nodes,
+                placement=job.placement,
                 started_at=job.attempt_started_at,
                 ended_at=now,
             )
         )
     if starts_new_attempt(target):
         job.attempt += 1
-        job.attempt_started_at = None
+        job.attempt_started_at = job.placement = None  # the next attempt's, once its ranks say
     job.state = target
     job.reason = reason
     if target is JobState.submitted:

@@ -4,6 +4,7 @@ cancel during the backoff ends the job; a restart keeps the retry, and makes exa
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -145,3 +146,24 @@ def test_a_retry_waiting_its_backoff_survives_a_restart_and_goes_out_once(settin
     assert [call for call in first.submit_calls if job_id in call] == [[job_id]]
     assert [call for call in second.submit_calls if job_id in call] == [[job_id]]
     assert history == ["failed", "succeeded"]
+
+
+def test_each_attempt_records_where_its_ranks_ran(api: TestClient, fake: FakeBackend) -> None:
+    job_id = submit(api, retries=FAST, resources={"nodes": 1, "tasks_per_node": 2})["id"]
+    for attempt, hosts in ((1, ["n1", "n1"]), (2, ["n2", "n2"])):
+        wait_for(partial(is_running_attempt, api, job_id, attempt), what=f"attempt {attempt} running")
+        files = fake.specs[job_id].files
+        for rank, host in enumerate(hosts):
+            record = {"attempt": attempt, "rank": rank, "host": host, "local_rank": rank, "gpu": str(rank)}
+            files.placement(rank).parent.mkdir(exist_ok=True)
+            files.placement(rank).write_text(json.dumps(record))
+        placed = wait_for(lambda: get_job(api, job_id)["placement"], what="the placement read")
+        assert [(p["rank"], p["host"], p["gpu"]) for p in placed] == [(0, hosts[0], "0"), (1, hosts[1], "1")]
+        if attempt == 1:
+            fake.set_status(job_id, JobState.failed, "node failure")
+    fake.finish(job_id, {"ok": True})
+    wait_state(api, job_id, "succeeded")
+
+    first, second = attempts(api, job_id)
+    assert {p["host"] for p in first["placement"]} == {"n1"}
+    assert {p["host"] for p in second["placement"]} == {"n2"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from pathlib import Path
@@ -226,19 +227,27 @@ def test_a_retried_job_lists_its_attempts(browser: Browser, tmp_path: Path) -> N
     )
     fake = FakeBackend("local")
     with serve(create_app(settings, backends={"local": fake})) as fresh:
-        body = {"name": "retried", "entrypoint": SLEEP, "retries": {"max": 2, "backoff_s": 3}}
+        body = {"name": "retried", "entrypoint": SLEEP, "retries": {"max": 2, "backoff_s": 3},
+                "resources": {"tasks_per_node": 2}}  # fmt: skip
         response = httpx.post(f"{fresh.url}/api/v1/jobs", json=body, headers=bearer(token(fresh)))
         assert response.status_code == 201, response.text
         job_id = response.json()["id"]
         wait_for(lambda: job(fresh, job_id)["state"] == "running", what="running")
+        files = fake.specs[job_id].files
+        files.placement(0).parent.mkdir()
+        for rank in (0, 1):
+            placed = {"attempt": 1, "rank": rank, "host": f"n{rank + 1}", "local_rank": 0, "gpu": None}
+            files.placement(rank).write_text(json.dumps(placed))
         fake.set_status(job_id, JobState.running, nodes="n[1-2]")
-        wait_for(lambda: job(fresh, job_id)["nodes"] == "n[1-2]", what="its nodes")
-        fake.set_status(job_id, JobState.failed, "node failure")
+        wait_for(lambda: job(fresh, job_id)["placement"], what="where its ranks run")
         with open_page(browser, fresh.url, token(fresh)) as page:
             page.goto(f"/#/jobs/{job_id}")
+            expect(page.locator(".facts dt:text-is('Ranks') + dd")).to_have_text("0 on n1; 1 on n2")
+            fake.set_status(job_id, JobState.failed, "node failure")
             expect(page.locator(".job-head .badge")).to_have_text("retrying")
             expect(page.locator(".reason-box strong")).to_contain_text("Retrying: attempt 2 goes out at")
             expect(page.locator(".facts dt:text-is('Attempt') + dd")).to_have_text("2 of at most 3")
+            expect(page.locator(".facts dt:text-is('Ranks') + dd")).to_have_text("—")  # attempt 2's: none yet
             rows = page.locator(".attempts tbody tr")
             expect(rows).to_have_count(2)
             expect(rows.nth(0).locator(".badge")).to_have_text("failed")

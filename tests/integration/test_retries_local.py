@@ -110,6 +110,10 @@ def test_a_rank_killed_mid_training_is_a_node_failure_and_the_job_is_retried(liv
     assert first["reason"].startswith("rank 1 on "), first["reason"]
     assert "vanished (rank 0 on " in first["reason"]
     assert first["nodes"] == os.uname().nodename
+    here = os.uname().nodename
+    for placed in (first["placement"], done["placement"]):  # the ranks' own word, each attempt's
+        ranks = [(p["rank"], p["host"], p["local_rank"], p["gpu"]) for p in placed]
+        assert ranks == [(0, here, 0, None), (1, here, 1, None)]
     print(f"\nrank 1 killed; the job succeeded on attempt 2 {time.monotonic() - killed_at:.1f} s later")
     assert_nothing_left(done)
 

@@ -101,6 +101,8 @@ def test_a_rank_killed_on_slurm_is_a_node_failure_and_the_job_is_retried(api: Ap
     assert (first["state"], first["kind"]) == ("failed", "node_failure"), first
     assert first["reason"].startswith("rank 1 on n2"), first["reason"]
     assert first["nodes"] == "n[1-2]" and first["external_id"] != done["external_id"]
+    for placed in (first["placement"], done["placement"]):  # where the ranks said they ran
+        assert [(p["rank"], p["host"]) for p in placed] == [(0, "n1"), (1, "n2")]
     wait_for(lambda: not processes_in(job["folder"]), 30, "every process of the job to be gone")
 
 

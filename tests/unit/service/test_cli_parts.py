@@ -136,6 +136,27 @@ def test_table_and_details_show_what_a_person_asks_for() -> None:
     assert "Traceback" in details and "exit code" in details and "history" in details
 
 
+def test_details_of_a_retried_job_show_its_attempts_and_where_its_ranks_ran() -> None:
+    placement = [
+        {"rank": rank, "host": host, "local_rank": rank % 2, "gpu": str(rank % 2)}
+        for rank, host in enumerate(["n1", "n1", "n2", "n2"])
+    ]
+    policy = {"max": 2, "backoff_s": 30, "backoff_factor": 2, "on": ["node_failure"]}
+    retried = job(3, "running", attempt=2, nodes="n[1-2]", placement=placement, retries=policy)
+    attempts = [
+        {"attempt": 1, "state": "failed", "kind": "node_failure", "nodes": "n[1-2]", "external_id": "7",
+         "ended_at": "2026-01-01T00:01:00Z", "reason": "rank 3 on n2 vanished (rank 0 on n1 lost it):\n..."},
+        {"attempt": 2, "state": "running", "kind": None, "nodes": "n[1-2]", "external_id": "9"},
+    ]  # fmt: skip
+    console = Console(file=io.StringIO(), width=200)
+    console.print(job_details(retried, [], attempts))
+    details = console.file.getvalue()  # type: ignore[attr-defined]
+
+    assert "2 of at most 3" in details
+    assert "0-1 on n1 (GPUs 0,1); 2-3 on n2 (GPUs 0,1)" in details
+    assert "node_failure" in details and "rank 3 on n2 vanished" in details
+
+
 class FakeJobs:
     """client.get() walks each job through the given states."""
 

@@ -4,13 +4,29 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
-from worker.files import ProgressWriter, atomic_write_text, to_jsonable, write_error, write_result
-from worker.spec import CheckpointRecord, JobFiles, ProgressRecord, parse_error_text, parse_progress_line
+from worker.files import (
+    ProgressWriter,
+    atomic_write_text,
+    to_jsonable,
+    write_error,
+    write_placement,
+    write_result,
+)
+from worker.spec import (
+    CheckpointRecord,
+    JobFiles,
+    ProgressRecord,
+    RankPlacement,
+    parse_error_text,
+    parse_placement,
+    parse_progress_line,
+)
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -205,3 +221,39 @@ def test_latest_checkpoint_ignores_temp_files(tmp_path: Path) -> None:
         files.checkpoint_file(step).write_bytes(b"")
     (files.checkpoints / ".ckpt-00000200.pt.tmp-1").write_bytes(b"")
     assert files.latest_checkpoint() == files.checkpoints / "ckpt-00000100.pt"
+
+
+# ---------------------------------------------------------------- placement: where each rank runs
+
+
+def test_a_rank_says_where_it_runs_and_the_service_reads_it_back(tmp_path: Path) -> None:
+    files = JobFiles(tmp_path)
+    write_placement(files.placement(1), attempt=2, rank=1, local_rank=1, gpu="3")
+
+    placed = parse_placement(files.placement(1).read_text(), attempt=2)
+
+    assert placed == RankPlacement(rank=1, host=socket.gethostname(), local_rank=1, gpu="3")
+    assert parse_placement(files.placement(1).read_text(), attempt=1) is None  # another attempt's
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"attempt": 1, "rank": -1, "host": "n1", "local_rank": 0},
+        {"attempt": 1, "rank": 0, "host": "", "local_rank": 0},
+        {"attempt": 1, "rank": 0, "host": "n\x001", "local_rank": 0},
+        {"attempt": 1, "rank": 0, "host": "n" * 256, "local_rank": 0},
+        {"attempt": 1, "rank": 0, "host": ["n1"], "local_rank": 0},
+        {"attempt": 1, "rank": True, "host": "n1", "local_rank": 0},
+        {"rank": 0, "host": "n1", "local_rank": 0},
+        [0, "n1"],
+    ],
+)
+def test_an_unusable_placement_is_no_placement(record: object) -> None:
+    assert parse_placement(json.dumps(record), attempt=1) is None
+
+
+def test_a_gpu_that_is_not_short_text_is_left_out() -> None:
+    record = {"attempt": 1, "rank": 0, "host": "n1", "local_rank": 0, "gpu": {"id": 0}}
+    assert parse_placement(json.dumps(record), attempt=1) == RankPlacement(rank=0, host="n1", local_rank=0)
+    assert parse_placement("{torn", attempt=1) is None

@@ -1,4 +1,4 @@
-"""attempts: each job's retry policy, where its attempt runs, and how every attempt ended
+"""attempts: each job's retry policy, where its attempt runs (hosts, ranks), and how every attempt ended
 
 Revision ID: 0005
 Revises: 0004
@@ -19,6 +19,7 @@ def upgrade() -> None:
     op.add_column("job", sa.Column("retries", sa.JSON(), nullable=True))
     op.add_column("job", sa.Column("retry_at", UTCDateTime(timezone=True), nullable=True))
     op.add_column("job", sa.Column("nodes", sa.String(), nullable=True))
+    op.add_column("job", sa.Column("placement", sa.JSON(), nullable=True))
     op.add_column("job", sa.Column("attempt_started_at", UTCDateTime(timezone=True), nullable=True))
     op.create_table(
         "jobattempt",
@@ -31,6 +32,7 @@ def upgrade() -> None:
         sa.Column("exit_code", sa.Integer(), nullable=True),
         sa.Column("external_id", sa.String(length=64), nullable=True),
         sa.Column("nodes", sa.String(), nullable=True),
+        sa.Column("placement", sa.JSON(), nullable=True),
         sa.Column("started_at", UTCDateTime(timezone=True), nullable=True),
         sa.Column("ended_at", UTCDateTime(timezone=True), nullable=False),
     )
@@ -41,5 +43,5 @@ def downgrade() -> None:
     op.drop_index("ix_jobattempt_job_attempt", table_name="jobattempt")
     op.drop_table("jobattempt")
     with op.batch_alter_table("job") as batch:
-        for column in ("attempt_started_at", "nodes", "retry_at", "retries"):
+        for column in ("attempt_started_at", "placement", "nodes", "retry_at", "retries"):
             batch.drop_column(column)
