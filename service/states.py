@@ -7,6 +7,7 @@ lists from /dashboard/states.js, which the service writes from this module.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 
 class JobState(str, Enum):
@@ -75,3 +76,7 @@ def check_transition(current: JobState, target: JobState) -> None:
 def starts_new_attempt(target: JobState) -> bool:
     """Going back to the scheduler's queue after a preemption, or to ours for a retry, begins attempt + 1."""
     return target in (JobState.requeued, JobState.retrying)
+
+
+# Why an attempt ended, in the words retry policies use (service.domain.endings decides which).
+EndingKind = Literal["failure", "node_failure", "preemption", "timeout", "oom", "cancel"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from service.backends.base import BackendStatus, SubmitOutcome
 from service.errors import BackendError, InvalidRequest
-from service.states import JobState
+from service.states import EndingKind, JobState
 from worker.spec import RunSpec
 
 
@@ -66,9 +66,10 @@ class FakeBackend:
         reason: str | None = None,
         exit_code: int | None = None,
         nodes: str | None = None,
+        kind: EndingKind | None = None,
     ) -> None:
         with self._lock:
-            self._statuses[self.external_id(job_id)] = BackendStatus(state, reason, exit_code, nodes)
+            self._statuses[self.external_id(job_id)] = BackendStatus(state, reason, exit_code, nodes, kind)
         self._wakeup()
 
     def finish(self, job_id: int, value: object) -> None:

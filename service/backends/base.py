@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from service.states import JobState
+from service.states import EndingKind, JobState
 from worker.spec import RunSpec
 
 SUBMITTED_SUFFIX = "_submitted.pkl"  # submitit's `<external id>_submitted.pkl`, once a job is submitted
@@ -43,6 +43,7 @@ class BackendStatus:
     reason: str | None = None  # pending reason, scheduler state word, signal ...
     exit_code: int | None = None
     nodes: str | None = None  # where it runs, when known
+    kind: EndingKind | None = None  # for an ending the scheduler can name (node failure, OOM, ...)
 
 
 @runtime_checkable

@@ -22,7 +22,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -316,7 +316,8 @@ class SlurmBackend:
         records: dict[str, parse.SchedulerRecord] = {}
         for chunk in _chunks(queried, POLL_CHUNK):
             argv = ["sacct", "-n", "-P", "-X", "-o", parse.SACCT_FORMAT, "-j", ",".join(chunk)]
-            records.update(parse.parse_sacct(self._query(argv, self.accounting_backoff).stdout))
+            found = parse.parse_sacct(self._query(argv, self.accounting_backoff).stdout)
+            records.update((one, replace(record, left_queue=True)) for one, record in found.items())
         # An array cancelled before any element left the queue can be one row under the array's
         # bare id ("62530", not "62530_[0-99]"), and squeue then lists none of its elements: that row
         # is the word for every element it still held. Without it they would wait here forever.

@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass
 
 from service.backends.base import BackendStatus
-from service.backends.slurm_states import map_slurm_state
+from service.backends.slurm_states import map_slurm_state, slurm_kind
 from service.states import JobState, is_terminal
 
 # squeue -O "name:|": no width means no padding and no truncation, and "|" follows the field.
@@ -41,6 +41,7 @@ class SchedulerRecord:
     signal: int | None = None
     restarts: int = 0  # times SLURM requeued the job (squeue only)
     nodes: str | None = None  # SLURM's compact host list, e.g. "n[1-2]"
+    left_queue: bool = False  # from accounting: squeue no longer lists the job
 
 
 def expand_job_ids(job_id: str) -> list[str]:
@@ -142,6 +143,10 @@ def _signal_text(number: int) -> str:
 def to_status(record: SchedulerRecord) -> BackendStatus:
     """Our view of one record. Raises UnknownSlurmState for a word the table does not know."""
     state, state_reason = map_slurm_state(record.state)
+    if state is JobState.preempted and record.left_queue:
+        # Preempted and gone from the queue: SLURM cancelled it (PreemptMode=CANCEL, or a job that may
+        # not be requeued). It will not come back by itself: an ending, of the kind `preemption`.
+        state, state_reason = JobState.failed, "preempted, not requeued"
     if state is JobState.pending and record.restarts > 0:
         # Back in the queue after a requeue (preemption, node failure, submitit's checkpoint): squeue
         # shows PENDING again, and only the restart count tells it apart from a first wait.
@@ -158,6 +163,7 @@ def to_status(record: SchedulerRecord) -> BackendStatus:
         reason=reason,
         exit_code=record.exit_code if terminal else None,
         nodes=record.nodes,
+        kind=slurm_kind(record.state) if terminal else None,
     )
 
 

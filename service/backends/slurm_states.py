@@ -7,7 +7,7 @@ CANCELLED ("CANCELLED by 0"). Preemption and requeueing are not failures: the jo
 
 from __future__ import annotations
 
-from service.states import JobState
+from service.states import EndingKind, JobState
 
 
 class UnknownSlurmState(ValueError):
@@ -48,6 +48,20 @@ SLURM_STATES: dict[str, tuple[JobState, str | None]] = {
     "RECONFIG_FAIL": (JobState.failed, "node reconfiguration failed"),
     "UPDATE_DB": (JobState.pending, "updating the accounting database"),
 }
+
+
+# The endings SLURM can name the kind of (the rest are told by the job's files: service.domain.endings).
+SLURM_KINDS: dict[str, EndingKind] = {
+    "NODE_FAIL": "node_failure",
+    "BOOT_FAIL": "node_failure",
+    "LAUNCH_FAILED": "node_failure",
+    "OUT_OF_MEMORY": "oom",
+    "PREEMPTED": "preemption",  # an ending only once the job has left the queue (slurm_parse.to_status)
+}
+
+
+def slurm_kind(raw: str) -> EndingKind | None:
+    return SLURM_KINDS.get(raw.strip().upper().rstrip("+").partition(" ")[0])
 
 
 def map_slurm_state(raw: str) -> tuple[JobState, str | None]:

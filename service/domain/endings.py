@@ -1,6 +1,6 @@
 """How an attempt ended, in the words retry policies use, from the scheduler's word and the job folder.
 
-The kinds (service.ledger.models.EndingKind):
+The kinds (service.states.EndingKind):
 - failure: the job's own exception (a traceback on a rank that is not about a lost peer), or an end
   without a result that nothing else explains;
 - node_failure: the scheduler says a node failed, or a rank vanished: the ranks that wrote an error
@@ -8,7 +8,8 @@ The kinds (service.ledger.models.EndingKind):
 - timeout: the time limit (or a deadline);
 - oom: the scheduler's OUT_OF_MEMORY, or every rank killed (exit 137) without a word;
 - cancel: cancelled, by the user or an operator.
-A preemption is no ending: SLURM requeues the job (service.states `requeued`), a new attempt.
+- preemption: preempted and not requeued (SLURM cancelled it, PreemptMode=CANCEL). A preempted
+  job that SLURM requeues is no ending: it comes back as a new attempt (service.states `requeued`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 
 from service.backends.base import Backend, BackendStatus
 from service.domain.job_files import RankError, log_tail, rank_errors, read_result
-from service.ledger.models import EndingKind, Job, utcnow
-from service.states import JobState
+from service.ledger.models import Job, utcnow
+from service.states import EndingKind, JobState
 from worker.hostlist import expand_hostlist
 from worker.spec import JobFiles
 
@@ -34,11 +35,6 @@ LOST_PEER = re.compile(
     re.IGNORECASE,
 )
 SIGKILL_EXIT = 137  # 128 + 9: the kernel's OOM killer, or `kill -9`
-SCHEDULER_KINDS: dict[str, EndingKind] = {  # the reasons service.backends.slurm_states adds
-    "node failure": "node_failure",
-    "node boot failure": "node_failure",
-    "out of memory": "oom",
-}
 
 
 @dataclass(frozen=True)
@@ -78,10 +74,9 @@ def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -
         return Ending(JobState.timeout, "timeout", status.reason or "exceeded its time limit")
     if status.state is JobState.cancelled:
         return Ending(JobState.cancelled, "cancel", status.reason or "cancelled")
-    scheduler_kind = SCHEDULER_KINDS.get(status.reason or "")
-    if scheduler_kind is not None:
+    if status.kind is not None:  # the scheduler named it: a node failure, OOM, a preemption
         nodes = f" (nodes {job.nodes})" if job.nodes else ""
-        return Ending(JobState.failed, scheduler_kind, f"{status.reason}{nodes}")
+        return Ending(JobState.failed, status.kind, f"{status.reason or status.kind}{nodes}")
     code = f" (exit code {status.exit_code})" if status.exit_code is not None else ""
     if status.exit_code == SIGKILL_EXIT:
         reason = f"every rank was killed without a word{code}: out of memory, most likely"

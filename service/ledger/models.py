@@ -14,7 +14,7 @@ from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, String, TypeDe
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
-from service.states import JobState
+from service.states import EndingKind, JobState
 from worker.spec import RankPlacement, Resources, check_entrypoint, check_one_target, json_problem
 
 MAX_SPEC_VALUES_BYTES = 256 * 1024  # kwargs, args and env of one job, as JSON
@@ -52,7 +52,6 @@ class JobBase(SQLModel):
     name: str = Field(min_length=1, max_length=200, description="A name to find the job by.")
 
 
-EndingKind = Literal["failure", "node_failure", "preemption", "timeout", "oom", "cancel"]
 RetryOn = Literal["failure", "node_failure", "preemption", "timeout", "oom"]
 MAX_RETRY_WAIT_S = 24 * 3600.0
 DEFAULT_RETRY_ON: tuple[RetryOn, ...] = ("node_failure", "preemption")  # not the user's own failures

@@ -15,9 +15,9 @@ from sqlmodel import Session, col
 
 from service.domain.endings import Ending
 from service.ledger.clock import note_changed
-from service.ledger.models import EndingKind, Job, JobAttempt, JobEvent, RetryPolicy, utcnow
+from service.ledger.models import Job, JobAttempt, JobEvent, RetryPolicy, utcnow
 from service.ledger.sql import id_conditions
-from service.states import JobState, check_transition, is_terminal, starts_new_attempt
+from service.states import EndingKind, JobState, check_transition, is_terminal, starts_new_attempt
 
 # How an attempt ended when the caller does not say (service.domain.endings says it for the reconciler).
 DEFAULT_KINDS: dict[JobState, EndingKind] = {

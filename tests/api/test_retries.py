@@ -45,7 +45,7 @@ def test_a_node_failure_is_retried_and_the_second_attempt_succeeds(
     wait_state(api, job_id, "running")
     fake.set_status(job_id, JobState.running, nodes="n[1-2]")
     wait_for(lambda: get_job(api, job_id)["nodes"] == "n[1-2]", what="the nodes recorded")
-    fake.set_status(job_id, JobState.failed, "node failure", exit_code=1)
+    fake.set_status(job_id, JobState.failed, "node failure", exit_code=1, kind="node_failure")
 
     retrying = wait_state(api, job_id, "retrying")
     assert retrying["attempt"] == 2 and retrying["retry_at"] is not None
@@ -105,7 +105,7 @@ def test_exhausted_retries_end_the_job_with_every_attempt_listed(api: TestClient
 def test_a_job_without_retries_ends_on_its_first_failure(api: TestClient, fake: FakeBackend) -> None:
     job_id = submit(api, retries={"max": 0})["id"]
     wait_state(api, job_id, "running")
-    fake.set_status(job_id, JobState.failed, "node failure")
+    fake.set_status(job_id, JobState.failed, "node failure", kind="node_failure")
 
     assert wait_state(api, job_id, "failed")["attempt"] == 1
 
@@ -115,7 +115,7 @@ def test_cancel_during_the_backoff_ends_the_job_and_nothing_goes_out_again(
 ) -> None:
     job_id = submit(api, retries={**FAST, "backoff_s": 30})["id"]
     wait_state(api, job_id, "running")
-    fake.set_status(job_id, JobState.failed, "node failure")
+    fake.set_status(job_id, JobState.failed, "node failure", kind="node_failure")
     wait_state(api, job_id, "retrying")
 
     cancelled = api.post(f"{JOBS}/{job_id}/cancel")
@@ -131,7 +131,7 @@ def test_a_retry_waiting_its_backoff_survives_a_restart_and_goes_out_once(settin
         api = authorize(client)
         job_id = submit(api, retries={**FAST, "backoff_s": 2})["id"]
         wait_state(api, job_id, "running")
-        first.set_status(job_id, JobState.failed, "node failure")
+        first.set_status(job_id, JobState.failed, "node failure", kind="node_failure")
         wait_state(api, job_id, "retrying")
     # The service stopped during the backoff; the next one finds the retry in the ledger.
     second = FakeBackend("local")
@@ -160,7 +160,7 @@ def test_each_attempt_records_where_its_ranks_ran(api: TestClient, fake: FakeBac
         placed = wait_for(lambda: get_job(api, job_id)["placement"], what="the placement read")
         assert [(p["rank"], p["host"], p["gpu"]) for p in placed] == [(0, hosts[0], "0"), (1, hosts[1], "1")]
         if attempt == 1:
-            fake.set_status(job_id, JobState.failed, "node failure")
+            fake.set_status(job_id, JobState.failed, "node failure", kind="node_failure")
     fake.finish(job_id, {"ok": True})
     wait_state(api, job_id, "succeeded")
 

@@ -243,7 +243,7 @@ def test_a_retried_job_lists_its_attempts(browser: Browser, tmp_path: Path) -> N
         with open_page(browser, fresh.url, token(fresh)) as page:
             page.goto(f"/#/jobs/{job_id}")
             expect(page.locator(".facts dt:text-is('Ranks') + dd")).to_have_text("0 on n1; 1 on n2")
-            fake.set_status(job_id, JobState.failed, "node failure")
+            fake.set_status(job_id, JobState.failed, "node failure", kind="node_failure")
             expect(page.locator(".job-head .badge")).to_have_text("retrying")
             expect(page.locator(".reason-box strong")).to_contain_text("Retrying: attempt 2 goes out at")
             expect(page.locator(".facts dt:text-is('Attempt') + dd")).to_have_text("2 of at most 3")

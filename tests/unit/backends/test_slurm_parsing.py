@@ -199,3 +199,24 @@ def test_unknown_ids_are_an_empty_answer_not_a_failure() -> None:
     # squeue exits 1 for one unknown id (it prints nothing for several); scancel says nothing at all.
     assert "Invalid job id specified" in recorded("squeue_unknown.txt")
     assert recorded("scancel_finished_and_unknown.txt") == ""
+
+
+@pytest.mark.parametrize(
+    ("word", "left_queue", "state", "kind"),
+    [
+        ("NODE_FAIL", True, JobState.failed, "node_failure"),
+        ("BOOT_FAIL", True, JobState.failed, "node_failure"),
+        ("OUT_OF_MEMORY", True, JobState.failed, "oom"),
+        ("PREEMPTED", True, JobState.failed, "preemption"),  # cancelled by preemption: an ending
+        ("PREEMPTED", False, JobState.preempted, None),  # still in the queue: SLURM may requeue it
+        ("FAILED", True, JobState.failed, None),  # the job's files tell why (service.domain.endings)
+        ("TIMEOUT", True, JobState.timeout, None),
+    ],
+)
+def test_the_endings_slurm_names_carry_their_kind(
+    word: str, left_queue: bool, state: JobState, kind: str | None
+) -> None:
+    status = parse.to_status(parse.SchedulerRecord(state=word, left_queue=left_queue))
+    assert (status.state, status.kind) == (state, kind)
+    if word == "PREEMPTED" and left_queue:
+        assert status.reason == "preempted, not requeued"

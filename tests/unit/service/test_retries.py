@@ -97,8 +97,11 @@ def test_ranks_that_only_lost_a_peer_mean_the_silent_rank_vanished(engine: Engin
 @pytest.mark.parametrize(
     ("status", "kind", "state", "says"),
     [
-        (BackendStatus(S.failed, "node failure"), "node_failure", S.failed, "node failure (nodes n[1-2])"),
-        (BackendStatus(S.failed, "out of memory"), "oom", S.failed, "out of memory"),
+        (BackendStatus(S.failed, "node failure", kind="node_failure"), "node_failure", S.failed,
+         "node failure (nodes n[1-2])"),
+        (BackendStatus(S.failed, "out of memory", kind="oom"), "oom", S.failed, "out of memory"),
+        (BackendStatus(S.failed, "preempted, not requeued", kind="preemption"), "preemption", S.failed,
+         "preempted, not requeued"),
         (BackendStatus(S.failed, None, exit_code=137), "oom", S.failed, "out of memory, most likely"),
         (BackendStatus(S.timeout, None), "timeout", S.timeout, "exceeded its time limit"),
         (BackendStatus(S.cancelled, "cancelled by uid 0"), "cancel", S.cancelled, "cancelled by uid 0"),
