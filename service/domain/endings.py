@@ -31,7 +31,8 @@ from worker.spec import JobFiles
 LOST_PEER = re.compile(
     r"connection (closed|reset) by peer|broken pipe|communicator was aborted|remote process exited"
     r"|watchdog caught collective operation timeout|DistNetworkError|(recv|send)Bytes failed"
-    r"|socket timeout|ProcessGroupNCCL.*(error|abort)",
+    r"|socket timeout|ProcessGroupNCCL.*(error|abort)"
+    r"|wait timeout after|waiting for clients",  # the rendezvous store: a rank never joined
     re.IGNORECASE,
 )
 SIGKILL_EXIT = 137  # 128 + 9: the kernel's OOM killer, or `kill -9`

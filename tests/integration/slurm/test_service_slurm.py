@@ -115,7 +115,7 @@ def test_timeout_failing_rank_and_cancel_pending_and_running(api: Api) -> None:
     # Side by side: the timeout takes a minute of wall time, the rest happens meanwhile.
     slow = api.submit(name="too-slow", entrypoint="worker.tasks.faults:sleep",
                   kwargs={"seconds": 200}, resources={"timeout_min": 1})
-    crash = api.submit(name="crash", entrypoint="worker.tasks.faults:exit_on_rank",
+    crash = api.submit(name="crash", entrypoint="worker.tasks.faults:exit_on_rank", retries={"max": 0},
                    kwargs={"rank": 1, "code": 3}, resources={"tasks_per_node": 2, "timeout_min": 3})
     runner = api.submit(name="runner", entrypoint="worker.tasks.faults:sleep",
                     kwargs={"seconds": 120}, resources={"timeout_min": 3})
@@ -213,7 +213,7 @@ def test_service_killed_with_jobs_pending_and_running_settles_them_after_restart
     try:
         slow = api.submit(name="slow", entrypoint="worker.tasks.faults:sleep", kwargs={"seconds": 15},
                           resources={"timeout_min": 3})
-        crash = api.submit(name="crash", entrypoint="worker.tasks.faults:exit_on_rank",
+        crash = api.submit(name="crash", entrypoint="worker.tasks.faults:exit_on_rank", retries={"max": 0},
                            kwargs={"rank": 0, "code": 5}, resources={"timeout_min": 3})
         wait_for(lambda: api.job(slow["id"])["state"] == "running", 90, "slow running")
         later = api.submit(name="later", entrypoint="worker.tasks.faults:hostnames",
