@@ -68,10 +68,11 @@ class Account:
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--"]
 
     def own(self, path: Path, group: str | None = None) -> None:
-        """Give `path` to this account and its group (or `group`, when one is set)."""
+        """Give `path` to this account and its group (or `group`, when one is set). A link is given
+        as itself, never its target: a job may have put one where the service expects its folder."""
         gid = grp.getgrnam(group).gr_gid if group else self.gid
         if not self.is_current or group:
-            os.chown(path, -1 if self.is_current else self.uid, gid)
+            os.chown(path, -1 if self.is_current else self.uid, gid, follow_symlinks=False)
 
 
 @functools.cache

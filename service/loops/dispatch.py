@@ -10,13 +10,15 @@ submitted again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -165,10 +167,9 @@ class Dispatcher:
             run_as=job["run_as"],
             **job["spec"],
         )
-        account = Account.of_job(spec.run_as)
         if spec.attempt > 1:
-            archive_attempt(spec.files, spec.attempt - 1, account, self._settings.job_folder_group)
-        make_job_folder(spec.files, account, self._settings.job_folder_group)
+            archive_attempt(spec.files, spec.attempt - 1)
+        make_job_folder(spec.files, Account.of_job(spec.run_as), self._settings.job_folder_group)
         return spec
 
     def _recover_stale_claims(self, session: Session) -> None:
@@ -269,6 +270,7 @@ class Dispatcher:
             record_transition(session, job, JobState.failed, outcome.error or "rejected by the backend")
             return False
         job.external_id = outcome.external_id
+        job.run_attempt, job.retry_at = job.attempt, None
         if job.cancel_requested or is_terminal(JobState(job.state)):
             if not is_terminal(JobState(job.state)):
                 record_transition(session, job, JobState.cancelled, "cancelled by user during dispatch")
@@ -293,24 +295,64 @@ def make_job_folder(files: JobFiles, account: Account, group: str | None) -> Non
         files.folder.mkdir(mode=mode, exist_ok=True)
     files.submitit.mkdir(mode=mode, exist_ok=True)
     for folder in (files.folder, files.submitit):
+        # A retry's folder was the job's to write: what stands at these names must be a real folder.
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            raise NotADirectoryError(f"{folder} is not a folder (a link the job made?)")
         account.own(folder, group)
 
 
-def archive_attempt(files: JobFiles, attempt: int, account: Account, group: str | None) -> None:
-    """Move what attempt `attempt` left that the next one must not meet (its error files, which
-    would end the new attempt at once; its submitit folder, whose pickle names the old id to a
-    recovering dispatcher) to `attempts/<attempt>/`. Idempotent: a dispatcher that died after it
-    finds nothing left to move. Checkpoints, progress and the rendezvous files (keyed by attempt) stay.
+def archive_attempt(files: JobFiles, attempt: int) -> None:
+    """Move what attempt `attempt` left that the next one must not meet to `attempts/<attempt>/`: its
+    submitit folder, whose pickle would name the old id to a recovering dispatcher, and its error
+    files. Checkpoints, progress and the rendezvous files (keyed by attempt) stay.
+
+    The job folder is the job's own, and the job is untrusted: it may have planted symlinks there. So
+    every step works on directory handles opened without following links, the archive folders are
+    the service's (a job can read them, not write them), and an entry already archived is never
+    replaced: a second dispatch of the same attempt (after a refused sbatch) leaves the new
+    attempt's own submitit folder where it is.
     """
-    leftovers = [path for path in (*files.errors(), files.submitit) if path.exists()]
-    if not leftovers:
-        return
-    archive = files.folder / "attempts" / str(attempt)
-    archive.mkdir(mode=0o750 if group else 0o700, parents=True, exist_ok=True)
-    for folder in (archive.parent, archive):
-        account.own(folder, group)
-    for path in leftovers:
-        path.rename(archive / path.name)
+    names = [*(path.name for path in files.errors()), files.submitit.name]
+    with (
+        _folder_handle(os.open(files.folder, _DIRECTORY_NO_LINK)) as folder,
+        _folder_handle(_service_subfolder(folder, "attempts")) as attempts,
+        _folder_handle(_service_subfolder(attempts, str(attempt))) as archive,
+    ):
+        for name in names:
+            if _exists(name, archive):
+                continue
+            with contextlib.suppress(FileNotFoundError):  # rename moves a link, never its target
+                os.rename(name, name, src_dir_fd=folder, dst_dir_fd=archive)
+
+
+_DIRECTORY_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+@contextlib.contextmanager
+def _folder_handle(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _service_subfolder(parent: int, name: str) -> int:
+    """A handle on folder `name` in `parent`, made by and belonging to the service (never a link)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o755, dir_fd=parent)
+    fd = os.open(name, _DIRECTORY_NO_LINK, dir_fd=parent)
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError(f"'{name}' in the job folder was not made by the service")
+    return fd
+
+
+def _exists(name: str, folder: int) -> bool:
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _due() -> ColumnElement[bool]:
@@ -326,6 +368,7 @@ def _release_claim(session: Session, job: Job, external_id: str | None) -> None:
     job.claimed_by = job.claimed_at = None
     if external_id is not None:
         job.external_id = external_id
+        job.run_attempt, job.retry_at = job.attempt, None
         record_transition(session, job, JobState.submitted, "adopted after a dispatcher restart")
     session.add(job)
 

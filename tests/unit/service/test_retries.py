@@ -15,13 +15,14 @@ from sqlmodel import Session, col, select
 
 from service.backends.base import BackendStatus
 from service.domain.endings import Ending, from_rank_errors, rank_host, settle
-from service.domain.job_files import rank_errors
+from service.domain.job_files import rank_errors, read_result
 from service.ledger.db import make_engine, migrate
 from service.ledger.models import Job, JobAttempt, JobEvent, RetryPolicy, utcnow
+from service.loops.dispatch import archive_attempt
 from service.loops.transitions import end_attempt, record_transition
 from service.states import JobState
 from tests.fakes import FakeBackend
-from worker.spec import JobFiles
+from worker.spec import ERROR_ATTEMPT_PREFIX, JobFiles
 
 S = JobState
 GLOO_LOST_PEER = (
@@ -75,7 +76,7 @@ def test_a_rank_that_raised_on_its_own_is_the_jobs_failure_whatever_its_peers_sa
     write_error(tmp_path, 0, GLOO_LOST_PEER)  # then rank 0, which lost rank 1
     with Session(engine) as session:
         job = running_job(session, tmp_path, None, nodes=2, tasks_per_node=1)
-        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job")))
+        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None))
 
     assert ending.kind == "failure" and ending.state is S.failed
     assert ending.reason.startswith("rank 1 on n2 raised:\n")
@@ -88,7 +89,7 @@ def test_ranks_that_only_lost_a_peer_mean_the_silent_rank_vanished(engine: Engin
         write_error(tmp_path, rank, GLOO_LOST_PEER, age_s=3 - rank)
     with Session(engine) as session:
         job = running_job(session, tmp_path, None, nodes=2, tasks_per_node=2)
-        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job")))
+        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None))
 
     assert ending.kind == "node_failure"
     assert ending.reason.startswith("rank 2 on n2 vanished (rank 0 on n1 lost it):\n")
@@ -207,9 +208,96 @@ def test_the_default_policy_retries_a_node_failure_twice(engine: Engine, tmp_pat
         assert "retry 1 of 2: attempt 2 in 30 s" in job.reason
 
 
-def test_no_retry_for_a_job_its_user_asked_to_cancel(engine: Engine, tmp_path: Path) -> None:
+def test_a_job_its_user_asked_to_cancel_ends_cancelled_whatever_its_ranks_said(
+    engine: Engine, tmp_path: Path
+) -> None:
     with Session(engine) as session:
         job = running_job(session, tmp_path, RetryPolicy())
         job.cancel_requested = True
         end_attempt(session, job, Ending(S.failed, "node_failure", "rank 1 vanished"))
-        assert S(job.state) is S.failed
+        assert S(job.state) is S.cancelled and job.attempt == 1
+        assert attempts(session, job) == [(1, "cancelled", "cancel", "100")]
+
+
+def test_requeues_do_not_use_up_the_retries(engine: Engine, tmp_path: Path) -> None:
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, RetryPolicy(max=1, backoff_s=10))
+        record_transition(session, job, S.preempted, "PREEMPTED")
+        record_transition(session, job, S.requeued, "requeued (restart 1)")  # SLURM's, attempt 2
+        record_transition(session, job, S.running)
+        end_attempt(session, job, Ending(S.failed, "node_failure", "rank 1 vanished"))
+
+        assert S(job.state) is S.retrying and job.attempt == 3
+        assert job.reason is not None and "retry 1 of 1: attempt 3 in 10 s" in job.reason
+
+
+def test_a_lost_peer_in_a_job_of_one_rank_is_its_own_failure(engine: Engine, tmp_path: Path) -> None:
+    write_error(tmp_path, 0, GLOO_LOST_PEER)  # its own connection to some server broke
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, None, nodes=1, tasks_per_node=1)
+        assert from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None)).kind == "failure"
+
+
+def test_files_of_an_earlier_attempt_are_not_this_ones(engine: Engine, tmp_path: Path) -> None:
+    files = JobFiles(tmp_path / "job")
+    write_error(tmp_path, 0, f"{ERROR_ATTEMPT_PREFIX}1\n{USER_ERROR}")
+    files.result.write_text('{"attempt": 1, "value": {"loss": 0.5}}')
+    assert rank_errors(files, 2) == [] and read_result(files, 2) is None  # attempt 2 runs now
+    assert len(rank_errors(files, 1)) == 1 and read_result(files, 1) == {"attempt": 1, "value": {"loss": 0.5}}
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "folder"])
+def test_a_job_file_that_is_not_a_regular_file_is_not_read(tmp_path: Path, kind: str) -> None:
+    secret = tmp_path / "secret.env"
+    secret.write_text('{"attempt": 1, "value": "TORCHYARD_DATABASE_URL=postgresql://..."}')
+    files = JobFiles(tmp_path / "job")
+    files.folder.mkdir()
+    if kind == "link":
+        files.result.symlink_to(secret)
+        files.error(0).symlink_to(secret)
+    elif kind == "fifo":
+        os.mkfifo(files.result)  # open() without O_NONBLOCK would wait for a writer for ever
+        os.mkfifo(files.error(0))
+    else:
+        files.result.mkdir()
+        files.error(0).mkdir()
+
+    assert read_result(files, None) is None
+    assert rank_errors(files, None) == []
+
+
+# ---------------------------------------------------------------- what a retry moves aside
+
+
+def test_archiving_moves_the_attempts_files_once_and_keeps_the_new_attempts_own(tmp_path: Path) -> None:
+    files = JobFiles(tmp_path / "job")
+    files.submitit.mkdir(parents=True)
+    (files.submitit / "100_submitted.pkl").write_bytes(b"attempt 1")
+    write_error(tmp_path, 0, USER_ERROR)
+
+    archive_attempt(files, 1)
+    files.submitit.mkdir()  # the dispatcher makes attempt 2's, and its sbatch is refused ...
+    (files.submitit / ".staged-x-0.pkl").write_bytes(b"attempt 2")
+    archive_attempt(files, 1)  # ... so the job is dispatched again
+
+    archive = files.folder / "attempts" / "1"
+    assert (archive / "submitit" / "100_submitted.pkl").read_bytes() == b"attempt 1"
+    assert (archive / "error-rank0.txt").exists() and not files.errors()
+    assert (files.submitit / ".staged-x-0.pkl").read_bytes() == b"attempt 2"  # left where it is
+    assert archive.stat().st_uid == os.geteuid()
+
+
+def test_archiving_follows_no_link_the_job_planted(tmp_path: Path) -> None:
+    victim = tmp_path / "another-users-job"
+    victim.mkdir()
+    files = JobFiles(tmp_path / "job")
+    files.folder.mkdir()
+    (files.folder / "submitit").symlink_to(victim)  # moved as a link, the target untouched
+    archive_attempt(files, 1)
+    assert (files.folder / "attempts" / "1" / "submitit").is_symlink() and list(victim.iterdir()) == []
+
+    (files.folder / "attempts").rename(files.folder / "moved")
+    (files.folder / "attempts").symlink_to(victim)  # where the archive would be made
+    with pytest.raises(OSError):
+        archive_attempt(files, 2)
+    assert list(victim.iterdir()) == []
