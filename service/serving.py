@@ -53,6 +53,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._read_deadline: asyncio.TimerHandle | None = None
         self._reading_head = True  # between requests, and while a request line and headers come
         self._head_bytes = 0
+        self._head_tail = b""  # the last bytes seen of a head, in case its end spans two chunks
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -64,7 +65,11 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._reading_head:
-            self._head_bytes += len(data)
+            # Count the head only: a chunk may hold its end and the start of the body.
+            seen = self._head_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._head_tail))
+            self._head_tail = seen[-3:] if end < 0 else b""
             if self._head_bytes > self.max_head_bytes:
                 self._refuse(431, f"the request line and headers are over {self.max_head_bytes} bytes")
                 return
@@ -80,7 +85,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._disarm_read_deadline()
-        self._reading_head, self._head_bytes = True, 0
+        self._reading_head, self._head_bytes, self._head_tail = True, 0, b""
         super().on_message_complete()
 
     def _arm_read_deadline(self) -> None:

@@ -6,6 +6,7 @@ a user and 4 in all) so the bounds are measured in seconds; the defaults are in 
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -201,3 +202,22 @@ def test_the_client_waits_on_with_plain_reads_when_every_seat_is_taken(
 
     assert done["state"] == "succeeded"
     assert took < 5, f"{took:.1f} s: the client did not keep reading while the seats were taken"
+
+
+@pytest.mark.parametrize("size", [10_000, 40_000, 200_000])
+def test_a_body_is_not_counted_as_headers(live: LiveServer, size: int) -> None:
+    """The header limit counts the head only: POSTs far over it in body bytes (under the body and
+    kwargs limits) reach the route, sent by httpx and as one raw write of head and body together."""
+    job = {"name": "big", "entrypoint": "worker.tasks.seed:ddp_step", "kwargs": {"pad": "x" * size}}
+    body = json.dumps(job).encode()
+    with live.client() as client:
+        sent = client.post(JOBS, content=body, headers={"Content-Type": "application/json"})
+        assert sent.status_code == 201, sent.text
+    head = "\r\n".join([
+        f"POST {JOBS} HTTP/1.1", "Host: x", "Content-Type: application/json",
+        f"Authorization: {live.login()['Authorization']}", f"Content-Length: {len(body)}",
+        "Connection: close",
+    ])  # fmt: skip
+    with connect(live) as sock:
+        _, answer = closed_after(sock, [head.encode() + b"\r\n\r\n" + body], every_s=0.5)
+    assert answer.startswith(b"HTTP/1.1 201 "), answer[:200]
