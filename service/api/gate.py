@@ -53,7 +53,10 @@ class RequestGate:
         self._settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "websocket":  # the service has none: nothing unchecked gets through
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":  # lifespan
             await self._app(scope, receive, send)
             return
         headers = _headers(scope)

@@ -48,7 +48,8 @@ class Ending:
 
 def from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:
     """The ending told by the ranks' error files (at least one)."""
-    own = [error for error in errors if not LOST_PEER.search(error.text)]
+    # A job of one rank has no peer to lose: whatever it raised is its own.
+    own = [error for error in errors if world_size(job) == 1 or not LOST_PEER.search(error.text)]
     if own:  # a rank raised on its own: the job's failure, whatever its peers said after it
         cause = own[0]
         others = ", ".join(str(error.rank) for error in errors if error is not cause)
@@ -65,10 +66,10 @@ def from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:
 
 def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -> Ending:
     """The ending of an attempt whose processes have ended, from the scheduler's word and the files."""
-    result = read_result(files)
+    result = read_result(files, job.run_attempt)
     if result is not None and status.state in (JobState.succeeded, JobState.failed):
         return Ending(JobState.succeeded, None, "completed", result["value"])
-    errors = rank_errors(files)
+    errors = rank_errors(files, job.run_attempt)
     if errors:
         return from_rank_errors(job, errors)
     if status.state is JobState.timeout or _ran_out_of_time(job):
@@ -113,7 +114,7 @@ def _on(job: Job, rank: int) -> str:
 
 
 def _ran_out_of_time(job: Job) -> bool:
-    started = job.attempt_started_at or job.started_at or job.submitted_at
+    started = job.attempt_started_at  # this attempt's ranks: an earlier attempt's time is not its own
     limit_min = float(job.spec.get("resources", {}).get("timeout_min", 0) or 0)
     return started is not None and limit_min > 0 and (utcnow() - started).total_seconds() >= limit_min * 60
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from service.backends.base import SUBMITTED_SUFFIX
 from worker.spec import (
@@ -27,15 +29,50 @@ log = logging.getLogger(__name__)
 MAX_PROGRESS_READ = 4 * 1024 * 1024  # one tick reads at most this much; the rest waits for the next
 
 
-def read_result(files: JobFiles) -> dict[str, Any] | None:
-    """Rank 0's result.json, made storable: a job may write any JSON there, NaN and lone surrogates
-    included, and the ledger row must still be servable to every reader."""
+MAX_RESULT_BYTES = 16 * 1024 * 1024
+MAX_ERROR_BYTES = 1024 * 1024
+MAX_PLACEMENT_BYTES = 4096
+
+
+def open_job_file(path: Path) -> BinaryIO | None:
+    """`path` opened for reading if it is a regular file, else None. The job wrote its folder: a name
+    the service reads may be a link (to a secret the service can read and the job cannot), a FIFO
+    (open would block the reading thread for ever), or a folder. None of those is followed or read."""
     try:
-        value = json.loads(files.result.read_text())
-    except (FileNotFoundError, ValueError, RecursionError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # missing, a link (ELOOP), not permitted
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def read_job_file(path: Path, most: int) -> str | None:
+    """The first `most` bytes of a regular file of the job's, as text; None for anything else."""
+    handle = open_job_file(path)
+    if handle is None:
+        return None
+    try:
+        with handle:
+            return handle.read(most).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def read_result(files: JobFiles, attempt: int | None) -> dict[str, Any] | None:
+    """Rank 0's result.json of `attempt` (any attempt's when None: a job older than that column),
+    made storable: a job may write any JSON there, NaN and lone surrogates included, and the ledger row
+    must still be servable to every reader."""
+    text = read_job_file(files.result, MAX_RESULT_BYTES)
+    try:
+        value = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
         return None
     if not isinstance(value, dict) or "value" not in value:
         return None
+    if attempt is not None and value.get("attempt") != attempt:
+        return None  # an earlier attempt's: not this one's to end
     cleaned: dict[str, Any] = storable(value)
     return cleaned
 
@@ -47,18 +84,24 @@ class RankError:
     written: float  # when (the file's mtime)
 
 
-def rank_errors(files: JobFiles) -> list[RankError]:
-    """Every rank's error file, the first written first: it is the cause; ranks that fail after it
-    usually fail *because* of it (their peer vanished)."""
+def rank_errors(files: JobFiles, attempt: int | None) -> list[RankError]:
+    """Every rank's error file of `attempt` (files that name another are an earlier run's), the first
+    written first: it is the cause; ranks that fail after it usually fail *because* of it (their peer
+    vanished)."""
     found: list[RankError] = []
     for path in files.errors():
         rank = path.stem.removeprefix("error-rank")
-        try:
-            _, text = parse_error_text(path.read_text(errors="replace"))
-            written = path.stat().st_mtime
-        except FileNotFoundError:
+        handle = open_job_file(path)
+        if handle is None or not rank.isdigit():
             continue
-        if text.strip() and rank.isdigit():
+        try:
+            with handle:
+                written = os.fstat(handle.fileno()).st_mtime
+                raw = handle.read(MAX_ERROR_BYTES).decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        wrote_for, text = parse_error_text(raw)
+        if text.strip() and (attempt is None or wrote_for in (None, attempt)):
             found.append(RankError(int(rank), text.strip(), written))
     return sorted(found, key=lambda error: (error.written, error.rank))
 
@@ -68,21 +111,16 @@ def read_placement(files: JobFiles, attempt: int, world_size: int) -> list[dict[
     started yet, or wrote something unusable, is missing)."""
     found = []
     for rank in range(world_size):
-        try:
-            placed = parse_placement(files.placement(rank).read_text(errors="replace"), attempt)
-        except OSError:
-            continue
+        text = read_job_file(files.placement(rank), MAX_PLACEMENT_BYTES)
+        placed = parse_placement(text, attempt) if text is not None else None
         if placed is not None and placed.rank == rank:
             found.append(placed.model_dump())
     return found
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
-    """The last `lines` lines of a log file, or "" when there is none."""
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
+    """The last `lines` lines of a log file (of its first MiB), or "" when there is none."""
+    text = read_job_file(path, MAX_ERROR_BYTES) or ""
     return "".join(text.splitlines(keepends=True)[-lines:]).strip()
 
 
@@ -98,11 +136,14 @@ def submitted_external_id(files: JobFiles) -> str | None:
 def read_new_progress(path: Path, offset: int) -> tuple[list[ProgressRecord | CheckpointRecord], int] | None:
     """The records of the complete lines after byte `offset`, and the offset after them; None while
     there is no new complete line (rank 0 may be mid-write). Unusable lines are skipped and logged."""
+    handle = open_job_file(path)
+    if handle is None:
+        return None
     try:
-        with path.open("rb") as handle:
+        with handle:
             handle.seek(offset)
             chunk = handle.read(MAX_PROGRESS_READ)
-    except FileNotFoundError:
+    except OSError:
         return None
     end = chunk.rfind(b"\n")
     if end < 0:

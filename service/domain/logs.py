@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from service.backends.base import Backend
+from service.domain.job_files import open_job_file
 from service.errors import InvalidRequest
 from service.ledger.models import Job
 
@@ -52,7 +53,7 @@ def read_log(
 
 
 def _window_at(path: Path, offset: int, max_bytes: int) -> LogWindow:
-    with path.open("rb") as handle:
+    with _open(path) as handle:
         size = handle.seek(0, 2)
         handle.seek(min(offset, size))
         data = handle.read(max_bytes)
@@ -75,8 +76,16 @@ def _inside(path: Path, folder: Path) -> bool:
     return True
 
 
+def _open(path: Path) -> BinaryIO:
+    """The log, a regular file of the job's folder (never a link or a FIFO: service.domain.job_files)."""
+    handle = open_job_file(path)
+    if handle is None:
+        raise InvalidRequest("the log is not a regular file", field="rank")
+    return handle
+
+
 def _tail_text(path: Path, tail: int | None, max_bytes: int) -> str:
-    with path.open("rb") as handle:
+    with _open(path) as handle:
         handle.seek(0, 2)
         size = handle.tell()
         start = max(0, size - max_bytes)

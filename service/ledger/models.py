@@ -147,6 +147,9 @@ class Job(JobBase, table=True):
     external_id: str | None = Field(default=None, max_length=64, index=True)
     folder: str | None = None
     attempt: int = 1
+    # The attempt number the ranks of the current submission carry (RunSpec.attempt): a SLURM requeue
+    # starts a new attempt in the ledger, but the requeued ranks still write this one's number.
+    run_attempt: int | None = None
     retries: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))  # RetryPolicy
     retry_at: datetime | None = _time_column()  # retrying: the next attempt goes out from then
     nodes: str | None = None  # the hosts the current attempt runs on, as the scheduler lists them

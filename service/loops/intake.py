@@ -243,6 +243,7 @@ def _job_values(row: NewJob) -> dict[str, Any]:
         "external_id": None,
         "folder": None,
         "attempt": 1,
+        "run_attempt": None,
         "retries": row.retries,
         "retry_at": None,
         "nodes": None,

@@ -36,6 +36,7 @@ MAX_BACKOFF_S = 60.0  # the scheduler is down: ask it rarely
 WATCHED_COLUMNS = (col(Job.id), col(Job.external_id), col(Job.state), col(Job.reason), col(Job.folder))
 RESULT_CHECK_S = 0.25  # between ticks, rank 0's result is looked for this often
 RESULT_CHECKS_PER_PASS = 500  # above this many watched jobs, the passes space out to keep the stats bounded
+REAP_GRACE_S = 60.0  # a job ended by its result may take this long to exit before it is stopped
 MAX_LEDGER_BACKOFF_S = 5.0  # the database is down: it is ours, and the ledger should catch up soon after
 
 
@@ -52,8 +53,12 @@ class Reconciler:
             for name in backends
         ]
         self.ticks: dict[str, int] = dict.fromkeys(backends, 0)
-        # Per backend, the jobs its last tick watched: job id -> where rank 0 writes its result.
-        self._watched: dict[str, dict[int, Path]] = {name: {} for name in backends}
+        # Per backend, the jobs its last tick watched: job id -> (its run's id, where rank 0 writes its
+        # result); the runs ended by their result, watched until they are gone (id -> deadline); and
+        # what to cancel, until the backend has been told.
+        self._watched: dict[str, dict[int, tuple[str, Path]]] = {name: {} for name in backends}
+        self._reaps: dict[str, dict[str, float]] = {name: {} for name in backends}
+        self._cancels: dict[str, set[str]] = {name: set() for name in backends}
         self.last_duration_s: dict[str, float] = dict.fromkeys(backends, 0.0)
         for name, backend in backends.items():
             backend.set_wakeup(self._wakes[name].set)
@@ -112,25 +117,39 @@ class Reconciler:
         """End the watched jobs whose rank 0 has written its result (the job is done for its user; its
         processes are only exiting). Returns how many it ended."""
         watched = self._watched[backend_name]
-        found = [job_id for job_id, result in watched.items() if result.exists()]
+        found = [(job_id, run) for job_id, (run, result) in watched.items() if result.exists()]
         ended = 0
         if not found:
             return 0
         with write_scope(self._engine) as session:
-            for job_id in found:
+            for job_id, external_id in found:
                 watched.pop(job_id, None)
                 job = session.get(Job, job_id, with_for_update={"skip_locked": True})
-                if job is None or is_terminal(JobState(job.state)):
+                if job is None or not _still_the_run(job, external_id):
                     continue
                 files = JobFiles(Path(job.folder or "."))
-                result = read_result(files)
+                result = read_result(files, job.run_attempt)
                 if result is None:  # not a whole result (yet): the next tick reads it again
                     continue
                 ingest_progress(session, job, files.progress)
                 job.result = result["value"]
                 self._move(session, job, JobState.succeeded, "completed")
+                self._reap_later(backend_name, external_id)
                 ended += 1
         return ended
+
+    def _reap_later(self, backend_name: str, external_id: str) -> None:
+        """A job ended by its result: if its processes still run REAP_GRACE_S from now (a job may write
+        its result early and go on, outside its quota), the backend is told to stop them."""
+        self._reaps[backend_name][external_id] = time.monotonic() + REAP_GRACE_S
+
+    def _cancel_pending(self, backend_name: str) -> None:
+        """Cancel what the ticks decided to stop; what the backend refuses now is asked again next tick
+        (a previous attempt left running would share its folder with the next one)."""
+        pending = self._cancels[backend_name]
+        if pending:
+            self._backends[backend_name].cancel(sorted(pending))
+            pending.clear()
 
     # ---------------------------------------------------------------- one tick
 
@@ -147,14 +166,27 @@ class Reconciler:
                 )
             ).all()
         self._watched[backend_name] = {
-            job_id: JobFiles(Path(folder)).result for job_id, _, _, _, folder in watched if job_id and folder
+            job_id: (str(external_id), JobFiles(Path(folder)).result)
+            for job_id, external_id, _, _, folder in watched
+            if job_id and folder
         }
-        if not watched:
+        reaps = self._reaps[backend_name]
+        asked = [str(external_id) for _, external_id, _, _, _ in watched] + list(reaps)
+        if not asked:
+            self._cancel_pending(backend_name)
             return 0
         polled_at = utcnow()
-        statuses = backend.poll([str(external_id) for _, external_id, _, _, _ in watched])  # the one query
+        statuses = backend.poll(asked)  # the one query
         self.ticks[backend_name] += 1
-        to_cancel: list[str] = []
+        for external_id, deadline in list(reaps.items()):
+            status = statuses.get(external_id)
+            if status is None or is_terminal(status.state):
+                del reaps[external_id]  # gone as a finished job goes
+            elif time.monotonic() >= deadline:
+                del reaps[external_id]
+                log.warning("job %s runs on after its result: stopping it", external_id)
+                self._cancels[backend_name].add(external_id)
+        to_cancel = self._cancels[backend_name]
         newly_queued: dict[int, str | None] = {}  # submitted -> pending, written together below
         with write_scope(self._engine) as session:
             for job_id, external_id, state, reason, _ in watched:
@@ -170,14 +202,14 @@ class Reconciler:
                 # Replicas reconcile the same jobs. A row another one holds is being written right now,
                 # and a row changed since our poll already has a newer word than ours: leave both to
                 # the next tick, so no transition is written twice or undone by a stale status.
+                # A row of another run (a retry went out since the poll) is not this status's either.
                 job = session.get(Job, job_id, with_for_update={"skip_locked": True})
-                if job is None or is_terminal(JobState(job.state)) or job.updated_at > polled_at:
+                if job is None or not _still_the_run(job, str(external_id)) or job.updated_at > polled_at:
                     continue
                 if self._apply(session, job, status, backend_name):
-                    to_cancel.append(str(external_id))
+                    to_cancel.add(str(external_id))
             record_waiting(session, newly_queued, unchanged_since=polled_at)
-        if to_cancel:
-            backend.cancel(to_cancel)
+        self._cancel_pending(backend_name)
         self.last_duration_s[backend_name] = time.perf_counter() - started
         return len(watched)
 
@@ -196,21 +228,23 @@ class Reconciler:
             # and on a long queue each look is a file system call per job per tick.
             world = world_size(job)
             if job.placement is None or len(job.placement) < world:  # until every rank has said
-                placement = read_placement(files, job.attempt, world)
+                placement = read_placement(files, job.run_attempt or job.attempt, world)
                 if placement and placement != job.placement:
                     job.placement = placement
                     session.add(job)
-            errors = rank_errors(files)
+            errors = rank_errors(files, job.run_attempt)
             if errors:
                 # One rank raised while the others still run: end the attempt now rather than let
                 # the survivors wait out the rendezvous timeout.
                 end_attempt(session, job, from_rank_errors(job, errors), status.exit_code)
                 return True
-            result = read_result(files)
+            result = read_result(files, job.run_attempt)
             if result is not None:
                 # Rank 0 has its result: the job is done for its user; the processes are only exiting.
                 job.result = result["value"]
                 self._move(session, job, JobState.succeeded, "completed")
+                if job.external_id is not None:
+                    self._reap_later(backend_name, job.external_id)
                 return False
         if not is_terminal(target):
             self._move(session, job, target, status.reason)
@@ -226,6 +260,11 @@ class Reconciler:
         elif current is JobState.submitted and can_transition(JobState.pending, target):
             record_transition(session, job, JobState.pending, None)
             record_transition(session, job, target, reason)
+
+
+def _still_the_run(job: Job, external_id: str) -> bool:
+    """The job is still held by the backend as the run `external_id` (not ended, not on to a retry)."""
+    return JobState(job.state) in WATCHED_STATES and job.external_id == external_id
 
 
 def _still_waiting(state: str, reason: str | None, status: BackendStatus | None) -> bool:

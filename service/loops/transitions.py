@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import bindparam, insert, update
-from sqlmodel import Session, col
+from sqlmodel import Session, col, func, select
 
 from service.domain.endings import Ending
 from service.ledger.clock import note_changed
@@ -76,7 +76,7 @@ def record_transition(
         )
     if starts_new_attempt(target):
         job.attempt += 1
-        job.attempt_started_at = job.placement = None  # the next attempt's, once its ranks say
+        job.attempt_started_at = job.placement = job.nodes = None  # the next attempt's, once known
     job.state = target
     job.reason = reason
     if target is JobState.submitted:
@@ -100,20 +100,20 @@ def end_attempt(session: Session, job: Job, ending: Ending, exit_code: int | Non
     retry policy covers this kind of ending and has retries left, else for good."""
     if ending.state is JobState.succeeded:
         job.result = ending.result
+    if job.cancel_requested and ending.state is not JobState.succeeded:
+        # Its ranks may report lost peers while the cancel stops them: the user's cancel is the ending.
+        record_transition(session, job, JobState.cancelled, "cancelled by user", exit_code=exit_code)
+        return
     policy = RetryPolicy.model_validate(job.retries) if job.retries else None
-    if (
-        policy is None
-        or ending.kind not in policy.on
-        or job.attempt > policy.max
-        or job.cancel_requested
-    ):
+    retried = _retries_so_far(session, job) if policy is not None else 0
+    if policy is None or ending.kind not in policy.on or retried >= policy.max:
         record_transition(session, job, ending.state, ending.reason, exit_code=exit_code, kind=ending.kind)
         return
-    wait_s = policy.wait_s(job.attempt)
+    wait_s = policy.wait_s(retried + 1)
     job.retry_at = utcnow() + timedelta(seconds=wait_s)
     reason = (
         f"attempt {job.attempt} ended ({ending.kind}): {ending.reason}\n"
-        f"retry {job.attempt} of {policy.max}: attempt {job.attempt + 1} in {wait_s:g} s"
+        f"retry {retried + 1} of {policy.max}: attempt {job.attempt + 1} in {wait_s:g} s"
     )
     record_transition(
         session,
@@ -126,6 +126,14 @@ def end_attempt(session: Session, job: Job, ending: Ending, exit_code: int | Non
         ended_because=ending.reason,
     )
     job.external_id = None  # the next attempt gets the backend's new id; this one is in its attempt row
+
+
+def _retries_so_far(session: Session, job: Job) -> int:
+    """Attempts of this job its retry policy started: the ended ones, less those SLURM requeued."""
+    query = select(func.count()).where(
+        col(JobAttempt.job_id) == job.id, col(JobAttempt.state) != JobState.requeued.value
+    )
+    return int(session.exec(query).one())
 
 
 @dataclass(frozen=True)
@@ -158,12 +166,17 @@ def record_submissions(session: Session, accepted: Sequence[Submission]) -> None
             state=JobState.submitted,
             reason=bindparam("b_reason"),
             external_id=bindparam("b_external_id"),
+            run_attempt=bindparam("b_attempt"),
             submitted_at=now,
             retry_at=None,
             claimed_by=None,
             claimed_at=None,
         ),
-        [{"b_id": one.job_id, "b_reason": one.reason, "b_external_id": one.external_id} for one in accepted],
+        [
+            {"b_id": one.job_id, "b_reason": one.reason, "b_external_id": one.external_id,
+             "b_attempt": one.attempt}
+            for one in accepted
+        ],
     )
     connection.execute(
         insert(JobEvent),

@@ -255,8 +255,10 @@ def test_a_retried_job_lists_its_attempts(browser: Browser, tmp_path: Path) -> N
             expect(rows.nth(0)).to_contain_text("n[1-2]")
             expect(rows.nth(1).locator(".badge")).to_have_text("retrying")
             expect(page.locator(".job-head .badge")).to_have_text("running", timeout=15_000)
+            fake.set_status(job_id, JobState.running, nodes="n[3-4]")  # attempt 2 runs elsewhere
+            expect(page.locator(".facts dt:text-is('Runs on') + dd")).to_have_text("n[3-4]")
             fake.finish(job_id, {"ok": True})
             expect(page.locator(".job-head .badge")).to_have_text("succeeded")
             expect(rows.nth(1).locator(".badge")).to_have_text("succeeded")
-            expect(page.locator(".facts dt:text-is('Runs on') + dd")).to_have_text("n[1-2]")
+            expect(rows.nth(1)).to_contain_text("n[3-4]")
             shot(page, tmp_path, "job-retried")

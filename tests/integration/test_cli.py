@@ -7,6 +7,7 @@ shared by the tests through a module fixture, and one job cancelled as soon as i
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -103,7 +104,8 @@ def test_submit_wait_exits_nonzero_with_the_reason_when_the_job_fails(failing: t
     job_id, run = failing
     assert run.code == 1, run.both
     assert f"failed  job {job_id} fails-on-rank-1" in run.out
-    assert "reason: rank 1 raised" in run.out and "deliberate failure (rank 1)" in run.out
+    assert f"reason: rank 1 on {os.uname().nodename} raised" in run.out, run.out
+    assert "deliberate failure (rank 1)" in run.out
     assert f"torchyard logs {job_id} --rank 0" in run.out
 
 

@@ -18,6 +18,7 @@ from service.backends.slurm_submit import script_token
 from service.config import Settings
 from service.domain.job_files import submitted_external_id
 from service.errors import BackendError
+from tests.support import wait_for
 from tests.unit.backends.slurm_fakes import FakeCommands, fail, ok, recorded
 from tests.unit.backends.test_slurm_submit import config, make
 from worker.spec import JobFiles, RunSpec
@@ -145,6 +146,9 @@ def test_a_submission_slurm_does_not_hold_or_already_ended_is_safe_to_send_again
 def sbatch_still_running(killed: KilledDuringSbatch) -> Iterator[None]:
     """A process on this host with the array's script on its command line, as a dead dispatcher's sbatch."""
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", killed.scripts[0]])
+    # Until the child has exec'd, /proc shows the parent's command line: wait for the script on it.
+    cmdline = Path(f"/proc/{process.pid}/cmdline")
+    wait_for(lambda: str(killed.scripts[0]).encode() in cmdline.read_bytes(), 10, "the fake sbatch to start")
     yield
     process.kill()
     process.wait()

@@ -16,6 +16,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    op.add_column("job", sa.Column("run_attempt", sa.Integer(), nullable=True))
     op.add_column("job", sa.Column("retries", sa.JSON(), nullable=True))
     op.add_column("job", sa.Column("retry_at", UTCDateTime(timezone=True), nullable=True))
     op.add_column("job", sa.Column("nodes", sa.String(), nullable=True))
@@ -43,5 +44,5 @@ def downgrade() -> None:
     op.drop_index("ix_jobattempt_job_attempt", table_name="jobattempt")
     op.drop_table("jobattempt")
     with op.batch_alter_table("job") as batch:
-        for column in ("attempt_started_at", "placement", "nodes", "retry_at", "retries"):
+        for column in ("attempt_started_at", "placement", "nodes", "retry_at", "retries", "run_attempt"):
             batch.drop_column(column)
