@@ -360,3 +360,20 @@ def test_a_result_is_noticed_between_ticks_without_asking_the_scheduler(settings
     assert done["result"] == {"ok": True} and done["reason"] == "completed"
     assert took < 1.5, f"{took:.2f} s"
     assert len(slow.poll_calls) == polls  # no scheduler call made it
+
+
+def test_a_job_that_runs_on_after_its_result_is_stopped(
+    api: TestClient, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The result ends the job for its user at once; its processes get a grace to exit, and are
+    stopped if the scheduler still lists them running after it (a job may write its result early
+    and go on, outside its quota)."""
+    monkeypatch.setattr("service.loops.reconcile.REAP_GRACE_S", 0.5)
+    job_id = submit(api)["id"]
+    wait_state(api, job_id, "running")
+    fake.specs[job_id].files.result.write_text('{"attempt": 1, "value": {"ok": true}}')  # still "running"
+
+    wait_state(api, job_id, "succeeded")
+    wait_for(lambda: [fake.external_id(job_id)] in fake.cancel_calls, 5, "the leftover run to be stopped")
+
+    assert get_job(api, job_id)["state"] == "succeeded"  # stopping it changes nothing in the ledger
