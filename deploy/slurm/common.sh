@@ -27,10 +27,13 @@ elapsed() { awk -v s="$START_NS" -v n="$(date +%s%N)" 'BEGIN { printf "%.1f", (n
 
 # pid_alive PIDFILE NAME: the pid file names a live process whose command is NAME.
 pid_alive() {
-  local pid
+  local pid state
   [ -r "$1" ] || return 1
   pid=$(cat "$1" 2>/dev/null) || return 1
-  [ -n "$pid" ] && [ -r "/proc/$pid/comm" ] && [ "$(cat "/proc/$pid/comm")" = "$2" ]
+  [ -n "$pid" ] && [ -r "/proc/$pid/comm" ] && [ "$(cat "/proc/$pid/comm")" = "$2" ] || return 1
+  # A daemon killed a moment ago stays a zombie until its parent reaps it: that is not alive.
+  state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [ "$state" != Z ]
 }
 
 # stop_pidfiles SECONDS PIDFILE:NAME...: TERM them all at once (each takes ~2 s to go), wait for them,

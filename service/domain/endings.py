@@ -72,13 +72,13 @@ def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -
     errors = rank_errors(files, job.run_attempt)
     if errors:
         return from_rank_errors(job, errors)
+    if status.kind is not None:  # the scheduler named it: a node failure, OOM, a preemption
+        nodes = f" (nodes {job.nodes})" if job.nodes else ""
+        return Ending(JobState.failed, status.kind, f"{status.reason or status.kind}{nodes}")
     if status.state is JobState.timeout or _ran_out_of_time(job):
         return Ending(JobState.timeout, "timeout", status.reason or "exceeded its time limit")
     if status.state is JobState.cancelled:
         return Ending(JobState.cancelled, "cancel", status.reason or "cancelled")
-    if status.kind is not None:  # the scheduler named it: a node failure, OOM, a preemption
-        nodes = f" (nodes {job.nodes})" if job.nodes else ""
-        return Ending(JobState.failed, status.kind, f"{status.reason or status.kind}{nodes}")
     code = f" (exit code {status.exit_code})" if status.exit_code is not None else ""
     if status.exit_code == SIGKILL_EXIT:
         reason = f"every rank was killed without a word{code}: out of memory, most likely"
@@ -114,7 +114,9 @@ def _on(job: Job, rank: int) -> str:
 
 
 def _ran_out_of_time(job: Job) -> bool:
-    started = job.attempt_started_at  # this attempt's ranks: an earlier attempt's time is not its own
+    """The current submission has had its time: counted from when it first ran (or, for a retry,
+    from its own submission), so that SLURM's requeues within it count and earlier attempts do not."""
+    started = max((moment for moment in (job.started_at, job.submitted_at) if moment), default=None)
     limit_min = float(job.spec.get("resources", {}).get("timeout_min", 0) or 0)
     return started is not None and limit_min > 0 and (utcnow() - started).total_seconds() >= limit_min * 60
 

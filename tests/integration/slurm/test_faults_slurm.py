@@ -261,8 +261,19 @@ FAILED_POLL = re.compile(r"slurm status query failed .*; next try in (\d+) s")
 
 
 def controller(action: str) -> None:
-    """Stop or start slurmctld alone (deploy/slurm/controller.sh); nodes and running jobs stay."""
+    """Stop or start slurmctld alone (deploy/slurm/controller.sh); nodes and running jobs stay.
+
+    A started controller knows its nodes' state only once their slurmd have registered again: until
+    then it refuses a 2-node request ("Requested node configuration is not available"), so `start`
+    returns once no node is in state unknown, and the next test finds the cluster whole."""
     subprocess.run(["bash", str(CONTROLLER), action], check=True, timeout=90, capture_output=True)
+    if action == "start":
+        wait_for(lambda: "unk" not in _node_states(), 60, "the nodes to register with the controller")
+
+
+def _node_states() -> str:
+    done = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    return done.stdout if done.returncode == 0 else "unk"
 
 
 def metric(api: Api, name: str) -> float:
@@ -320,7 +331,9 @@ def test_slurmctld_restart_while_jobs_run(tmp_path: Path) -> None:
                 slowest_read = max(slowest_read, time.monotonic() - began)
                 assert listed.status_code == 200 and read.status_code == 200, (listed.text, read.text)
                 assert {j["id"] for j in listed.json()["items"]} == {c.id for c in cases}
-                assert read.json()["state"] == "running"  # its last known state: not lost, not guessed
+                # Its last known state, not lost, not guessed; or, once it has ended, what rank 0's
+                # result says: the result is read from the job folder, SLURM or not.
+                assert read.json()["state"] in ("running", "succeeded"), read.text
                 time.sleep(0.5)
             assert api.job(during_ok.id)["state"] == "queued"  # waits for the controller, not failed
             poster.join(timeout=60)

@@ -131,8 +131,7 @@ def test_a_node_that_dies_under_a_two_node_job_is_a_node_failure_retried_once_it
     try:
         retrying = wait_for(lambda: (j := api.job(job_id))["state"] == "retrying" and j, 120, "a retry")
     finally:
-        subprocess.run(["bash", "deploy/slurm/up.sh", "--nodes", "2", "--no-smoke"], cwd=ROOT,
-                       capture_output=True, timeout=180, check=True)  # fmt: skip
+        revive_node("n2")
 
     done = api.finished(job_id, timeout=300)
 
@@ -144,6 +143,22 @@ def test_a_node_that_dies_under_a_two_node_job_is_a_node_failure_retried_once_it
     assert done["state"] == "succeeded", done["reason"]
     assert done["attempt"] == 2 and done["result"]["world_size"] == 2
     assert done["nodes"] == "n[1-2]"
+
+
+def revive_node(name: str) -> None:
+    """Start the node's slurmd again (deploy/slurm/up.sh; its own wait may give up while the controller
+    still has the node down), resume it, and wait until the controller can place jobs on it."""
+    subprocess.run(["bash", "deploy/slurm/up.sh", "--nodes", "2", "--no-smoke"], cwd=ROOT,
+                   capture_output=True, timeout=180)  # fmt: skip
+    resume = ["scontrol", "update", f"nodename={name}", "state=resume"]
+    subprocess.run(resume, capture_output=True, timeout=30)
+
+    def usable() -> bool:
+        asked = ["sinfo", "-h", "-n", name, "-o", "%T"]
+        done = subprocess.run(asked, capture_output=True, text=True, timeout=30)
+        return done.stdout.strip() in ("idle", "mixed", "allocated", "completing")
+
+    wait_for(usable, 90, f"{name} to take jobs again")
 
 
 def kill_node(name: str) -> int:
