@@ -198,3 +198,20 @@ def authorize(client: TestClient, user: str = "alice", admin: bool = False) -> T
     """Make every request of this entered TestClient carry a token for `user`."""
     client.headers.update(login_headers(client.app, user, admin))
     return client
+
+
+def rank_pid(folder: str, rank: int, rank_variable: str) -> int:
+    """The process of `rank` of the job in `folder`: its ranks run submitit's `_submit <folder>/submitit`
+    and carry their rank in `rank_variable` (SLURM_PROCID, SUBMITIT_LOCAL_GLOBALID)."""
+    marker = f"{rank_variable}={rank}\0".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if folder.encode() in cmdline and marker in environ and b"_submit" in cmdline:
+            return int(entry.name)
+    raise AssertionError(f"no process of rank {rank} of {folder}")

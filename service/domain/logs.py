@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from service.backends.base import Backend
+from service.domain.endings import world_size
 from service.domain.job_files import open_job_file
 from service.errors import InvalidRequest
 from service.ledger.models import Job
@@ -33,7 +34,7 @@ def read_log(
 
     Only ever one window of the file is read: a log of many gigabytes costs what a small one does.
     """
-    ranks = _world_size(job)
+    ranks = world_size(job)
     if not 0 <= rank < ranks:
         raise InvalidRequest(f"must be between 0 and {ranks - 1} for this job", field="rank")
     if offset is not None and tail is not None:
@@ -61,11 +62,6 @@ def _window_at(path: Path, offset: int, max_bytes: int) -> LogWindow:
     if len(data) == max_bytes and b"\n" in data:  # stop at a line's end: never split a character
         data = data[: data.rindex(b"\n") + 1]
     return LogWindow(data.decode("utf-8", errors="replace"), size, start + len(data))
-
-
-def _world_size(job: Job) -> int:
-    resources: dict[str, Any] = job.spec.get("resources", {})
-    return int(resources.get("nodes", 1)) * int(resources.get("tasks_per_node", 1))
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -24,7 +24,7 @@ from service.app import create_app
 from service.config import Settings
 from tests.integration.test_faults_local import assert_nothing_left, ended
 from tests.serving import LiveServer, serve
-from tests.support import wait_for
+from tests.support import rank_pid, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,7 @@ def test_a_rank_killed_mid_training_is_a_node_failure_and_the_job_is_retried(liv
     )
     job = wait_for(lambda: (j := live.get(f"{JOBS}/{job_id}").json())["latest_checkpoint"] and j, 180,
                    "the first checkpoint")  # fmt: skip
-    victim = rank_pid(job["folder"], rank=1)
+    victim = rank_pid(job["folder"], 1, "SUBMITIT_LOCAL_GLOBALID")
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
 
@@ -117,19 +117,3 @@ def test_a_rank_killed_mid_training_is_a_node_failure_and_the_job_is_retried(liv
     print(f"\nrank 1 killed; the job succeeded on attempt 2 {time.monotonic() - killed_at:.1f} s later")
     assert_nothing_left(done)
 
-
-def rank_pid(folder: str, rank: int) -> int:
-    """The process of `rank` of the job in `folder`: submitit's local ranks run `_submit <folder>/submitit`
-    and carry their global rank in their environment."""
-    marker = f"SUBMITIT_LOCAL_GLOBALID={rank}\0".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if folder.encode() in cmdline and marker in environ and b"_submit" in cmdline:
-            return int(entry.name)
-    raise AssertionError(f"no process of rank {rank} of {folder}")

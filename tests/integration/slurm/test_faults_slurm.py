@@ -192,16 +192,18 @@ def test_sigkill_with_twenty_jobs_in_flight_on_both_backends(tmp_path: Path) -> 
     assert at_kill["running"] >= 4 and at_kill["pending"] >= 2, at_kill
 
 
-def slow_sbatch(folder: Path, started: Path, seconds: float) -> Path:
-    """A `sbatch` first on PATH that, for a real submission, notes that it began and waits before it
-    runs the real one: a window in which to kill the service while its sbatch is in flight."""
+def slow_sbatch(folder: Path, started: Path, seconds: float, only_while: Path | None = None) -> Path:
+    """A `sbatch` first on PATH that, for a real submission (while `only_while` exists, when given),
+    notes that it began and waits before it runs the real one: a window in which to kill the service
+    while its sbatch is in flight."""
     real = shutil.which("sbatch")
     assert real is not None
     folder.mkdir(parents=True)
     wrapper = folder / "sbatch"
+    when = f"[ -e {only_while} ] && " if only_while is not None else ""
     wrapper.write_text(
         "#!/bin/bash\n"
-        f'[[ " $* " == *" --test-only "* ]] || {{ touch {started}; sleep {seconds}; }}\n'
+        f'if {when}[[ " $* " != *" --test-only "* ]]; then touch {started}; sleep {seconds}; fi\n'
         f'exec {real} "$@"\n'
     )
     wrapper.chmod(0o755)

@@ -6,7 +6,6 @@ same torchyard job, resumed from the newest checkpoint.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -25,9 +24,10 @@ from tests.integration.slurm.conftest import (
     service_env,
     slurm_now,
 )
+from tests.integration.slurm.test_faults_slurm import slow_sbatch
 from tests.integration.slurm.test_service_slurm import scancel_ours, settings_for
 from tests.serving import LiveServer, serve
-from tests.support import ROOT, issue_token, wait_for
+from tests.support import ROOT, issue_token, rank_pid, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -90,7 +90,7 @@ def test_a_rank_killed_on_slurm_is_a_node_failure_and_the_job_is_retried(api: Ap
                         kwargs={**KWARGS, "sleep_per_step": 0.3},
                         resources={"nodes": 2, "tasks_per_node": 1, "timeout_min": 5})["id"]  # fmt: skip
     job = first_checkpoint(api, job_id)
-    os.kill(rank_pid(job["folder"], rank=1), signal.SIGKILL)
+    os.kill(rank_pid(job["folder"], 1, "SLURM_PROCID"), signal.SIGKILL)
 
     done = api.finished(job_id, timeout=240)
 
@@ -180,23 +180,6 @@ def kill_node(name: str) -> int:
     return killed
 
 
-def rank_pid(folder: str, rank: int) -> int:
-    """The process of `rank` of the job in `folder` (the cluster's slurmd run on this machine): its
-    command line names the job's submitit folder, and SLURM gives it SLURM_PROCID."""
-    marker = f"SLURM_PROCID={rank}\0".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if folder.encode() in cmdline and marker in environ and b"_submit" in cmdline:
-            return int(entry.name)
-    raise AssertionError(f"no process of rank {rank} of {folder}")
-
-
 def test_a_service_killed_during_the_backoff_and_during_the_retrys_sbatch_makes_exactly_one_retry(
     tmp_path: Path,
 ) -> None:
@@ -207,7 +190,7 @@ def test_a_service_killed_during_the_backoff_and_during_the_retrys_sbatch_makes_
     started, slow = tmp_path / "sbatch-started", tmp_path / "slow"
     env = service_env(data, database, default_backend="slurm", reconcile_interval_s="1",
                       dispatch_interval_s="0.5")  # fmt: skip
-    env["PATH"] = f"{sbatch_slow_when(tmp_path / 'bin', slow, started)}:{env['PATH']}"
+    env["PATH"] = f"{slow_sbatch(tmp_path / 'bin', started, 4, only_while=slow)}:{env['PATH']}"
     token = ledger_token(database)
     since = slurm_now()
     body = {
@@ -251,19 +234,3 @@ def test_a_service_killed_during_the_backoff_and_during_the_retrys_sbatch_makes_
                                                                         (2, "succeeded", None)]  # fmt: skip
     assert "adopted after a dispatcher restart" in reasons, reasons
     assert slurm_jobs == sorted([history[0]["external_id"], done["external_id"]])  # one retry, not two
-
-
-def sbatch_slow_when(folder: Path, flag: Path, started: Path) -> Path:
-    """A `sbatch` first on PATH that, while `flag` exists, notes that a real submission began and
-    waits 4 s before it runs the real one."""
-    real = shutil.which("sbatch")
-    assert real is not None
-    folder.mkdir(parents=True)
-    wrapper = folder / "sbatch"
-    wrapper.write_text(
-        "#!/bin/bash\n"
-        f'if [ -e {flag} ] && [[ " $* " != *" --test-only "* ]]; then touch {started}; sleep 4; fi\n'
-        f'exec {real} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return folder
