@@ -22,6 +22,7 @@ class NullBackend:
     name = "slurm"
     poll_interval_s = 3600.0  # the ledger under measurement changes only by the bench's own writes
     max_nodes = None
+    runs_arrays = True
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)

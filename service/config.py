@@ -43,6 +43,7 @@ class Settings(BaseSettings):
     max_gpus_per_job: int = Field(64, ge=0, description="Default per-user limit: nodes x gpus_per_node.")
     max_active_jobs_per_user: int = Field(200, ge=1, description="Default per-user limit: unfinished jobs.")
     max_submissions_per_minute: int = Field(600, ge=1, description="Default per-user limit on POSTs.")
+    max_sweep_trials: int = Field(1000, ge=1, description="Most trials one sweep may make.")
     min_free_disk_mb: int = Field(64, ge=0, description="Refuse new jobs when data_dir has less free.")
 
     dev_mode: bool = Field(False, description="No tokens: every caller is admin 'dev'. Loopback only.")

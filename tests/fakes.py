@@ -37,6 +37,7 @@ class FakeBackend:
         self.default = default
         self.poll_interval_s = poll_interval_s
         self.max_nodes = 1 if name == "local" else None  # as the real backend of that name declares
+        self.runs_arrays = name != "local"
         self.submit_error: str | None = None
         self.reject: dict[str, str] = {}
         self.refuse_validation: str | None = None

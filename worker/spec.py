@@ -65,6 +65,16 @@ class Resources(BaseModel):
         return self.nodes * self.tasks_per_node
 
 
+class ArrayGroup(BaseModel):
+    """Jobs the scheduler should take as one array (a sweep's trials): the service's concern, which
+    the ranks ignore. `max_parallel`: at most this many of them run at once (SLURM's `%N`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    max_parallel: int | None = None
+
+
 class RunSpec(BaseModel):
     """Everything a rank needs to run one attempt of a job."""
 
@@ -83,6 +93,7 @@ class RunSpec(BaseModel):
     rendezvous_timeout_s: float = Field(300.0, gt=0)
     resume_from: str | None = None  # checkpoint path the ledger last recorded
     run_as: str | None = None  # the Unix account the service starts this job's processes as
+    group: ArrayGroup | None = None  # submitted with the other jobs of this group, as one array
 
     @field_validator("entrypoint")
     @classmethod

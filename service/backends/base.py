@@ -59,6 +59,12 @@ class Backend(Protocol):
         ...
 
     @property
+    def runs_arrays(self) -> bool:
+        """True: jobs of one ArrayGroup handed over together become one scheduler array, throttled by
+        the scheduler to its max_parallel. False: the dispatcher holds them back to max_parallel."""
+        ...
+
+    @property
     def max_nodes(self) -> int | None:
         """The most nodes one job can span here; None: the scheduler decides (validate asks it)."""
         ...

@@ -38,6 +38,7 @@ _CONTROLLER_MARK = b"submitit.local._local"
 class LocalBackend:
     name = "local"
     max_nodes = 1  # this machine
+    runs_arrays = False  # no scheduler to throttle a sweep: the dispatcher does
 
     def __init__(self, environment: JobEnvironment, poll_interval_s: float = 0.25) -> None:
         # Checking a local job is a waitpid and a file look, so it can be done often.

@@ -38,6 +38,7 @@ from service.backends.slurm_submit import (
     sbatch_parameters,
     sbatch_still_running,
     script_token,
+    share_throttle,
     staged_pickles,
     submit_group,
 )
@@ -140,6 +141,7 @@ def _chunks(items: Sequence[str], size: int) -> Iterator[list[str]]:
 class SlurmBackend:
     name = "slurm"
     max_nodes = None  # the partition's limit: sbatch --test-only answers it (validate)
+    runs_arrays = True  # a sweep is one job array, throttled with %max_parallel
 
     def __init__(
         self,
@@ -395,8 +397,10 @@ class SlurmBackend:
 
     def _submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         outcomes: list[SubmitOutcome | None] = [None] * len(specs)
-        # One sbatch is one account's: jobs go together when their parameters and account agree.
-        groups: dict[tuple[str | None, tuple[tuple[str, Any], ...]], list[int]] = {}
+        # One sbatch is one account's: jobs go together when their parameters, account and array
+        # group (a sweep) agree; a sweep's arrays share its max_parallel.
+        groups: dict[tuple[str | None, tuple[tuple[str, Any], ...], str | None], list[int]] = {}
+        throttles: dict[str | None, int | None] = {None: None}
         for index, spec in enumerate(specs):
             try:
                 params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
@@ -405,15 +409,20 @@ class SlurmBackend:
             except (OSError, ValueError) as error:
                 outcomes[index] = SubmitOutcome(spec.job_id, error=f"cannot prepare the job: {error}")
                 continue
-            groups.setdefault((spec.run_as, group_key(params)), []).append(index)
+            group = spec.group.key if spec.group is not None else None
+            if spec.group is not None:
+                throttles[group] = spec.group.max_parallel
+            groups.setdefault((spec.run_as, group_key(params), group), []).append(index)
         size = self.max_array_size()
         unreachable: str | None = None
-        for (run_as, key), members in groups.items():
-            for start in range(0, len(members), size):
-                chunk = members[start : start + size]
+        for (run_as, key, group), members in groups.items():
+            chunks = [members[start : start + size] for start in range(0, len(members), size)]
+            for chunk, parallelism in zip(chunks, share_throttle(throttles[group], len(chunks)), strict=True):
                 if unreachable is None:
                     try:
-                        results = self._submit_chunk([specs[i] for i in chunk], dict(key), run_as)
+                        results = self._submit_chunk(
+                            [specs[i] for i in chunk], dict(key), run_as, parallelism
+                        )
                     except _Refused as error:
                         if not any(o is not None and o.accepted for o in outcomes):
                             raise BackendError(f"SLURM is unreachable: {error.message}") from error
@@ -427,12 +436,12 @@ class SlurmBackend:
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _submit_chunk(
-        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None
+        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None, parallelism: int | None = None
     ) -> list[SubmitOutcome]:
         """Outcomes for jobs sharing params and account; raises _Refused only when SLURM cannot be
         reached."""
         try:
-            ids = self._sbatch_group(specs, params, run_as)
+            ids = self._sbatch_group(specs, params, run_as, parallelism)
             return [SubmitOutcome(spec.job_id, external_id=one) for spec, one in zip(specs, ids, strict=True)]
         except _Refused as refusal:
             if refusal.transient:
@@ -448,7 +457,9 @@ class SlurmBackend:
             log.exception("submitting %d job(s) failed", len(specs))
             return [SubmitOutcome(spec.job_id, error=f"submission failed: {error}") for spec in specs]
 
-    def _sbatch_group(self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None) -> list[str]:
+    def _sbatch_group(
+        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None, parallelism: int | None
+    ) -> list[str]:
         account = Account.of_job(run_as)
         environment = {**self._job_environment.variables(account), **slurm_conf()}
         return submit_group(
@@ -457,6 +468,7 @@ class SlurmBackend:
             arrays_dir=self._settings.data_dir / "slurm-arrays",
             sbatch=functools.partial(self._sbatch, account=account, environment=environment),
             python=self._job_environment.python,
+            parallelism=parallelism,
         )
 
     @functools.cached_property

@@ -71,6 +71,15 @@ def warning_signal_delay_s(timeout_min: int) -> int:
     return max(5, min(90, timeout_min * 60 // 4))
 
 
+def share_throttle(max_parallel: int | None, arrays: int) -> list[int | None]:
+    """Each array's `%N` when one group (a sweep) needs `arrays` arrays: together at most
+    `max_parallel` (None: no throttle). With more arrays than that, each runs one job at a time."""
+    if max_parallel is None:
+        return [None] * arrays
+    base, extra = divmod(max_parallel, arrays)
+    return [max(1, base + (1 if index < extra else 0)) for index in range(arrays)]
+
+
 def check_argv(params: dict[str, Any]) -> list[str]:
     """`sbatch --test-only` for these parameters: the scheduler's verdict without a job. No shell."""
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in sorted(params.items())]
@@ -186,12 +195,14 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         python: str | None = None,
         job_folders: Sequence[Path] = (),
         before_sbatch: Callable[[], None] = lambda: None,
+        parallelism: int | None = None,
     ) -> None:
         """`job_folders`: each element's own submitit folder, where its pickle is staged (the array
         template `folder` reaches them through links that `before_sbatch` waits for)."""
         self._sbatch = sbatch
         self._job_folders = list(job_folders)
         self._before_sbatch = before_sbatch
+        self._parallelism = parallelism
         super().__init__(folder, python=python)
 
     @classmethod
@@ -219,8 +230,8 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
             delayed.dump(staged[-1].path)
             staged[-1].path.chmod(0o644)  # the job's account reads it; its folder keeps others out
         params = dict(self.parameters)
-        if count > 1:
-            params.update(map_count=count, array_parallelism=count)  # no throttle: independent jobs
+        if count > 1:  # independent jobs run unthrottled; a sweep's as wide as its max_parallel
+            params.update(map_count=count, array_parallelism=min(count, self._parallelism or count))
         script = root / script_name(token)
         text = submitit_slurm._make_sbatch_string(
             command=self._submitit_command_str, folder=self.folder, **params
@@ -252,6 +263,7 @@ def submit_group(
     arrays_dir: Path,
     sbatch: SbatchRunner,
     python: str,
+    parallelism: int | None = None,
 ) -> list[str]:
     """Submit jobs that share `params` and an account in one sbatch (an array when there are several);
     their ids. `sbatch` runs with the job's built environment (it passes its own on, and srun the
@@ -271,7 +283,12 @@ def submit_group(
         workdir = array_root(arrays_dir)
         linked = _LINKER.submit(link_array_folders, workdir, folders)
         executor = TorchyardSlurmExecutor(
-            workdir / "%a", sbatch=sbatch, python=python, job_folders=folders, before_sbatch=linked.result
+            workdir / "%a",
+            sbatch=sbatch,
+            python=python,
+            job_folders=folders,
+            before_sbatch=linked.result,
+            parallelism=parallelism,
         )
     executor.update_parameters(
         **params,

@@ -55,7 +55,7 @@ def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
     return stamp
 
 
-def _decode_cursor(cursor: str) -> int:
+def decode_cursor(cursor: str) -> int:
     try:
         job_id = int(base64.urlsafe_b64decode(cursor.encode()).decode())
     except (ValueError, binascii.Error, UnicodeDecodeError) as error:
@@ -65,7 +65,7 @@ def _decode_cursor(cursor: str) -> int:
     return job_id
 
 
-def _encode_cursor(job_id: int) -> str:
+def encode_cursor(job_id: int) -> str:
     return base64.urlsafe_b64encode(str(job_id).encode()).decode()
 
 
@@ -98,10 +98,10 @@ def list_jobs(
     if updated_since is not None:
         query = query.where(Job.updated_at >= updated_since)
     if cursor:
-        query = query.where(col(Job.id) < _decode_cursor(cursor))
+        query = query.where(col(Job.id) < decode_cursor(cursor))
     rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit + 1)).all()
     items = [JobPublic.model_validate(row, from_attributes=True) for row in rows[:limit]]
-    next_cursor = _encode_cursor(items[-1].id) if len(rows) > limit else None
+    next_cursor = encode_cursor(items[-1].id) if len(rows) > limit else None
     return JobPage(items=items, next_cursor=next_cursor, server_time=as_of.stamped_at)
 
 
@@ -165,27 +165,45 @@ def list_metrics(
 
 
 def cancel_job(engine: Engine, job_id: int, backends: Mapping[str, Backend], viewer: Principal) -> Job:
-    """Idempotent: a terminal job is returned as it is; anything else ends up cancelled.
+    """Idempotent: a terminal job is returned as it is; anything else ends up cancelled."""
+    return cancel_jobs(engine, [job_id], backends, viewer)[0]
+
+
+def cancel_jobs(
+    engine: Engine, job_ids: Sequence[int], backends: Mapping[str, Backend], viewer: Principal
+) -> list[Job]:
+    """Cancel these jobs (all visible to `viewer`) with one scheduler call per backend; idempotent.
 
     Its own transactions, because the scheduler is called between them: the request is committed
-    first and the row lock released, since `scancel` may take many seconds and a job row locked that
+    first and the row locks released, since `scancel` may take many seconds and a job row locked that
     long stalls the reconciler and every other writer of the job. When the scheduler cannot be told,
-    the raised BackendError answers the caller; the job keeps `cancel_requested` and runs on until a
+    the raised BackendError answers the caller; the jobs keep `cancel_requested` and run on until a
     retried cancel gets through.
     """
     # write_scope: on SQLite a row lock is no lock, so the reconciler's writes and these take turns
     with write_scope(engine) as session:
-        job = _request_cancel(session, job_id, viewer)
-        external_id = None if is_terminal(JobState(job.state)) else job.external_id
-    if external_id is None:
-        return job
-    require_backend(backends, job.backend).cancel([external_id])
+        jobs = [_request_cancel(session, job_id, viewer) for job_id in job_ids]
+        held = {
+            job.id: (job.backend, job.external_id)
+            for job in jobs
+            if job.id is not None and job.external_id is not None and not is_terminal(JobState(job.state))
+        }
+    by_backend: dict[str, list[str]] = {}
+    for backend_name, external_id in held.values():
+        by_backend.setdefault(backend_name, []).append(external_id)
+    for backend_name, external_ids in by_backend.items():
+        require_backend(backends, backend_name).cancel(external_ids)
+    if not held:
+        return jobs
     with write_scope(engine) as session:
-        job = get_job(session, job_id, viewer)
-        session.refresh(job, with_for_update=True)  # the reconciler may have ended it meanwhile
-        if not is_terminal(JobState(job.state)):
-            record_transition(session, job, JobState.cancelled, "cancelled by user")
-    return job
+        ended = []
+        for job_id in job_ids:
+            job = get_job(session, job_id, viewer)
+            session.refresh(job, with_for_update=True)  # the reconciler may have ended it meanwhile
+            if job_id in held and not is_terminal(JobState(job.state)):
+                record_transition(session, job, JobState.cancelled, "cancelled by user")
+            ended.append(job)
+    return ended
 
 
 def _request_cancel(session: Session, job_id: int, viewer: Principal) -> Job:

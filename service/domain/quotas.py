@@ -85,9 +85,10 @@ def count_unfinished(session: Session, user: str) -> int:
     return int(session.exec(query).one())
 
 
-def too_many_unfinished(active: int, limit: int) -> RetryLater:
+def too_many_unfinished(active: int, limit: int, asked: int = 1) -> RetryLater:
+    more = "" if asked == 1 else f" and ask for {asked} more"
     return RetryLater(
-        f"you have {active} unfinished jobs, your limit is {limit}; submit more when some finish",
+        f"you have {active} unfinished jobs{more}, your limit is {limit}; submit more when some finish",
         retry_after_s=REFRESH_S,
     )
 
@@ -133,12 +134,13 @@ class QuotaBook:
     def limits(self, user: str) -> Limits:
         return self._books[user].limits
 
-    def admit(self, user: str, resources: Resources) -> None:
-        """Count one submission, or raise: Forbidden for size, RetryLater for count and rate."""
+    def admit(self, user: str, resources: Resources, jobs: int = 1) -> None:
+        """Count one submission of `jobs` jobs (a sweep's trials), or raise: Forbidden for size,
+        RetryLater for count and rate (a sweep is one submission for the rate)."""
         with self._lock:
-            self._admit(self._books[user], resources)
+            self._admit(self._books[user], resources, jobs)
 
-    def _admit(self, book: _Book, resources: Resources) -> None:
+    def _admit(self, book: _Book, resources: Resources, jobs: int) -> None:
         check_job_size(resources, book.limits)
         now = time.monotonic()
         while book.submissions and book.submissions[0] <= now - WINDOW_S:
@@ -150,24 +152,24 @@ class QuotaBook:
                 f"try again in {wait:.0f} s",
                 retry_after_s=wait,
             )
-        if book.active >= book.limits.max_active_jobs:
-            raise too_many_unfinished(book.active, book.limits.max_active_jobs)
+        if book.active + jobs > book.limits.max_active_jobs:
+            raise too_many_unfinished(book.active, book.limits.max_active_jobs, asked=jobs)
         book.submissions.append(now)
-        book.pending += 1
+        book.pending += jobs
 
-    def stored(self, user: str) -> None:
+    def stored(self, user: str, jobs: int = 1) -> None:
         """An admitted submission is in the ledger now (the next count will hold it)."""
         with self._lock:
             book = self._books[user]
-            book.pending = max(0, book.pending - 1)
-            book.stored_total += 1
-            book.stored_since_count += 1
+            book.pending = max(0, book.pending - jobs)
+            book.stored_total += jobs
+            book.stored_since_count += jobs
 
-    def release(self, user: str) -> None:
+    def release(self, user: str, jobs: int = 1) -> None:
         """A counted submission that was not stored after all (validation or the database said no)."""
         with self._lock:
             book = self._books.get(user)
             if book is not None:
-                book.pending = max(0, book.pending - 1)
+                book.pending = max(0, book.pending - jobs)
                 if book.submissions:
                     book.submissions.pop()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -24,14 +24,15 @@ from sqlmodel import Session, col, select
 from service.accounts import job_account
 from service.backends.base import Backend
 from service.config import Settings
-from service.domain import policy
+from service.domain import policy, sweeps
 from service.domain.auth import Principal
 from service.domain.jobs import require_backend
 from service.domain.quotas import QuotaBook
 from service.domain.storage import RoomCheck
+from service.domain.sweep_trials import check_sweep, trial_job, trial_params
 from service.errors import InvalidRequest
-from service.ledger.models import Job, JobCreate, JobPublic, NewJob
-from service.loops.intake import Accepted, JobIntake, check_same_request
+from service.ledger.models import Job, JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
+from service.loops.intake import Accepted, JobIntake, SweepAccepted, check_same_request, replay_sweep
 from worker.spec import RunSpec
 
 
@@ -72,6 +73,57 @@ class Admission:
             self.quotas.release(user.user)
         else:
             self.quotas.stored(user.user)
+        return accepted
+
+    async def submit_sweep(
+        self, payload: SweepCreate, user: Principal, idempotency_key: str | None
+    ) -> SweepAccepted:
+        """Admit and store a sweep with all its trials, as one job's admission does for each of them,
+        but with one policy check, one backend validation and one commit; trials count as jobs."""
+        check_sweep(payload, self.settings.max_sweep_trials)
+        job = await self._apply_policy(payload.job)
+        assert isinstance(job, JobTemplate)
+        payload = payload.model_copy(update={"job": job})
+        params = trial_params(payload)
+        trials = [trial_job(payload, index, one) for index, one in enumerate(params)]
+        backend_name = check_request(trials[0], self.settings, self.backends)
+        backend = require_backend(self.backends, backend_name)
+        run_as = job_account(user.user, user.unix_user, self.settings)
+        sweep = NewSweep(
+            name=payload.name,
+            owner=user.user,
+            backend=backend_name,
+            request=payload.model_dump(mode="json"),
+            max_parallel=payload.max_parallel,
+            metric=payload.metric,
+            goal=payload.goal,
+            trials=[
+                replace(new_job_row(trial, user.user, backend_name, run_as=run_as), params=one)
+                for trial, one in zip(trials, params, strict=True)
+            ],
+            idempotency_key=idempotency_key,
+        )
+        count = len(trials)
+        if idempotency_key is not None:  # a retry is answered before anything is counted
+            earlier = await asyncio.to_thread(find_replayed_sweep, self.engine, user.user, idempotency_key)
+            if earlier is not None:
+                return replay_sweep(earlier, sweep.request)
+        if self.quotas.needs_refresh(user.user):
+            await asyncio.to_thread(self.quotas.refresh, user.user)
+        self.quotas.admit(user.user, payload.job.resources, jobs=count)
+        try:
+            await self.room.check()
+            await self._validate(
+                backend, RunSpec(job_id=0, name=payload.name, folder="", **sweep.trials[0].spec)
+            )
+            accepted = await self.intake.add_sweep(sweep, self.quotas.limits(user.user).max_active_jobs)
+        except BaseException:
+            self.quotas.release(user.user, jobs=count)
+            raise
+        if accepted.replayed:
+            self.quotas.release(user.user, jobs=count)
+        else:
+            self.quotas.stored(user.user, jobs=count)
         return accepted
 
     async def _apply_policy(self, payload: JobCreate) -> JobCreate:
@@ -132,6 +184,11 @@ def new_job_row(
         idempotency_key=idempotency_key,
         retries=payload.retries.model_dump(mode="json"),
     )
+
+
+def find_replayed_sweep(engine: Engine, owner: str, key: str) -> Sweep | None:
+    with Session(engine) as session:
+        return sweeps.find_replayed(session, owner, key)
 
 
 def find_replayed(engine: Engine, owner: str, key: str) -> JobPublic | None:

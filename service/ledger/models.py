@@ -9,7 +9,17 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, String, TypeDecorator
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
@@ -97,7 +107,7 @@ class JobCreate(JobBase):
     resources: Resources = Field(default_factory=Resources)
     retries: RetryPolicy = Field(
         default_factory=RetryPolicy,
-        description="Attempts after one that ended for a reason not the job's own; {\"max\": 0} for none.",
+        description='Attempts after one that ended for a reason not the job\'s own; {"max": 0} for none.',
     )
 
     @field_validator("entrypoint")
@@ -163,6 +173,8 @@ class Job(JobBase, table=True):
     claimed_by: str | None = Field(default=None, max_length=100)  # dispatcher replica holding it
     claimed_at: datetime | None = _time_column()
     idempotency_key: str | None = Field(default=None, max_length=200)
+    sweep_id: int | None = Field(default=None, foreign_key="sweep.id", index=True)
+    params: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))  # its trial's
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     submitted_at: datetime | None = _time_column()
@@ -184,6 +196,7 @@ class NewJob:
     run_as: str | None = None
     idempotency_key: str | None = None
     retries: dict[str, Any] | None = None  # a RetryPolicy, as JSON
+    params: dict[str, Any] | None = None  # a sweep trial's parameters (its sweep_id comes at commit)
     created_at: datetime = dataclass_field(default_factory=utcnow)
 
 
@@ -205,6 +218,8 @@ class JobPublic(JobBase):
         description="Where each rank of the current attempt runs (from the ranks themselves)."
     )
     spec: dict[str, Any]
+    sweep_id: int | None = Field(default=None, description="The sweep this job is a trial of.")
+    params: dict[str, Any] | None = Field(default=None, description="Its trial's parameters.")
     result: Any | None
     progress: dict[str, Any] | None
     latest_checkpoint: str | None
@@ -224,6 +239,110 @@ class JobPage(SQLModel):
         description="The ledger clock when this page was read: pass it as `since` to get every job "
         "changed after this page (see service.ledger.clock).",
     )
+
+
+# ---------------------------------------------------------------- sweeps
+
+ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr  # bool first: JSON true is no 1
+Goal = Literal["min", "max"]
+
+
+class JobTemplate(JobCreate):
+    """The job of a sweep: a JobCreate without a name (each trial is named after its sweep)."""
+
+    name: None = Field(default=None, description="Leave out: trials are named after the sweep.")  # type: ignore[assignment]
+
+
+class SweepCreate(SQLModel):
+    """The body of POST /api/v1/sweeps. What pydantic cannot check alone (names, sizes, placeholders)
+    service.domain.sweeps checks, naming the field."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    name: str = Field(min_length=1, max_length=180, description="The sweep's name; trials are 'name[i]'.")
+    job: JobTemplate = Field(description="The job every trial runs, as for POST /jobs but without a name.")
+    grid: dict[str, list[ParamValue]] = Field(
+        default_factory=dict,
+        description="Parameter -> values: every combination is a trial (applied to job.kwargs, or to "
+        "job.args through placeholders such as '--lr={lr}' for scripts).",
+    )
+    zip: dict[str, list[ParamValue]] = Field(
+        default_factory=dict,
+        description="Parameter -> values of one length, taken together (the i-th of each), times the grid.",
+    )
+    max_parallel: int | None = Field(
+        default=None, ge=1, le=10_000, description="Most trials running at once."
+    )
+    metric: str = Field(default="loss", min_length=1, max_length=100, description="The metric to compare by.")
+    goal: Goal = Field(default="min", description="'min' or 'max': which end of the metric is best.")
+
+
+class Sweep(SQLModel, table=True):
+    """One sweep: the request that made its trials (each trial is a Job with this sweep_id)."""
+
+    __table_args__ = (Index("ix_sweep_owner_idempotency", "owner", "idempotency_key", unique=True),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=200)
+    owner: str = Field(max_length=200, index=True)
+    backend: str = Field(max_length=20)
+    request: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # the SweepCreate, as JSON
+    size: int  # how many trials it made
+    max_parallel: int | None = None
+    metric: str = Field(max_length=100)
+    goal: str = Field(max_length=3)
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+@dataclass(frozen=True)
+class NewSweep:
+    """A sweep as admitted, before it is stored: its row's values and its trials' jobs."""
+
+    name: str
+    owner: str
+    backend: str
+    request: dict[str, Any]
+    max_parallel: int | None
+    metric: str
+    goal: str
+    trials: list[NewJob]
+    idempotency_key: str | None = None
+    created_at: datetime = dataclass_field(default_factory=utcnow)
+
+
+class TrialPublic(SQLModel):
+    job_id: int
+    name: str
+    params: dict[str, Any]
+    state: JobState
+    reason: str | None
+    metric_last: float | None = Field(description="The sweep's metric as the trial last reported it.")
+    metric_best: float | None = Field(description="Its best value so far (by the sweep's goal).")
+
+
+class SweepPublic(SQLModel):
+    id: int
+    name: str
+    owner: str
+    backend: str
+    size: int = Field(description="How many trials it has.")
+    max_parallel: int | None
+    metric: str
+    goal: Goal
+    grid: dict[str, list[Any]]
+    zip: dict[str, list[Any]]
+    job: dict[str, Any] = Field(description="The job every trial runs, before its parameters.")
+    created_at: datetime
+    state: Literal["active", "finished"] = Field(description="'active' while any trial has not ended.")
+    counts: dict[JobState, int] = Field(description="Its trials by state.")
+    best: TrialPublic | None = Field(description="The trial whose last value of the metric is best.")
+    trials: list[TrialPublic] = Field(description="Every trial, in order (empty in lists).")
+
+
+class SweepPage(SQLModel):
+    items: list[SweepPublic]
+    next_cursor: str | None = None
 
 
 class LedgerClock(SQLModel, table=True):

@@ -36,9 +36,10 @@ from service.errors import BackendError
 from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
+from service.loops import sweep_claims
 from service.loops.transitions import Submission, record_submissions, record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
-from worker.spec import JobFiles, RunSpec
+from worker.spec import ArrayGroup, JobFiles, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ _CLAIM_COLUMNS = (
     col(Job.spec),
     col(Job.latest_checkpoint),
     col(Job.cancel_requested),
+    col(Job.sweep_id),
 )
 
 
@@ -117,28 +119,41 @@ class Dispatcher:
         """
         with write_scope(self._engine) as session:
             self._recover_stale_claims(session)
+            waiting = and_(_due(), col(Job.claimed_by).is_(None))
+            room = sweep_claims.room_left(session, waiting, self._backends)
             query = (
                 core_select(*_CLAIM_COLUMNS)
-                .where(_due(), col(Job.claimed_by).is_(None))
+                .where(waiting, sweep_claims.not_full(room))
                 .order_by(col(Job.id))
                 .limit(self._settings.dispatch_batch_size)
                 .with_for_update(skip_locked=True)
             )
+            rows = sweep_claims.within_room(list(session.connection().execute(query).mappings()), room)
+            rest = sweep_claims.rest_of_sweeps(rows, self._backends)
+            if rest is not None:  # the whole sweep, so that it leaves as one array
+                more = core_select(*_CLAIM_COLUMNS).where(waiting, rest).order_by(col(Job.id))
+                rows += list(session.connection().execute(more.with_for_update(skip_locked=True)).mappings())
+            groups = sweep_claims.array_groups(session, {row["sweep_id"] for row in rows} - {None})
             claimed: list[tuple[str, RunSpec]] = []
             unfit: list[tuple[int, str]] = []  # (job id, why it ends here) for the ORM path below
-            for row in session.connection().execute(query).mappings():
+            for row in rows:
                 if row["cancel_requested"]:
                     unfit.append((row["id"], ""))
                     continue
                 try:
-                    spec = self._prepare(row)
+                    spec = self._prepare(row, groups.get(row["sweep_id"]))
                 except OSError as error:
                     unfit.append((row["id"], f"cannot write the job folder: {error}"))
                     continue
                 except KeyError:  # pwd or grp: the account or group is gone since admission
                     account = row["run_as"]
-                    unfit.append((row["id"], f"the Unix account '{account}' (or the job folder group) "
-                                             "no longer exists on the service's host"))
+                    unfit.append(
+                        (
+                            row["id"],
+                            f"the Unix account '{account}' (or the job folder group) "
+                            "no longer exists on the service's host",
+                        )
+                    )
                     continue
                 claimed.append((row["backend"], spec))
             for condition in id_conditions(col(Job.id), [spec.job_id for _, spec in claimed]):
@@ -155,9 +170,10 @@ class Dispatcher:
                     record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
             return claimed
 
-    def _prepare(self, job: RowMapping) -> RunSpec:
+    def _prepare(self, job: RowMapping, group: ArrayGroup | None) -> RunSpec:
         assert job["folder"] is not None
         spec = RunSpec(
+            group=group,
             job_id=job["id"],
             name=job["name"],
             attempt=job["attempt"],

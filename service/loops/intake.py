@@ -24,7 +24,7 @@ from service.domain.quotas import count_unfinished, too_many_unfinished
 from service.errors import Conflict
 from service.ledger.clock import stamp_jobs
 from service.ledger.db import write_scope
-from service.ledger.models import AuditEntry, Job, JobEvent, JobPublic, NewJob
+from service.ledger.models import AuditEntry, Job, JobEvent, JobPublic, NewJob, NewSweep, Sweep
 from service.ledger.sql import id_conditions
 from service.states import JobState
 
@@ -46,12 +46,21 @@ class Accepted:
     replayed: bool  # True: an Idempotency-Key retry, answered with the job the first request made
 
 
+@dataclass(frozen=True)
+class SweepAccepted:
+    sweep_id: int
+    replayed: bool  # True: an Idempotency-Key retry, answered with the sweep the first request made
+
+
+Outcome = Accepted | SweepAccepted
+
+
 @dataclass
 class _Pending:
-    row: NewJob
+    row: NewJob | NewSweep  # one job, or a sweep with all its trials (stored whole or not at all)
     max_active: int | None  # the owner's limit on unfinished jobs, checked in the commit
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Accepted]
+    future: asyncio.Future[Outcome]
 
 
 class JobIntake:
@@ -80,8 +89,20 @@ class JobIntake:
         `max_active`: the owner may have at most this many unfinished jobs. They are counted in the
         transaction that stores the row, under a lock per owner, so replicas sharing one ledger cannot
         together admit more (RetryLater when the row would be one too many)."""
+        outcome = await self._enqueue(row, max_active)
+        assert isinstance(outcome, Accepted)
+        return outcome
+
+    async def add_sweep(self, sweep: NewSweep, max_active: int | None = None) -> SweepAccepted:
+        """Store a sweep and all its trials in one transaction, or none of them: refused whole when
+        the trials would take the owner past `max_active`. An Idempotency-Key makes the sweep once."""
+        outcome = await self._enqueue(sweep, max_active)
+        assert isinstance(outcome, SweepAccepted)
+        return outcome
+
+    async def _enqueue(self, row: NewJob | NewSweep, max_active: int | None) -> Outcome:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Accepted] = loop.create_future()
+        future: asyncio.Future[Outcome] = loop.create_future()
         self._queue.put(_Pending(row=row, max_active=max_active, loop=loop, future=future))
         return await future
 
@@ -118,25 +139,38 @@ class JobIntake:
             return
         self.batches_committed += 1
         # One wake-up per event loop for the whole batch, not one per waiter.
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Accepted | Exception]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Outcome | Exception]]] = {}
         for item, outcome in zip(batch, outcomes, strict=True):
             by_loop.setdefault(item.loop, []).append((item, outcome))
         for loop, answers in by_loop.items():
             loop.call_soon_threadsafe(_answer_all, answers)
         self._on_commit()
 
-    def _store(self, batch: list[_Pending]) -> list[Accepted | Exception]:
+    def _store(self, batch: list[_Pending]) -> list[Outcome | Exception]:
         with write_scope(self._engine) as session:
-            earlier = _jobs_by_key(session, [item.row for item in batch])
+            jobs = [item for item in batch if isinstance(item.row, NewJob)]
+            sweeps = [item for item in batch if isinstance(item.row, NewSweep)]
+            earlier = _jobs_by_key(session, [item.row for item in jobs if isinstance(item.row, NewJob)])
+            earlier_sweeps = _sweeps_by_key(
+                session, [item.row for item in sweeps if isinstance(item.row, NewSweep)]
+            )
             room = _UnfinishedCount(
                 session, {item.row.owner for item in batch if item.max_active is not None}
             )
+            outcomes: dict[int, Outcome | Exception] = {}
+            # Sweeps first: their trials need the sweep's id, and join the batch's insert below.
+            for item in sweeps:
+                assert isinstance(item.row, NewSweep)
+                outcomes[id(item)] = self._store_sweep(
+                    session, item.row, item.max_active, earlier_sweeps, room
+                )
             fresh: list[NewJob] = []
             first_in_batch: dict[Key, int] = {}  # a retry in this same batch answers with that job
             # Per row: an index into fresh, (the key of the earlier job, row), or why it was refused.
             slots: list[int | tuple[Key, NewJob] | Exception] = []
-            for item in batch:
+            for item in jobs:
                 row = item.row
+                assert isinstance(row, NewJob)
                 key = (row.owner, row.idempotency_key) if row.idempotency_key is not None else None
                 if key is not None and (key in earlier or key in first_in_batch):
                     slots.append((key, row))
@@ -153,21 +187,63 @@ class JobIntake:
             stored = self._insert(session, fresh)
             for key, index in first_in_batch.items():
                 earlier[key] = stored[index]
-        return [
-            Accepted(stored[slot], replayed=False)
-            if isinstance(slot, int)
-            else slot
-            if isinstance(slot, Exception)
-            else _replay(earlier[slot[0]], slot[1])
-            for slot in slots
-        ]
+            for item, slot in zip(jobs, slots, strict=True):
+                outcomes[id(item)] = (
+                    Accepted(stored[slot], replayed=False)
+                    if isinstance(slot, int)
+                    else slot
+                    if isinstance(slot, Exception)
+                    else _replay(earlier[slot[0]], slot[1])
+                )
+        return [outcomes[id(item)] for item in batch]
 
-    def _insert(self, session: Session, fresh: Sequence[NewJob]) -> list[JobPublic]:
+    def _store_sweep(
+        self,
+        session: Session,
+        sweep: NewSweep,
+        max_active: int | None,
+        earlier: dict[Key, Sweep],
+        room: _UnfinishedCount,
+    ) -> Outcome | Exception:
+        """The sweep row and its trials, in this transaction; a retry with its key answers the first."""
+        key = (sweep.owner, sweep.idempotency_key) if sweep.idempotency_key is not None else None
+        if key is not None and key in earlier:
+            try:
+                return replay_sweep(earlier[key], sweep.request)
+            except Conflict as conflict:
+                return conflict
+        if max_active is not None:
+            refusal = room.take(sweep.owner, max_active, len(sweep.trials))
+            if refusal is not None:
+                return refusal
+        row = Sweep(
+            name=sweep.name,
+            owner=sweep.owner,
+            backend=sweep.backend,
+            request=sweep.request,
+            size=len(sweep.trials),
+            max_parallel=sweep.max_parallel,
+            metric=sweep.metric,
+            goal=sweep.goal,
+            idempotency_key=sweep.idempotency_key,
+            created_at=sweep.created_at,
+        )
+        session.add(row)
+        session.flush()
+        assert row.id is not None
+        if key is not None:
+            earlier[key] = row
+        self._insert(session, sweep.trials, sweep_id=row.id)
+        return SweepAccepted(row.id, replayed=False)
+
+    def _insert(
+        self, session: Session, fresh: Sequence[NewJob], sweep_id: int | None = None
+    ) -> list[JobPublic]:
         """The rows, their "accepted" events and audit entries: a few statements for the whole batch."""
         if not fresh:
             return []
         connection = session.connection()
-        values = [_job_values(row) for row in fresh]
+        values = [_job_values(row, sweep_id) for row in fresh]
         inserted = connection.execute(
             insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True), values
         )
@@ -221,15 +297,15 @@ class _UnfinishedCount:
                 session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"quota:{owner}"))))
             self._counts[owner] = count_unfinished(session, owner)
 
-    def take(self, owner: str, limit: int) -> Exception | None:
-        """Count one more job of `owner`, or the refusal when that would pass `limit`."""
-        if self._counts[owner] >= limit:
-            return too_many_unfinished(self._counts[owner], limit)
-        self._counts[owner] += 1
+    def take(self, owner: str, limit: int, count: int = 1) -> Exception | None:
+        """Count `count` more jobs of `owner`, or the refusal when that would pass `limit`."""
+        if self._counts[owner] + count > limit:
+            return too_many_unfinished(self._counts[owner], limit, asked=count)
+        self._counts[owner] += count
         return None
 
 
-def _job_values(row: NewJob) -> dict[str, Any]:
+def _job_values(row: NewJob, sweep_id: int | None) -> dict[str, Any]:
     """Every column a new job starts with (Core applies no model defaults, so all are spelled out)."""
     return {
         "name": row.name,
@@ -257,6 +333,8 @@ def _job_values(row: NewJob) -> dict[str, Any]:
         "claimed_by": None,
         "claimed_at": None,
         "idempotency_key": row.idempotency_key,
+        "sweep_id": sweep_id,
+        "params": row.params,
         "created_at": row.created_at,
         "updated_at": row.created_at,
         "submitted_at": None,
@@ -275,6 +353,30 @@ def _jobs_by_key(session: Session, rows: list[NewJob]) -> dict[Key, JobPublic]:
         (job.owner, job.idempotency_key): JobPublic.model_validate(job, from_attributes=True)
         for job in session.exec(query)
         if job.idempotency_key is not None
+    }
+
+
+def replay_sweep(earlier: Sweep, request: dict[str, Any]) -> SweepAccepted:
+    """The answer to a retry of the request that made `earlier`; Conflict when it is another request."""
+    if earlier.request != request:
+        raise Conflict(
+            f"this Idempotency-Key was already used for a different sweep (sweep {earlier.id})",
+            field="Idempotency-Key",
+        )
+    assert earlier.id is not None
+    return SweepAccepted(earlier.id, replayed=True)
+
+
+def _sweeps_by_key(session: Session, rows: list[NewSweep]) -> dict[Key, Sweep]:
+    keys = {row.idempotency_key for row in rows if row.idempotency_key is not None}
+    if not keys:
+        return {}
+    owners = {row.owner for row in rows}
+    query = select(Sweep).where(col(Sweep.idempotency_key).in_(keys), col(Sweep.owner).in_(owners))
+    return {
+        (one.owner, one.idempotency_key): one
+        for one in session.exec(query)
+        if one.idempotency_key is not None
     }
 
 
@@ -297,7 +399,7 @@ def _replay(earlier: JobPublic, row: NewJob) -> Accepted | Exception:
     return Accepted(earlier, replayed=True)
 
 
-def _answer_all(answers: list[tuple[_Pending, Accepted | Exception]]) -> None:
+def _answer_all(answers: list[tuple[_Pending, Outcome | Exception]]) -> None:
     for item, outcome in answers:
         if isinstance(outcome, Exception):
             _set_exception(item.future, outcome)
@@ -305,11 +407,11 @@ def _answer_all(answers: list[tuple[_Pending, Accepted | Exception]]) -> None:
             _set_result(item.future, outcome)
 
 
-def _set_result(future: asyncio.Future[Accepted], value: Accepted) -> None:
+def _set_result(future: asyncio.Future[Outcome], value: Outcome) -> None:
     if not future.done():
         future.set_result(value)
 
 
-def _set_exception(future: asyncio.Future[Accepted], error: BaseException) -> None:
+def _set_exception(future: asyncio.Future[Outcome], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)

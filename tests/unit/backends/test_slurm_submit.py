@@ -13,11 +13,12 @@ import pytest
 
 from service.accounts import Account
 from service.backends.slurm import CommandResult, SlurmBackend
+from service.backends.slurm_submit import share_throttle
 from service.config import Settings
 from service.errors import BackendError
 from tests.unit.backends.slurm_fakes import FakeCommands, fail, ok, recorded
 from worker.launch import RankLauncher
-from worker.spec import RunSpec
+from worker.spec import ArrayGroup, RunSpec
 
 REFUSED = (
     "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit)\n"
@@ -108,6 +109,29 @@ def test_arrays_are_cut_under_max_array_size(
     assert [o.external_id for o in outcomes] == ["100_0", "100_1", "101_0", "101_1", "102"]
     slurm.submit([make(tmp_path, 9)])
     assert len(commands.named("scontrol")) == 1  # read once
+
+
+def test_a_sweep_is_its_own_array_throttled_to_max_parallel(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    sweep = ArrayGroup(key="sweep-7", max_parallel=2)
+    specs = [make(tmp_path, n).model_copy(update={"group": sweep}) for n in range(4)]
+    outcomes = backend(commands, tmp_path).submit([*specs, make(tmp_path, 9)])  # job 9: not the sweep's
+    assert [o.external_id for o in outcomes] == ["100_0", "100_1", "100_2", "100_3", "101"]
+    assert "#SBATCH --array=0-3%2" in sbatch.scripts[0]
+
+
+def test_a_sweep_cut_under_max_array_size_shares_its_throttle(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    commands.on("scontrol", config(max_array_size=4))
+    sweep = ArrayGroup(key="sweep-7", max_parallel=5)
+    specs = [make(tmp_path, n).model_copy(update={"group": sweep}) for n in range(10)]
+    backend(commands, tmp_path).submit(specs)
+    arrays = [line for script in sbatch.scripts for line in script.splitlines() if "--array" in line]
+    assert arrays == ["#SBATCH --array=0-3%2", "#SBATCH --array=0-3%2", "#SBATCH --array=0-1%1"]
+    assert share_throttle(2, 3) == [1, 1, 1]  # more arrays than max_parallel: one at a time each
+    assert share_throttle(None, 2) == [None, None]
 
 
 def test_a_refused_array_is_retried_one_by_one(

@@ -6,20 +6,20 @@ import base64
 
 import pytest
 
-from service.domain.jobs import MAX_ID, _decode_cursor, _encode_cursor
+from service.domain.jobs import MAX_ID, decode_cursor, encode_cursor
 from service.errors import InvalidRequest
 
 
 @pytest.mark.parametrize("job_id", [1, 2, 9, 10, 63, 64, 999, 123_456_789, 2**31 - 1, MAX_ID])
 def test_a_cursor_round_trips(job_id: int) -> None:
-    cursor = _encode_cursor(job_id)
+    cursor = encode_cursor(job_id)
 
-    assert _decode_cursor(cursor) == job_id
+    assert decode_cursor(cursor) == job_id
     assert cursor.isascii() and not set(cursor) & set("+/? &#")  # safe in a query string as it is
 
 
 def test_cursors_do_not_expose_the_id_in_plain_digits() -> None:
-    assert _encode_cursor(12345) != "12345"
+    assert encode_cursor(12345) != "12345"
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def test_cursors_do_not_expose_the_id_in_plain_digits() -> None:
 )
 def test_anything_else_is_refused(cursor: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        _decode_cursor(cursor)
+        decode_cursor(cursor)
 
     assert caught.value.field == "cursor"
     assert "cursor" in caught.value.message

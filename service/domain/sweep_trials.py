@@ -1,0 +1,127 @@
+"""A sweep's trials: the grid crossed with the zipped lists, each applied to the sweep's job.
+
+Pure functions over a SweepCreate, so the whole expansion is checked before anything is stored. A
+parameter reaches the job one way: into `kwargs` for an entrypoint, or into `args` through a
+placeholder such as `--lr={lr}` for a script. Each check names the field it refuses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.errors import InvalidRequest
+from service.ledger.models import JobCreate, SweepCreate
+from worker.spec import json_problem
+
+PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+Params = dict[str, Any]
+
+
+def trial_count(sweep: SweepCreate) -> int:
+    """How many trials the sweep makes, without making them (a 100^5 grid is refused by its size)."""
+    zipped = {len(values) for values in sweep.zip.values()}
+    return math.prod(len(values) for values in sweep.grid.values()) * (zipped.pop() if zipped else 1)
+
+
+def check_sweep(sweep: SweepCreate, max_trials: int) -> None:
+    """Everything about the sweep's shape pydantic alone cannot check; InvalidRequest names the field."""
+    if not sweep.grid and not sweep.zip:
+        raise InvalidRequest("give at least one parameter, in grid or in zip", field="grid")
+    for field, values_by_name in (("grid", sweep.grid), ("zip", sweep.zip)):
+        for name, values in values_by_name.items():
+            where = f"{field}.{name}"
+            if PARAMETER_NAME.fullmatch(name) is None:
+                raise InvalidRequest(
+                    "a parameter name is a letter or _ then letters, digits or _", field=where
+                )
+            if not values:
+                raise InvalidRequest("give at least one value", field=where)
+            if (problem := json_problem(values)) is not None:
+                raise InvalidRequest(f"{problem[0] or 'a value'} {problem[1]}", field=where)
+    if both := sorted(set(sweep.grid) & set(sweep.zip)):
+        raise InvalidRequest(
+            f"'{both[0]}' is in grid too: a parameter comes from one place", field=f"zip.{both[0]}"
+        )
+    lengths = {name: len(values) for name, values in sweep.zip.items()}
+    if len(set(lengths.values())) > 1:
+        said = ", ".join(f"{name}: {length}" for name, length in lengths.items())
+        raise InvalidRequest(
+            f"the lists of zip are taken together and must have one length ({said})", field="zip"
+        )
+    count = trial_count(sweep)
+    if count > max_trials:
+        raise InvalidRequest(
+            f"makes {count} trials, above this service's maximum of {max_trials}", field="grid"
+        )
+    _check_targets(sweep)
+
+
+def _check_targets(sweep: SweepCreate) -> None:
+    names = [*sweep.grid, *sweep.zip]
+    job = sweep.job
+    if job.script is None:
+        for name in names:
+            if name in job.kwargs:
+                raise InvalidRequest(
+                    f"'{name}' is also set in job.kwargs: a parameter comes from one place",
+                    field=f"{'grid' if name in sweep.grid else 'zip'}.{name}",
+                )
+        return
+    used: set[str] = set()
+    for index, arg in enumerate(job.args):
+        for placeholder in PLACEHOLDER.findall(arg):
+            if placeholder not in names:
+                raise InvalidRequest(
+                    f"'{{{placeholder}}}' names no parameter of grid or zip", field=f"job.args.{index}"
+                )
+            used.add(placeholder)
+    if unused := [name for name in names if name not in used]:
+        raise InvalidRequest(
+            f"'{unused[0]}' reaches a script only through a placeholder in job.args, "
+            f"such as '--{unused[0]}={{{unused[0]}}}'",
+            field=f"{'grid' if unused[0] in sweep.grid else 'zip'}.{unused[0]}",
+        )
+
+
+def trial_params(sweep: SweepCreate) -> list[Params]:
+    """Every trial's parameters, in order: the grid's product (last parameter fastest), each crossed
+    with the zipped lists."""
+    grid_rows = itertools.product(*sweep.grid.values())
+    zip_rows = list(zip(*sweep.zip.values(), strict=True)) or [()]
+    return [
+        {**dict(zip(sweep.grid, grid_row, strict=True)), **dict(zip(sweep.zip, zip_row, strict=True))}
+        for grid_row in grid_rows
+        for zip_row in zip_rows
+    ]
+
+
+def trial_job(sweep: SweepCreate, index: int, params: Params) -> JobCreate:
+    """The job of trial `index`: the sweep's job with its parameters applied, named `<sweep>[index]`."""
+    job = sweep.job
+    update: dict[str, Any] = {"name": f"{sweep.name}[{index}]"}
+    if job.script is None:
+        update["kwargs"] = {**job.kwargs, **params}
+    else:
+        update["args"] = [PLACEHOLDER.sub(lambda match: _as_arg(params[match[1]]), arg) for arg in job.args]
+    fields = job.model_dump(exclude={"name"})
+    try:
+        return JobCreate.model_validate({**fields, **update})
+    except ValidationError as error:  # the parameters made it too big, or a kwarg the job refuses
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        raise InvalidRequest(
+            f"trial {index} ({params}): {where} {problem['msg']}".strip(), field="job"
+        ) from None
+
+
+def _as_arg(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as JSON writes it, not Python's "True"
+    return str(value)

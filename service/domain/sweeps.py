@@ -1,0 +1,196 @@
+"""The sweep domain: read, list and cancel sweeps. The caller owns the transaction.
+
+Creation is service.domain.submit (admission) and service.loops.intake (one commit for the sweep and
+all its trials). A trial is an ordinary job with `sweep_id`: its state, retries and metrics are the
+job's own, and a sweep's counts and comparisons are read from them, never stored twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import func
+from sqlalchemy import select as core_select
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from service.backends.base import Backend
+from service.domain import audit
+from service.domain.auth import Principal
+from service.domain.jobs import cancel_jobs, decode_cursor, encode_cursor
+from service.errors import NotFound
+from service.ledger.models import Job, JobMetric, Sweep, SweepPage, SweepPublic, TrialPublic
+from service.states import JobState, is_terminal
+
+MAX_PAGE = 200
+
+
+def get_sweep_row(session: Session, sweep_id: int, viewer: Principal) -> Sweep:
+    """The sweep, if it exists and `viewer` may see it; another user's sweep is as missing as none."""
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None or not viewer.may_see(sweep.owner):
+        raise NotFound(f"sweep {sweep_id} not found", field="sweep_id")
+    return sweep
+
+
+def get_sweep(session: Session, sweep_id: int, viewer: Principal) -> SweepPublic:
+    """The sweep with every trial, its state counts and its best trial."""
+    sweep = get_sweep_row(session, sweep_id, viewer)
+    return _public(sweep, _trials(session, [sweep])[sweep_id], with_trials=True)
+
+
+def find_replayed(session: Session, owner: str, key: str) -> Sweep | None:
+    """The sweep an earlier request of `owner` with this Idempotency-Key made."""
+    query = select(Sweep).where(col(Sweep.owner) == owner, col(Sweep.idempotency_key) == key)
+    return session.exec(query).first()
+
+
+def list_sweeps(
+    session: Session, viewer: Principal, *, limit: int = 50, cursor: str | None = None
+) -> SweepPage:
+    """Sweeps newest first, each with its counts and best trial (its trials are left out)."""
+    query = select(Sweep).order_by(col(Sweep.id).desc()).limit(limit + 1)
+    if (owner := viewer.owner_filter()) is not None:
+        query = query.where(col(Sweep.owner) == owner)
+    if cursor is not None:
+        query = query.where(col(Sweep.id) < decode_cursor(cursor))
+    sweeps = list(session.exec(query).all())
+    more = len(sweeps) > limit
+    sweeps = sweeps[:limit]
+    trials = _trials(session, sweeps)
+    items = [_public(sweep, trials[sweep.id or 0], with_trials=False) for sweep in sweeps]
+    next_cursor = encode_cursor(sweeps[-1].id or 0) if more and sweeps else None
+    return SweepPage(items=items, next_cursor=next_cursor)
+
+
+def cancel_sweep(engine: Engine, sweep_id: int, backends: Mapping[str, Backend], viewer: Principal) -> None:
+    """Cancel every unfinished trial: one scheduler call for all of them (service.domain.jobs)."""
+    with Session(engine) as session:
+        sweep = get_sweep_row(session, sweep_id, viewer)
+        query = (
+            core_select(col(Job.id), col(Job.state))
+            .where(col(Job.sweep_id) == sweep_id)
+            .order_by(col(Job.id))
+        )
+        unfinished = [job_id for job_id, state in session.execute(query) if not is_terminal(JobState(state))]
+        owner = sweep.owner
+    if unfinished:
+        cancel_jobs(engine, unfinished, backends, viewer)
+    with Session(engine) as session, session.begin():
+        audit.record(
+            session,
+            viewer.user,
+            "sweep.cancel",
+            f"sweep {sweep_id}",
+            f"owner={owner} trials={len(unfinished)}",
+        )
+
+
+# ---------------------------------------------------------------- reading trials
+
+
+def _trials(session: Session, sweeps: Sequence[Sweep]) -> dict[int, list[TrialPublic]]:
+    """Each sweep's trials, with the last and best value of the sweep's metric: three queries in all."""
+    ids = [sweep.id for sweep in sweeps if sweep.id is not None]
+    found: dict[int, list[TrialPublic]] = {sweep_id: [] for sweep_id in ids}
+    if not ids:
+        return found
+    metric_of = {sweep.id: sweep.metric for sweep in sweeps}
+    columns = (
+        col(Job.id),
+        col(Job.sweep_id),
+        col(Job.name),
+        col(Job.params),
+        col(Job.state),
+        col(Job.reason),
+    )
+    rows = session.execute(
+        core_select(*columns).where(col(Job.sweep_id).in_(ids)).order_by(col(Job.id))
+    ).all()
+    last, lowest, highest = _metric_values(session, ids, {metric for metric in metric_of.values() if metric})
+    for job_id, sweep_id, name, params, state, reason in rows:
+        assert sweep_id is not None
+        key = (job_id, metric_of[sweep_id])
+        goal_best = lowest if _goal(sweeps, sweep_id) == "min" else highest
+        found[sweep_id].append(
+            TrialPublic(
+                job_id=job_id,
+                name=name,
+                params=params or {},
+                state=JobState(state),
+                reason=reason,
+                metric_last=last.get(key),
+                metric_best=goal_best.get(key),
+            )
+        )
+    return found
+
+
+def _metric_values(
+    session: Session, sweep_ids: list[int], names: set[str]
+) -> tuple[dict[tuple[int, str], float], ...]:
+    """(last, lowest, highest) value per (job, metric name) of the sweeps' trials. The last is the one
+    reported last (the highest id: rows are written in the order rank 0 reported them)."""
+    trial_ids = select(col(Job.id)).where(col(Job.sweep_id).in_(sweep_ids)).scalar_subquery()
+    grouped = (
+        core_select(
+            col(JobMetric.job_id),
+            col(JobMetric.name),
+            func.max(JobMetric.id),
+            func.min(JobMetric.value),
+            func.max(JobMetric.value),
+        )
+        .where(col(JobMetric.job_id).in_(trial_ids), col(JobMetric.name).in_(names))
+        .group_by(col(JobMetric.job_id), col(JobMetric.name))
+    )
+    last_ids: dict[int, tuple[int, str]] = {}
+    lowest: dict[tuple[int, str], float] = {}
+    highest: dict[tuple[int, str], float] = {}
+    for job_id, name, last_id, low, high in session.execute(grouped):
+        last_ids[last_id] = (job_id, name)
+        lowest[(job_id, name)], highest[(job_id, name)] = low, high
+    last: dict[tuple[int, str], float] = {}
+    if last_ids:
+        query = core_select(col(JobMetric.id), col(JobMetric.value)).where(
+            col(JobMetric.id).in_(list(last_ids))
+        )
+        last = {last_ids[metric_id]: value for metric_id, value in session.execute(query)}
+    return last, lowest, highest
+
+
+def _goal(sweeps: Sequence[Sweep], sweep_id: int) -> str:
+    return next(sweep.goal for sweep in sweeps if sweep.id == sweep_id)
+
+
+def best_trial(trials: Sequence[TrialPublic], goal: str) -> TrialPublic | None:
+    """The trial whose last value of the metric is best; the first such on a tie; None before any."""
+    scored = [trial for trial in trials if trial.metric_last is not None]
+    if not scored:
+        return None
+    pick = min if goal == "min" else max
+    return pick(scored, key=lambda trial: trial.metric_last or 0.0)
+
+
+def _public(sweep: Sweep, trials: list[TrialPublic], *, with_trials: bool) -> SweepPublic:
+    counts = Counter(trial.state for trial in trials)
+    request: dict[str, Any] = sweep.request
+    return SweepPublic(
+        id=sweep.id or 0,
+        name=sweep.name,
+        owner=sweep.owner,
+        backend=sweep.backend,
+        size=sweep.size,
+        max_parallel=sweep.max_parallel,
+        metric=sweep.metric,
+        goal="max" if sweep.goal == "max" else "min",
+        grid=request.get("grid", {}),
+        zip=request.get("zip", {}),
+        job=request.get("job", {}),
+        created_at=sweep.created_at,
+        state="active" if any(not is_terminal(trial.state) for trial in trials) else "finished",
+        counts=dict(counts),
+        best=best_trial(trials, sweep.goal),
+        trials=trials if with_trials else [],
+    )

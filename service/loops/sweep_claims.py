@@ -1,0 +1,103 @@
+"""What the dispatcher's claim does differently for a sweep's trials.
+
+- On a backend that runs arrays (SLURM), a sweep's waiting trials are claimed all together, whatever
+  the batch size, so that they reach the scheduler as one array throttled to the sweep's max_parallel
+  (the RunSpec's ArrayGroup says which array and how wide).
+- On one that does not (local), the dispatcher is the throttle: a sweep with max_parallel trials
+  under way gets no more claimed, and its waiting trials are left out of the claim query, so that they
+  cannot fill every batch and starve other jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from sqlalchemy import ColumnElement, and_, func, not_, or_, true
+from sqlalchemy import select as core_select
+from sqlalchemy.engine import RowMapping
+from sqlmodel import Session, col
+
+from service.backends.base import Backend
+from service.ledger.models import Job, Sweep
+from service.states import DISPATCHABLE_STATES, TERMINAL_STATE_NAMES
+from worker.spec import ArrayGroup
+
+
+def under_way() -> ColumnElement[bool]:
+    """A trial that counts against max_parallel: neither ended nor waiting unclaimed for dispatch."""
+    waiting = and_(col(Job.state).in_([s.value for s in DISPATCHABLE_STATES]), col(Job.claimed_by).is_(None))
+    return and_(col(Job.state).not_in(list(TERMINAL_STATE_NAMES)), not_(waiting))
+
+
+def room_left(
+    session: Session, waiting: ColumnElement[bool], backends: Mapping[str, Backend]
+) -> dict[int, int]:
+    """Sweeps throttled by the dispatcher that have trials `waiting`: how many more may start now."""
+    throttled = [name for name, backend in backends.items() if not backend.runs_arrays]
+    if not throttled:
+        return {}
+    waiting_sweeps = (
+        core_select(col(Job.sweep_id))
+        .where(waiting, col(Job.sweep_id).is_not(None), col(Job.backend).in_(throttled))
+        .distinct()
+        .scalar_subquery()
+    )
+    query = core_select(col(Sweep.id), col(Sweep.max_parallel)).where(
+        col(Sweep.id).in_(waiting_sweeps), col(Sweep.max_parallel).is_not(None)
+    )
+    limits = {sweep_id: limit for sweep_id, limit in session.execute(query)}
+    if not limits:
+        return {}
+    counted = (
+        core_select(col(Job.sweep_id), func.count())
+        .where(col(Job.sweep_id).in_(list(limits)), under_way())
+        .group_by(col(Job.sweep_id))
+    )
+    busy = {sweep_id: count for sweep_id, count in session.execute(counted)}
+    return {sweep_id: max(0, (limit or 0) - busy.get(sweep_id, 0)) for sweep_id, limit in limits.items()}
+
+
+def not_full(room: Mapping[int, int]) -> ColumnElement[bool]:
+    """Leave out the trials of sweeps with no room: they would take batch places and be skipped."""
+    full = [sweep_id for sweep_id, left in room.items() if left <= 0]
+    return or_(col(Job.sweep_id).is_(None), col(Job.sweep_id).not_in(full)) if full else true()
+
+
+def within_room(rows: Sequence[RowMapping], room: Mapping[int, int]) -> list[RowMapping]:
+    """The rows to claim: a throttled sweep's trials only up to its room, in id order."""
+    left = dict(room)
+    kept: list[RowMapping] = []
+    for row in rows:
+        sweep_id = row["sweep_id"]
+        if sweep_id in left:
+            if left[sweep_id] <= 0:
+                continue
+            left[sweep_id] -= 1
+        kept.append(row)
+    return kept
+
+
+def rest_of_sweeps(rows: Sequence[RowMapping], backends: Mapping[str, Backend]) -> ColumnElement[bool] | None:
+    """For the sweeps on array backends that `rows` holds some of: the condition that selects their
+    other waiting trials (None when there are none), so that each sweep leaves as one array."""
+    sweeps = {row["sweep_id"] for row in rows if row["sweep_id"] is not None and _arrays(backends, row)}
+    if not sweeps:
+        return None
+    taken = [row["id"] for row in rows]
+    return and_(col(Job.sweep_id).in_(sweeps), col(Job.id).not_in(taken))
+
+
+def array_groups(session: Session, sweep_ids: Collection[int]) -> dict[int, ArrayGroup]:
+    """The ArrayGroup of each of these sweeps."""
+    if not sweep_ids:
+        return {}
+    query = core_select(col(Sweep.id), col(Sweep.max_parallel)).where(col(Sweep.id).in_(list(sweep_ids)))
+    return {
+        sweep_id: ArrayGroup(key=f"sweep-{sweep_id}", max_parallel=max_parallel)
+        for sweep_id, max_parallel in session.execute(query)
+    }
+
+
+def _arrays(backends: Mapping[str, Backend], row: RowMapping) -> bool:
+    backend = backends.get(row["backend"])
+    return backend is not None and backend.runs_arrays

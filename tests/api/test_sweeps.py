@@ -1,0 +1,205 @@
+"""POST/GET /api/v1/sweeps against a fake backend: expansion, validation, idempotency, quotas, cancel."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, func, select
+
+from service.ledger.models import Job, JobMetric, Sweep
+from tests.conftest import Login
+from tests.fakes import FakeBackend
+from tests.support import JOBS, runtime_of, wait_for
+from worker.spec import ArrayGroup
+
+SWEEPS = "/api/v1/sweeps"
+TRAIN = "worker.tasks.train:train"
+
+
+def sweep_body(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": "grid",
+        "job": {"entrypoint": TRAIN, "kwargs": {"epochs": 1}},
+        "grid": {"lr": [0.1, 0.01], "batch_size": [32, 64, 128]},
+    }
+    body.update(changes)
+    return body
+
+
+def stored_counts(api: TestClient) -> tuple[int, int]:
+    with Session(runtime_of(api).engine) as session:
+        sweeps = session.exec(select(func.count()).select_from(Sweep)).one()
+        jobs = session.exec(select(func.count()).select_from(Job)).one()
+    return int(sweeps), int(jobs)
+
+
+def test_a_grid_makes_one_job_per_combination(api: TestClient, fake: FakeBackend) -> None:
+    response = api.post(SWEEPS, json=sweep_body(max_parallel=2))
+    assert response.status_code == 201, response.text
+    sweep = response.json()
+    assert sweep["size"] == 6 and len(sweep["trials"]) == 6
+    assert sweep["counts"] == {"queued": 6} or sum(sweep["counts"].values()) == 6
+    params = [trial["params"] for trial in sweep["trials"]]
+    assert params == [
+        {"lr": lr, "batch_size": size} for lr in (0.1, 0.01) for size in (32, 64, 128)
+    ]  # the grid's product, last parameter fastest
+    for index, trial in enumerate(sweep["trials"]):
+        job = api.get(f"{JOBS}/{trial['job_id']}").json()
+        assert job["name"] == f"grid[{index}]"
+        assert job["sweep_id"] == sweep["id"] and job["params"] == trial["params"]
+        assert job["spec"]["kwargs"] == {"epochs": 1, **trial["params"]}
+
+
+def test_zip_lists_go_together_and_cross_the_grid(api: TestClient) -> None:
+    body = sweep_body(grid={"seed": [1, 2]}, zip={"lr": [0.1, 0.2, 0.3], "wd": [0.0, 0.1, 0.2]})
+    sweep = api.post(SWEEPS, json=body).json()
+    assert [trial["params"] for trial in sweep["trials"]] == [
+        {"seed": seed, "lr": lr, "wd": wd}
+        for seed in (1, 2)
+        for lr, wd in ((0.1, 0.0), (0.2, 0.1), (0.3, 0.2))
+    ]
+
+
+def test_script_args_take_parameters_through_placeholders(api: TestClient, tmp_path: Any) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    body = {"name": "s", "job": {"script": str(script), "args": ["--lr={lr}", "--flag", "{on}"]},
+            "grid": {"lr": [0.5, 1e-3], "on": [True]}}  # fmt: skip
+    sweep = api.post(SWEEPS, json=body)
+    assert sweep.status_code == 201, sweep.text
+    args = [api.get(f"{JOBS}/{t['job_id']}").json()["spec"]["args"] for t in sweep.json()["trials"]]
+    assert args == [["--lr=0.5", "--flag", "true"], ["--lr=0.001", "--flag", "true"]]
+
+
+@pytest.mark.parametrize(
+    ("changes", "loc", "words"),
+    [
+        ({"grid": {}}, ["body", "grid"], "at least one parameter"),
+        ({"grid": {"lr": []}}, ["body", "grid", "lr"], "at least one value"),
+        ({"grid": {"epochs": [1, 2]}}, ["body", "grid", "epochs"], "also set in job.kwargs"),
+        ({"grid": {}, "zip": {"a": [1, 2], "b": [1]}}, ["body", "zip"], "one length"),
+        ({"grid": {"lr": [1]}, "zip": {"lr": [2]}}, ["body", "zip", "lr"], "in grid too"),
+        ({"grid": {"x": list(range(40)), "y": list(range(40))}}, ["body", "grid"], "1600 trials"),
+        ({"grid": {"bad-name": [1]}}, ["body", "grid", "bad-name"], "parameter name"),
+        ({"job": {"name": "x", "entrypoint": TRAIN}}, ["body", "job", "name"], "None"),
+        ({"max_parallel": 0}, ["body", "max_parallel"], "greater than or equal to 1"),
+        ({"goal": "lowest"}, ["body", "goal"], "'min' or 'max'"),
+    ],
+)
+def test_bad_sweeps_name_the_field_and_store_nothing(
+    api: TestClient, changes: dict[str, Any], loc: list[str], words: str
+) -> None:
+    runtime_of(api).settings.max_sweep_trials = 1000
+    response = api.post(SWEEPS, json=sweep_body(**changes))
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"][0]
+    assert detail["loc"][: len(loc)] == loc, detail
+    assert words in detail["msg"], detail
+    assert stored_counts(api) == (0, 0)
+
+
+def test_a_placeholder_must_name_a_parameter(api: TestClient, tmp_path: Any) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    unknown = {"name": "s", "job": {"script": str(script), "args": ["--lr={rate}"]}, "grid": {"lr": [1]}}
+    response = api.post(SWEEPS, json=unknown)
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "job", "args.0"]
+    unused = {"name": "s", "job": {"script": str(script), "args": []}, "grid": {"lr": [1]}}
+    response = api.post(SWEEPS, json=unused)
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "grid", "lr"]
+    assert stored_counts(api) == (0, 0)
+
+
+def test_an_idempotency_key_makes_the_sweep_once(api: TestClient) -> None:
+    first = api.post(SWEEPS, json=sweep_body(), headers={"Idempotency-Key": "k1"})
+    again = api.post(SWEEPS, json=sweep_body(), headers={"Idempotency-Key": "k1"})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"]
+    other = api.post(SWEEPS, json=sweep_body(name="other"), headers={"Idempotency-Key": "k1"})
+    assert other.status_code == 409 and other.json()["detail"][0]["loc"] == ["Idempotency-Key"]
+    assert stored_counts(api) == (1, 6)
+
+
+def test_trials_count_against_the_unfinished_jobs_quota(api: TestClient, fake: FakeBackend) -> None:
+    runtime_of(api).settings.max_active_jobs_per_user = 5
+    response = api.post(SWEEPS, json=sweep_body())  # six trials, room for five
+    assert response.status_code == 429, response.text
+    assert "6 more" in response.json()["detail"][0]["msg"]
+    assert stored_counts(api) == (0, 0)
+    assert api.post(SWEEPS, json=sweep_body(grid={"lr": [1, 2, 3, 4, 5]})).status_code == 201
+
+
+def test_others_see_no_sweep_and_admins_see_all(api: TestClient, login: Login) -> None:
+    sweep_id = api.post(SWEEPS, json=sweep_body()).json()["id"]
+    bob = login("bob")
+    assert api.get(f"{SWEEPS}/{sweep_id}", headers=bob).status_code == 404
+    assert api.post(f"{SWEEPS}/{sweep_id}/cancel", headers=bob).status_code == 404
+    assert api.get(SWEEPS, headers=bob).json()["items"] == []
+    admin = login("root", admin=True)
+    assert api.get(f"{SWEEPS}/{sweep_id}", headers=admin).status_code == 200
+    assert [one["id"] for one in api.get(SWEEPS, headers=admin).json()["items"]] == [sweep_id]
+
+
+def test_metric_last_best_and_the_best_trial(api: TestClient, fake: FakeBackend) -> None:
+    sweep = api.post(SWEEPS, json=sweep_body(grid={"lr": [1, 2, 3]})).json()
+    ids = [trial["job_id"] for trial in sweep["trials"]]
+    losses = {ids[0]: [5.0, 1.0, 2.0], ids[1]: [4.0, 1.5], ids[2]: [9.0]}  # last: 2.0, 1.5, 9.0
+    with Session(runtime_of(api).engine) as session, session.begin():
+        for job_id, values in losses.items():
+            for step, value in enumerate(values):
+                session.add(JobMetric(job_id=job_id, step=step, name="loss", value=value))
+            session.add(JobMetric(job_id=job_id, step=0, name="acc", value=0.5))
+    read = api.get(f"{SWEEPS}/{sweep['id']}").json()
+    by_id = {trial["job_id"]: trial for trial in read["trials"]}
+    assert [(by_id[i]["metric_last"], by_id[i]["metric_best"]) for i in ids] == [
+        (2.0, 1.0),
+        (1.5, 1.5),
+        (9.0, 9.0),
+    ]
+    assert read["best"]["job_id"] == ids[1]  # the lowest final loss, not the lowest ever
+    listed = api.get(SWEEPS).json()["items"][0]
+    assert listed["best"]["job_id"] == ids[1] and listed["trials"] == []
+
+
+def test_cancel_ends_every_unfinished_trial_with_one_backend_call(api: TestClient, fake: FakeBackend) -> None:
+    sweep = api.post(SWEEPS, json=sweep_body()).json()
+    ids = [trial["job_id"] for trial in sweep["trials"]]
+    wait_for(lambda: all(api.get(f"{JOBS}/{i}").json()["external_id"] for i in ids), what="all submitted")
+    calls_before = len(fake.cancel_calls)
+    response = api.post(f"{SWEEPS}/{sweep['id']}/cancel")
+    assert response.status_code == 200, response.text
+    assert response.json()["counts"] == {"cancelled": 6}
+    assert len(fake.cancel_calls) == calls_before + 1
+    assert sorted(fake.cancel_calls[-1]) == sorted(fake.external_id(i) for i in ids)
+    assert api.post(f"{SWEEPS}/{sweep['id']}/cancel").status_code == 200  # idempotent
+
+
+def test_on_an_array_backend_a_sweep_is_handed_over_whole(api: TestClient, fake_slurm: FakeBackend) -> None:
+    runtime_of(api).settings.dispatch_batch_size = 4  # a sweep is not cut by the batch size
+    body = sweep_body(job={"entrypoint": TRAIN, "backend": "slurm"}, max_parallel=3)
+    sweep = api.post(SWEEPS, json=body).json()
+    ids = sorted(trial["job_id"] for trial in sweep["trials"])
+    wait_for(lambda: fake_slurm.submit_calls, what="a submission")
+    assert [sorted(call) for call in fake_slurm.submit_calls] == [ids]
+    expected = ArrayGroup(key=f"sweep-{sweep['id']}", max_parallel=3)
+    assert all(fake_slurm.specs[job_id].group == expected for job_id in ids)
+
+
+def test_locally_max_parallel_trials_run_at_once(api: TestClient, fake: FakeBackend) -> None:
+    sweep = api.post(SWEEPS, json=sweep_body(max_parallel=2)).json()
+    ids = [trial["job_id"] for trial in sweep["trials"]]
+
+    def submitted() -> list[int]:
+        return [job_id for call in fake.submit_calls for job_id in call]
+
+    wait_for(lambda: len(submitted()) == 2, what="two trials submitted")
+    time.sleep(0.5)  # many dispatch intervals: no third goes out while two are under way
+    assert submitted() == ids[:2]
+    fake.finish(ids[0], 1.0)
+    wait_for(lambda: len(submitted()) == 3, what="the third trial, once the first ended")
+    assert submitted() == ids[:3]
+    other = api.post(JOBS, json={"name": "other", "entrypoint": TRAIN}).json()  # not starved by the sweep
+    wait_for(lambda: other["id"] in submitted(), what="a job outside the sweep dispatched")
