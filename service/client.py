@@ -34,6 +34,7 @@ LONG_POLL_S = 20.0  # per round of wait(): the service holds at most 30 s
 
 Job = dict[str, Any]
 Jobs = list[Job]  # module-level alias: inside the class, `list` names the method
+Sweep = dict[str, Any]
 
 
 class _Dumpable(Protocol):
@@ -281,6 +282,48 @@ class TorchyardClient:
             if job == last:  # nothing new and back early: a service that does not hold the answer
                 time.sleep(max(0.0, poll_s - (time.monotonic() - asked)))
             last = job
+
+    # ---------------------------------------------------------------- sweeps
+
+    def submit_sweep(self, sweep: Spec, idempotency_key: str | None = None) -> Sweep:
+        """POST /api/v1/sweeps: {"name", "job", "grid", "zip", "max_parallel", "metric", "goal"};
+        returns the sweep with its trials (each a queued job)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._object("POST", "/api/v1/sweeps", json=_spec_body(sweep), headers=headers)
+
+    def sweeps(self, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+        """One page of sweeps, newest first: {"items": [...], "next_cursor": ...}."""
+        params: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        return self._object("GET", "/api/v1/sweeps", params=params)
+
+    def sweep(self, sweep_id: int) -> Sweep:
+        """The sweep: its trials with their metric, state counts and the best trial."""
+        return self._object("GET", f"/api/v1/sweeps/{sweep_id}")
+
+    def cancel_sweep(self, sweep_id: int) -> Sweep:
+        """Cancel every unfinished trial; idempotent."""
+        return self._object("POST", f"/api/v1/sweeps/{sweep_id}/cancel")
+
+    def wait_sweep(
+        self,
+        sweep_id: int,
+        on_update: Callable[[Sweep], object] | None = None,
+        poll_s: float = 2.0,
+        timeout_s: float | None = None,
+    ) -> Sweep:
+        """Until every trial has ended; returns the sweep. on_update sees it after every read."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            sweep = self.sweep(sweep_id)
+            if on_update is not None:
+                on_update(sweep)
+            if sweep["state"] == "finished":
+                return sweep
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"sweep {sweep_id} still has unfinished trials after {timeout_s} s")
+            time.sleep(poll_s)
+
+    # ---------------------------------------------------------------- access
 
     def whoami(self) -> dict[str, Any]:
         """{"user": ..., "admin": ...}: who this client's token says it is."""

@@ -28,6 +28,7 @@ from service.cli.admin import quota_app, token_app
 from service.cli.logs import STREAMS, print_logs
 from service.cli.progress import watch_jobs
 from service.cli.render import Job, as_json, job_details, jobs_table, state_text
+from service.cli.sweep_view import sweep_view, sweeps_table, watch_sweep
 from service.client import TorchyardClient, TorchyardError
 from service.states import TERMINAL_STATE_NAMES
 
@@ -161,19 +162,21 @@ def demo(
 # ---------------------------------------------------------------- jobs
 
 
-def load_spec(path: Path) -> dict[str, Any]:
-    """A job spec from YAML or JSON. A relative `script` is taken relative to the spec file's folder,
-    so a spec next to its script works from any directory (the service needs an absolute path)."""
+def load_spec(path: Path, what: str = "name, entrypoint or script, ...") -> dict[str, Any]:
+    """A job spec (or a sweep's, whose `job` is one) from YAML or JSON. A relative `script` is taken
+    relative to the spec file's folder, so a spec next to its script works from any directory (the
+    service needs an absolute path)."""
     try:
         text = path.read_text()
         spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as error:
         raise _fail(f"cannot read {path}: {error}", EXIT_REQUEST) from None
     if not isinstance(spec, dict):
-        raise _fail(f"{path} must hold one mapping (name, entrypoint or script, ...)", EXIT_REQUEST)
-    script = spec.get("script")
-    if isinstance(script, str) and script and not Path(script).is_absolute():
-        spec["script"] = str((path.parent / script).resolve())
+        raise _fail(f"{path} must hold one mapping ({what})", EXIT_REQUEST)
+    for job in (spec, spec.get("job")):
+        script = job.get("script") if isinstance(job, dict) else None
+        if isinstance(job, dict) and isinstance(script, str) and script and not Path(script).is_absolute():
+            job["script"] = str((path.parent / script).resolve())
     return spec
 
 
@@ -294,6 +297,76 @@ def logs(
             print_logs(client, job_id, rank, streams, tail=tail, follow=follow)
         except KeyboardInterrupt:
             raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+# ---------------------------------------------------------------- sweeps
+
+
+@app.command()
+def sweep(
+    ctx: typer.Context,
+    target: Annotated[
+        str, typer.Argument(metavar="SPEC|show|cancel", help="A sweep spec file (YAML or JSON), or a verb.")
+    ],
+    sweep_id: Annotated[
+        int | None, typer.Argument(metavar="[ID]", help="The sweep, for show and cancel.")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Watch the trials to the end; exit 0 only if all succeed.")
+    ] = False,
+    as_json_flag: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+) -> None:
+    """Launch a sweep (`torchyard sweep spec.yaml`), or `show ID` / `cancel ID` one.
+
+    A sweep spec: name, job (a job spec without its name), grid (parameter -> values; every
+    combination is a trial), zip, max_parallel, metric and goal. Trials are ordinary jobs."""
+    console = _console()
+    with _client(ctx) as client:
+        if target in ("show", "cancel"):
+            if sweep_id is None:
+                raise _fail(f"torchyard sweep {target} needs the sweep's ID", EXIT_REQUEST)
+            found = client.sweep(sweep_id) if target == "show" else client.cancel_sweep(sweep_id)
+        else:
+            path = Path(target)
+            if sweep_id is not None or not path.is_file():
+                raise _fail(
+                    f"{target} is no sweep spec file (or use: sweep show ID, sweep cancel ID)", EXIT_REQUEST
+                )
+            found = client.submit_sweep(load_spec(path, "name, job, grid, ..."))
+            if not as_json_flag:
+                console.print(f"submitted sweep {found['id']} ({found['name']}): {found['size']} trials")
+        if wait:
+            try:
+                found = watch_sweep(client, found["id"], console)
+            except KeyboardInterrupt:
+                raise _fail(
+                    f"stopped watching; sweep {found['id']} goes on "
+                    f"(torchyard sweep cancel {found['id']} stops it)",
+                    EXIT_INTERRUPTED,
+                ) from None
+    if as_json_flag:
+        typer.echo(as_json(found))
+    elif not wait:
+        console.print(sweep_view(found))
+    if wait and set(found["counts"]) != {"succeeded"}:
+        raise typer.Exit(EXIT_JOB_FAILED)
+
+
+@app.command()
+def sweeps(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(min=1, max=200, help="How many, newest first.")] = 20,
+    as_json_flag: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+) -> None:
+    """List sweeps, newest first, with their trial counts and best trial."""
+    with _client(ctx) as client:
+        page = client.sweeps(limit=limit)
+    if as_json_flag:
+        typer.echo(as_json(page))
+    elif not page["items"]:
+        _console().print("no sweeps yet: torchyard sweep FILE")
+    else:
+        _console().print(sweeps_table(page["items"]))
 
 
 @app.command()

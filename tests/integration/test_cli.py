@@ -206,3 +206,38 @@ def test_dev_mode_refuses_to_listen_beyond_this_machine(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "dev mode" in done.stderr and "0.0.0.0" in done.stderr and "127.0.0.1" in done.stderr
+
+
+def test_sweep_launch_wait_list_and_show(service: Service, tmp_path: Path) -> None:
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(
+        "name: lr-grid\n"
+        "job:\n"
+        "  entrypoint: worker.tasks.train:train\n"
+        "  kwargs: {epochs: 2, samples: 64, report_every: 1}\n"
+        "grid:\n"
+        "  lr: [0.3, 0.01, 0.05]\n"
+        "max_parallel: 2\n"
+    )
+    run = service.cli("sweep", str(spec), "--wait", timeout=300)
+    assert run.code == 0, run.both
+    found = re.search(r"submitted sweep (\d+) \(lr-grid\): 3 trials", run.out)
+    assert found, run.both
+    sweep_id = int(found.group(1))
+    with TorchyardClient(service.url, token=service.env["TORCHYARD_TOKEN"]) as client:
+        sweep = client.sweep(sweep_id)
+    assert sweep["counts"] == {"succeeded": 3}
+    # The final table lists the trials best first: job ids in the order of their last loss.
+    ranked = sorted(sweep["trials"], key=lambda trial: trial["metric_last"])
+    rows = [int(m.group(1)) for m in re.finditer(r"^\s*(\d+)( \*)?[\s│]+lr=", run.out, re.MULTILINE)]
+    assert rows[-3:] == [trial["job_id"] for trial in ranked], run.out
+    assert re.search(rf"^\s*{sweep['best']['job_id']} \*", run.out, re.MULTILINE), run.out  # the best, marked
+
+    listed = service.cli("sweeps")
+    row = rf"^\s*{sweep_id}[\s│]+lr-grid[\s│]+3[\s│]+finished"
+    assert listed.code == 0 and re.search(row, listed.out, re.MULTILINE), listed.both
+    shown = service.cli("sweep", "show", str(sweep_id))
+    assert shown.code == 0 and "3 succeeded" in shown.out and "lr=0.3" in shown.out, shown.both
+    assert service.cli("sweep", "show").code == 2  # no id: refused with a message
+    missing = service.cli("sweep", "show", "999")
+    assert missing.code == 2 and "sweep 999 not found" in missing.err, missing.both
