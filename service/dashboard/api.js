@@ -104,4 +104,8 @@ export const api = {
   logs: (id, rank, stream, tail) =>
     request(`/jobs/${id}/logs?rank=${rank}&stream=${stream}${tail ? `&tail=${tail}` : ""}`, { text: true }),
   cancel: (id) => request(`/jobs/${id}/cancel`, { method: "POST" }),
+  trialMetric: (id, name, afterStep) =>
+    request(`/jobs/${id}/metrics?name=${encodeURIComponent(name)}${afterStep == null ? "" : `&after_step=${afterStep}`}`),
+  sweeps: () => request("/sweeps?limit=100"),
+  sweep: (id) => request(`/sweeps/${id}`),
 };

@@ -1,10 +1,11 @@
-// The dashboard's shell: who is signed in, hash routing (#/ and #/jobs/12), one poll loop, the status
-// light, errors.
+// The dashboard's shell: who is signed in, hash routing (#/, #/jobs/12, #/sweeps, #/sweeps/3), one
+// poll loop, the status light, errors.
 
 import { ApiError, api, session } from "./api.js";
 import { JobView } from "./job_view.js";
 import { JobsView } from "./jobs_view.js";
 import { SignInView } from "./sign_in.js";
+import { SweepView, SweepsView } from "./sweeps_view.js";
 import { el } from "./format.js";
 
 const POLL_MS = 2000;
@@ -76,8 +77,13 @@ function route() {
   const query = new URLSearchParams(search);
   view?.unmount?.();
   const match = path.match(/^\/jobs\/(\d+)$/);
+  const sweep = path.match(/^\/sweeps\/(\d+)$/);
   if (match) {
     view = new JobView(Number(match[1]), showError);
+  } else if (sweep) {
+    view = new SweepView(Number(sweep[1]));
+  } else if (path === "/sweeps") {
+    view = new SweepsView();
   } else {
     view = new JobsView(query, navigate);
     view.previous = carried.previous || [];
@@ -113,10 +119,11 @@ function showError(error) {
     return;
   }
   const message = error instanceof ApiError || error instanceof Error ? error.message : String(error);
-  const notFound = error instanceof ApiError && error.status === 404 && view instanceof JobView;
+  const notFound = error instanceof ApiError && error.status === 404 && (view instanceof JobView || view instanceof SweepView);
   if (notFound) {
-    root.replaceChildren(el("div", { class: "empty-state" }, el("h2", {}, `Job ${view.id} not found`),
-      el("p", {}, el("a", { href: "#/" }, "← Back to all jobs"))));
+    const what = view instanceof JobView ? ["Job", "#/", "all jobs"] : ["Sweep", "#/sweeps", "all sweeps"];
+    root.replaceChildren(el("div", { class: "empty-state" }, el("h2", {}, `${what[0]} ${view.id} not found`),
+      el("p", {}, el("a", { href: what[1] }, `← Back to ${what[2]}`))));
   }
   banner.replaceChildren(el("strong", {}, error.status === 0 ? "Offline. " : "Error. "), message,
     el("span", { class: "muted" }, notFound ? "" : ` — retrying every ${POLL_MS / 1000} s`));
