@@ -5,7 +5,7 @@ Each fenced block carries a tag after its language:
 - `test=cli`: shell commands run one by one against that service; a trailing `# exit N` expects N.
 - `test=python`: exec'd against it. `test=module:PATH`: written to ~/code/PATH (the README's serve
   command puts ~/code on the ranks' import path).
-- `file=PATH`: must equal that file, which must be a valid job spec.
+- `file=PATH`: must equal that file, which must be a valid job spec (or sweep spec).
 - `test=skip  # why`: run elsewhere (the comment says where); the file it names must exist.
 - `test=tree`: the source layout; it names every Python module of service/ and worker/, and nothing else.
 The tables (job spec fields, settings, REST endpoints) are checked against the code they describe.
@@ -25,7 +25,7 @@ from service.app import create_app
 from service.cli.main import load_spec
 from service.client import TorchyardClient
 from service.config import Settings
-from service.ledger.models import JobCreate
+from service.ledger.models import JobCreate, SweepCreate
 from service.states import TERMINAL_STATE_NAMES
 from tests.cli_service import clean_env, serving
 from tests.serving import free_port
@@ -150,7 +150,8 @@ def test_file_blocks_are_the_files_and_valid_specs() -> None:
     for block in shown:
         path = ROOT / block.tag.removeprefix("file=")
         assert block.body == path.read_text(), f"{block} differs from {path}"
-        JobCreate.model_validate(load_spec(path))
+        spec = load_spec(path)
+        (SweepCreate if "grid" in spec or "zip" in spec else JobCreate).model_validate(spec)
 
 
 def test_spec_reference_lists_every_field() -> None:
