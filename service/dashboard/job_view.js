@@ -156,6 +156,10 @@ export class JobView {
       ["Run time", el("span", { class: "run-time" }, duration(runTime(job)))],
       ["Exit code", job.exit_code ?? "—"], ["Checkpoint", job.latest_checkpoint ? el("code", {}, job.latest_checkpoint) : "—"],
     ];
+    if (job.sweep_id != null) {
+      const params = Object.entries(job.params || {}).map(([k, v]) => `${k}=${v}`).join(" ");
+      rows.splice(3, 0, ["Sweep", el("span", {}, el("a", { href: `#/sweeps/${job.sweep_id}` }, `#${job.sweep_id}`), ` ${params}`)]);
+    }
     this.facts.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   }
 

@@ -10,9 +10,10 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
 from service.ledger.models import Job, JobMetric, Sweep
+from service.states import JobState
 from tests.conftest import Login
 from tests.fakes import FakeBackend
-from tests.support import JOBS, runtime_of, wait_for
+from tests.support import JOBS, runtime_of, wait_for, wait_state
 from worker.spec import ArrayGroup
 
 SWEEPS = "/api/v1/sweeps"
@@ -203,3 +204,22 @@ def test_locally_max_parallel_trials_run_at_once(api: TestClient, fake: FakeBack
     assert submitted() == ids[:3]
     other = api.post(JOBS, json={"name": "other", "entrypoint": TRAIN}).json()  # not starved by the sweep
     wait_for(lambda: other["id"] in submitted(), what="a job outside the sweep dispatched")
+
+
+def test_retries_apply_to_each_trial_on_its_own(api: TestClient, fake: FakeBackend) -> None:
+    fast = {"max": 1, "backoff_s": 0.2, "on": ["node_failure"]}
+    sweep = api.post(SWEEPS, json=sweep_body(grid={"lr": [1, 2]}, job={"entrypoint": TRAIN, "retries": fast}))
+    first, second = (trial["job_id"] for trial in sweep.json()["trials"])
+    wait_state(api, first, "running")
+    wait_state(api, second, "running")
+    fake.set_status(first, JobState.failed, "node failure", exit_code=1, kind="node_failure")
+    wait_state(api, first, "retrying")
+    retried = wait_state(api, first, "running")
+    assert retried["attempt"] == 2 and retried["sweep_id"] == sweep.json()["id"]
+    assert fake.specs[first].kwargs["lr"] == 1 and fake.specs[first].attempt == 2  # the same trial again
+    assert api.get(f"{JOBS}/{second}").json()["attempt"] == 1  # the other trial is not touched
+    fake.finish(first, 0.5)
+    fake.finish(second, 0.7)
+    wait_state(api, first, "succeeded")
+    wait_state(api, second, "succeeded")
+    assert api.get(f"{SWEEPS}/{sweep.json()['id']}").json()["counts"] == {"succeeded": 2}

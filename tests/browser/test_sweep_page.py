@@ -93,6 +93,9 @@ def test_six_curves_update_live_and_the_table_sorts(page: Page, service: LiveSer
 
     page.locator(f".trials a[href='#/jobs/{final['best']['job_id']}']").click()  # each trial links to its job
     page.wait_for_url(f"**/#/jobs/{final['best']['job_id']}")
+    sweep_link = page.locator(f".facts a[href='#/sweeps/{sweep['id']}']")  # and the job back to its sweep
+    sweep_link.wait_for()
+    assert "lr=" in (sweep_link.locator("xpath=..").text_content() or "")
 
     page.goto("/#/sweeps")
     row = page.locator(".sweeps tbody tr").first
