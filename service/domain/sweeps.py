@@ -21,7 +21,7 @@ from service.domain import audit
 from service.domain.auth import Principal
 from service.domain.jobs import cancel_jobs, decode_cursor, encode_cursor
 from service.errors import NotFound
-from service.ledger.models import Job, JobMetric, Sweep, SweepPage, SweepPublic, TrialPublic
+from service.ledger.models import Job, JobMetric, JobPublic, Sweep, SweepPage, SweepPublic, TrialPublic
 from service.states import JobState, is_terminal
 
 MAX_PAGE = 200
@@ -39,6 +39,16 @@ def get_sweep(session: Session, sweep_id: int, viewer: Principal) -> SweepPublic
     """The sweep with every trial, its state counts and its best trial."""
     sweep = get_sweep_row(session, sweep_id, viewer)
     return _public(sweep, _trials(session, [sweep])[sweep_id], with_trials=True)
+
+
+def just_made(sweep: Sweep, jobs: Sequence[JobPublic]) -> SweepPublic:
+    """A sweep as its request stored it, every trial queued: the answer to its POST, without a read."""
+    trials = [
+        TrialPublic(job_id=job.id, name=job.name, params=job.params or {}, state=job.state, reason=job.reason,
+                    metric_last=None, metric_best=None)
+        for job in jobs
+    ]  # fmt: skip
+    return _public(sweep, trials, with_trials=True)
 
 
 def find_replayed(session: Session, owner: str, key: str) -> Sweep | None:

@@ -21,10 +21,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from service.domain.quotas import count_unfinished, too_many_unfinished
+from service.domain.sweeps import just_made
 from service.errors import Conflict
 from service.ledger.clock import stamp_jobs
 from service.ledger.db import write_scope
-from service.ledger.models import AuditEntry, Job, JobEvent, JobPublic, NewJob, NewSweep, Sweep
+from service.ledger.models import AuditEntry, Job, JobEvent, JobPublic, NewJob, NewSweep, Sweep, SweepPublic
 from service.ledger.sql import id_conditions
 from service.states import JobState
 
@@ -50,6 +51,7 @@ class Accepted:
 class SweepAccepted:
     sweep_id: int
     replayed: bool  # True: an Idempotency-Key retry, answered with the sweep the first request made
+    made: SweepPublic | None = None  # the sweep as this request stored it (None for a replay)
 
 
 Outcome = Accepted | SweepAccepted
@@ -233,8 +235,8 @@ class JobIntake:
         assert row.id is not None
         if key is not None:
             earlier[key] = row
-        self._insert(session, sweep.trials, sweep_id=row.id)
-        return SweepAccepted(row.id, replayed=False)
+        trials = self._insert(session, sweep.trials, sweep_id=row.id)
+        return SweepAccepted(row.id, replayed=False, made=just_made(row, trials))
 
     def _insert(
         self, session: Session, fresh: Sequence[NewJob], sweep_id: int | None = None

@@ -46,7 +46,9 @@ async def create_sweep(
     """Store the sweep and all its trials at once (each `queued`); on SLURM they go out as one job
     array, throttled to `max_parallel`."""
     accepted = await runtime.admission.submit_sweep(payload, user, idempotency_key)
-    sweep = await run_in_threadpool(_read, runtime, accepted.sweep_id, user)
+    sweep = accepted.made
+    if sweep is None:  # a replay: the sweep as it is now
+        sweep = await run_in_threadpool(_read, runtime, accepted.sweep_id, user)
     return Response(sweep.model_dump_json(), status_code=200 if accepted.replayed else 201, media_type=JSON)
 
 
