@@ -15,7 +15,14 @@ from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
 from service.states import EndingKind, JobState
-from worker.spec import RankPlacement, Resources, check_entrypoint, check_one_target, json_problem
+from worker.spec import (
+    CheckpointPolicy,
+    RankPlacement,
+    Resources,
+    check_entrypoint,
+    check_one_target,
+    json_problem,
+)
 
 MAX_SPEC_VALUES_BYTES = 256 * 1024  # kwargs, args and env of one job, as JSON
 
@@ -98,6 +105,11 @@ class JobCreate(JobBase):
     retries: RetryPolicy = Field(
         default_factory=RetryPolicy,
         description="Attempts after one that ended for a reason not the job's own; {\"max\": 0} for none.",
+    )
+    checkpoints: CheckpointPolicy | None = Field(
+        default=None,
+        description="Which of rank 0's checkpoints are kept as the job runs, e.g. {\"keep_last\": 2, "
+        "\"keep_best\": {\"metric\": \"loss\", \"goal\": \"min\"}}; none: every one.",
     )
 
     @field_validator("entrypoint")
@@ -311,6 +323,18 @@ class JobMetricPublic(SQLModel):
     value: float
     attempt: int
     time: datetime
+
+
+class CheckpointPublic(SQLModel):
+    """One of rank 0's checkpoints, as its job folder holds it now."""
+
+    name: str = Field(description="File name: ckpt-<epoch or step>.pt (the download's name).")
+    step: int = Field(description="The epoch or step it was saved at.")
+    bytes: int
+    saved_at: datetime
+    metrics: dict[str, float | None] = Field(
+        default_factory=dict, description="The metrics last reported before it was saved."
+    )
 
 
 # ---------------------------------------------------------------- access: tokens and the audit log
