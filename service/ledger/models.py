@@ -146,6 +146,8 @@ class Job(JobBase, table=True):
         Index("ix_job_updated_at_id", "updated_at", "id"),
         Index("ix_job_owner_idempotency", "owner", "idempotency_key", unique=True),
         Index("ix_job_owner_state", "owner", "state"),
+        Index("ix_job_folder_removed_finished", "folder_removed_at", "finished_at"),  # retention's due jobs
+        Index("ix_job_folder_bytes", "folder_bytes"),  # NULL: not measured since it ended
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -180,6 +182,12 @@ class Job(JobBase, table=True):
     submitted_at: datetime | None = _time_column()
     started_at: datetime | None = _time_column()
     finished_at: datetime | None = _time_column()
+    # The job folder on disk (service.domain.retention): its size when last measured, and what of it
+    # retention removed (everything but the logs, then the whole folder).
+    folder_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    folder_measured_at: datetime | None = _time_column()
+    files_removed_at: datetime | None = _time_column()
+    folder_removed_at: datetime | None = _time_column()
 
 
 @dataclass(frozen=True)
@@ -226,6 +234,14 @@ class JobPublic(JobBase):
     submitted_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    folder_bytes: int | None = Field(
+        default=None, description="Bytes the job folder takes on disk, as last measured (none: not yet)."
+    )
+    folder_measured_at: datetime | None = Field(default=None, description="When folder_bytes was measured.")
+    files_removed_at: datetime | None = Field(
+        default=None, description="When retention removed the folder's checkpoints and files (not its logs)."
+    )
+    folder_removed_at: datetime | None = Field(default=None, description="When retention removed the folder.")
 
 
 class JobPage(SQLModel):
@@ -382,3 +398,4 @@ class UserQuota(SQLModel, table=True):
     max_nodes: int | None = None
     max_tasks: int | None = None
     max_gpus: int | None = None
+    keep_finished_days: float | None = None  # 0: for ever (TORCHYARD_KEEP_FINISHED_DAYS)
