@@ -58,10 +58,14 @@ def usage(folder: Path) -> FolderUsage | None:
 def move_folder_to_trash(folder: Path) -> bool:
     """Rename the whole job folder into the trash; False when it was not there (already moved)."""
     with _directory(folder.parent) as parent, _trash(parent) as trash:
+        target = _unique(folder.name)
         try:
-            os.rename(folder.name, _unique(folder.name), src_dir_fd=parent, dst_dir_fd=trash)
+            os.rename(folder.name, target, src_dir_fd=parent, dst_dir_fd=trash)
         except FileNotFoundError:
             return False
+        except PermissionError:  # the job took write permission off its folder (its `..` must change)
+            _chmod_folder(parent, folder.name)  # never the jobs folder itself: every job reaches through it
+            os.rename(folder.name, target, src_dir_fd=parent, dst_dir_fd=trash)
     return True
 
 
@@ -81,7 +85,7 @@ def move_files_to_trash(folder: Path) -> bool:
             def out(parent_fd: int, name: str) -> None:
                 target = str(next(moved))
                 _retry_writable(
-                    parent_fd, lambda: os.rename(name, target, src_dir_fd=parent_fd, dst_dir_fd=holder)
+                    parent_fd, lambda: os.rename(name, target, src_dir_fd=parent_fd, dst_dir_fd=holder), name
                 )
 
             _move_all_but_logs(job, out)
@@ -224,7 +228,9 @@ def _remove(parent: int, name: str, trash: int, depth: int) -> int:
         _retry_writable(parent, lambda: os.unlink(name, dir_fd=parent))
         return freed
     if depth >= MAX_DEPTH:
-        _retry_writable(parent, lambda: os.rename(name, _unique("deep"), src_dir_fd=parent, dst_dir_fd=trash))
+        _retry_writable(
+            parent, lambda: os.rename(name, _unique("deep"), src_dir_fd=parent, dst_dir_fd=trash), name
+        )
         return 0
     with _closing(_open_directory(parent, name)) as folder:
         for inner in os.listdir(folder):
@@ -233,14 +239,25 @@ def _remove(parent: int, name: str, trash: int, depth: int) -> int:
     return freed
 
 
-def _retry_writable(folder: int, step: Callable[[], None]) -> None:
-    """Run `step`; when the folder's permissions refuse it (a job may chmod its own folders), make the
-    folder the service's to write and try once more (root never needs this)."""
+def _retry_writable(folder: int, step: Callable[[], None], moving: str | None = None) -> None:
+    """Run `step`; when permissions refuse it (a job may chmod its own folders), make the folder, and
+    the folder `moving` out of it (a folder's `..` changes when it moves), the service's to write and
+    try once more. Root never needs this."""
     try:
         step()
     except PermissionError:
         os.fchmod(folder, 0o700)
+        if moving is not None and stat.S_ISDIR(os.stat(moving, dir_fd=folder, follow_symlinks=False).st_mode):
+            _chmod_folder(folder, moving)
         step()
+
+
+def _chmod_folder(parent: int, name: str) -> None:
+    """Make folder `name` the service's to read and write, through a handle (so a link swapped in
+    meanwhile is not followed: O_PATH with O_NOFOLLOW opens the link itself, and that fails)."""
+    path_only = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    with _closing(path_only):
+        os.chmod(f"/proc/self/fd/{path_only}", 0o700)
 
 
 def _open_directory(parent: int, name: str) -> int:
@@ -249,9 +266,7 @@ def _open_directory(parent: int, name: str) -> int:
     try:
         return os.open(name, _DIRECTORY_NO_LINK, dir_fd=parent)
     except PermissionError:
-        path_only = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
-        with _closing(path_only):
-            os.chmod(f"/proc/self/fd/{path_only}", 0o700)
+        _chmod_folder(parent, name)
         return os.open(name, _DIRECTORY_NO_LINK, dir_fd=parent)
 
 
