@@ -118,11 +118,16 @@ def run_pass(engine: Engine, settings: Settings, *, dry_run: bool = False) -> Pa
         found = job_folders.usage(removal.folder)
         if found is not None:
             removal = replace(removal, bytes=found.total - (found.logs if removal.removing == "files" else 0))
-        report.removals.append(removal)
         if not dry_run:
-            _remove(engine, removal)
-    if not dry_run:
-        report.freed += job_folders.empty_trash(root)
+            try:
+                _remove(engine, removal)
+            except OSError as error:  # this folder only (a file it cannot move yet): the next pass retries
+                log.warning(
+                    "retention: cannot remove the %s of job %d: %s", removal.removing, removal.job_id, error
+                )
+                continue
+            report.freed += job_folders.empty_trash(root)  # room comes back job by job, not at the end
+        report.removals.append(removal)
     return report
 
 
