@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     max_submissions_per_minute: int = Field(600, ge=1, description="Default per-user limit on POSTs.")
     max_sweep_trials: int = Field(1000, ge=1, description="Most trials one sweep may make.")
     min_free_disk_mb: int = Field(64, ge=0, description="Refuse new jobs when data_dir has less free.")
+    keep_finished_days: float = Field(
+        30.0, ge=0, description="Days a finished job's folder stays (logs apart); 0 keeps it for ever."
+    )
+    keep_logs_days: float | None = Field(
+        None, ge=0, description="Days its logs stay: none, as long as the rest; 0 for ever; never shorter."
+    )
+    gc_interval_s: float = Field(3600.0, gt=0, description="Seconds between retention passes.")
 
     dev_mode: bool = Field(False, description="No tokens: every caller is admin 'dev'. Loopback only.")
     trusted_proxies: CommaList = Field(

@@ -19,6 +19,7 @@ from service.domain.submit import Admission
 from service.ledger.clock import on_stamped_commit
 from service.ledger.db import make_engine, migrate
 from service.loops.dispatch import Dispatcher
+from service.loops.housekeeping import Housekeeper
 from service.loops.intake import JobIntake
 from service.loops.reconcile import Reconciler
 
@@ -36,6 +37,7 @@ class Runtime:
     quotas: QuotaBook
     admission: Admission
     job_watch: JobWatch  # long polls on one job (GET ?wait_s=)
+    housekeeper: Housekeeper  # retention passes and folder sizes
     pages: PageCache = field(default_factory=PageCache)
 
     @classmethod
@@ -65,6 +67,7 @@ class Runtime:
             quotas,
             admission,
             job_watch,
+            Housekeeper(engine, settings),
         )
         on_stamped_commit(engine, runtime.job_watch.changed)
         return runtime
@@ -73,12 +76,14 @@ class Runtime:
         self.intake.start()
         self.dispatcher.start()
         self.reconciler.start()
+        self.housekeeper.start()
         self.dispatcher.wake()  # jobs queued before a restart go out now
 
     def stop(self) -> None:
         self.intake.stop()
         self.dispatcher.stop()
         self.reconciler.stop()
+        self.housekeeper.stop()
         for backend in self.backends.values():
             backend.close()
         self.clock.close()

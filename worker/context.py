@@ -8,6 +8,8 @@ them unconditionally.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
 import os
@@ -19,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from worker.distributed import RankEnv
-from worker.files import ProgressWriter
-from worker.spec import RunSpec
+from worker.files import ProgressWriter, atomic_write_text
+from worker.spec import CheckpointPolicy, RunSpec, parse_checkpoint_note
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +51,14 @@ class JobContext:
         self.checkpoint_dir = self.files.checkpoints
         if self.is_main:
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_policy = spec.checkpoints
         # Read once, at start, so every rank resumes from the same file even while rank 0 saves new ones.
-        self.resume_from: Path | None = (Path(spec.resume_from) if spec.resume_from
+        # The ledger's word first; when the policy has deleted that one since, the newest there is.
+        recorded = Path(spec.resume_from) if spec.resume_from else None
+        self.resume_from: Path | None = (recorded if recorded is not None and recorded.is_file()
                                          else self.files.latest_checkpoint())
         self._progress = ProgressWriter(self.files.progress, interval_s=progress_interval_s)
+        self._last_metrics: dict[str, float | None] = {}  # rank 0's latest reported value of each metric
 
     @property
     def device_ids(self) -> list[int] | None:
@@ -68,6 +74,7 @@ class JobContext:
         if not self.is_main:
             return
         values = {name: _finite_or_none(float(value)) for name, value in metrics.items()}
+        self._last_metrics.update(values)
         self._progress.append({"step": int(step), "total": None if total is None else int(total),
                                "metrics": values, "time": time.time(), "attempt": self.attempt})
 
@@ -76,6 +83,8 @@ class JobContext:
 
         The progress line {"checkpoint": path, "step": n, "time", "attempt"} is written at once (not
         buffered), after the file is complete, so the ledger never names a half-written checkpoint.
+        A note beside it (ckpt-<n>.json) keeps the metrics last reported before it, which `keep_best`
+        compares; then the job's checkpoint policy deletes what it does not keep (never this one).
         Other ranks save nothing and get the same path back.
         """
         path = self.files.checkpoint_file(epoch_or_step).resolve()
@@ -87,11 +96,32 @@ class JobContext:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
-        self._progress.append({"checkpoint": str(path), "step": int(epoch_or_step), "time": time.time(),
+        now = time.time()
+        note = {"step": int(epoch_or_step), "metrics": self._last_metrics, "time": now,
+                "attempt": self.attempt}
+        atomic_write_text(self.files.checkpoint_note(path), json.dumps(note) + "\n")
+        self._progress.append({"checkpoint": str(path), "step": int(epoch_or_step), "time": now,
                                "attempt": self.attempt})
         self._progress.flush()
         log.info("saved checkpoint %s", path)
+        if self.checkpoint_policy is not None:
+            self._prune_checkpoints(self.checkpoint_policy)
         return path
+
+    def _prune_checkpoints(self, policy: CheckpointPolicy) -> None:
+        saved = self.files.saved_checkpoints()
+        notes = {path: self._note_metrics(path) for _, path in saved} if policy.keep_best else {}
+        for path in checkpoints_to_remove([path for _, path in saved], notes, policy):
+            for name in (path, self.files.checkpoint_note(path)):
+                with contextlib.suppress(FileNotFoundError):
+                    name.unlink()  # a name in the job's own folder: a link goes, never its target
+            log.info("removed checkpoint %s (checkpoint policy)", path)
+
+    def _note_metrics(self, checkpoint: Path) -> dict[str, float | None]:
+        try:
+            return parse_checkpoint_note(self.files.checkpoint_note(checkpoint).read_text())
+        except (OSError, UnicodeDecodeError):
+            return {}
 
     def load_checkpoint(self, *, weights_only: bool = True) -> dict[str, Any] | None:
         """The state saved at resume_from (on CPU), or None when this attempt starts from scratch."""
@@ -134,6 +164,23 @@ class JobContext:
         return (f"JobContext(job_id={self.job_id}, attempt={self.attempt}, "
                 f"rank={self.rank}/{self.world_size}, local_rank={self.local_rank}, "
                 f"node_rank={self.node_rank}, device={self.device})")
+
+
+def checkpoints_to_remove(saved: list[Path], metrics: dict[Path, dict[str, float | None]],
+                          policy: CheckpointPolicy) -> list[Path]:
+    """Which of `saved` (oldest first) `policy` lets go: all but the newest `keep_last` (the newest
+    always stays: a restart resumes from it) and the best by `keep_best` among those whose note has
+    the metric. Nothing goes when the policy has neither rule."""
+    if policy.keep_last is None and policy.keep_best is None:
+        return []
+    kept = set(saved[-(policy.keep_last or 1):])
+    if policy.keep_best is not None:
+        name, sign = policy.keep_best.metric, 1.0 if policy.keep_best.goal == "min" else -1.0
+        scored = [(sign * value, index, path) for index, path in enumerate(saved)
+                  if (value := metrics.get(path, {}).get(name)) is not None]
+        if scored:
+            kept.add(min(scored)[2])  # a tie: the older one, which reached that value first
+    return [path for path in saved if path not in kept]
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -10,7 +10,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -19,6 +19,7 @@ SLURM_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"
 # A node feature expression for sbatch --constraint: names joined by & | , with counts and brackets.
 SLURM_CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.\-&|,*\[\]()]+$"
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch or step, 8 digits>.pt
+CHECKPOINT_NOTE_SUFFIX = ".json"  # ckpt-<n>.json beside ckpt-<n>.pt: the metrics reported when it was saved
 ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt: <n>`
 MAX_COUNT = 2**31 - 1  # steps and attempts: the ledger keeps them in 32-bit INTEGER columns
 PROGRESS_KEYS = ("step", "total", "metrics", "time", "attempt")  # a progress line, as ctx.report writes it
@@ -75,6 +76,28 @@ class ArrayGroup(BaseModel):
     max_parallel: int | None = None
 
 
+class KeepBest(BaseModel):
+    """Keep the checkpoint whose `metric` (as last reported before it was saved) is best."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00]+$",
+                        description="A metric the job reports (`ctx.report(..., loss=...)`).")
+    goal: Literal["min", "max"] = Field("min", description="Lowest (`min`) or highest (`max`) is best.")
+
+
+class CheckpointPolicy(BaseModel):
+    """Which of rank 0's checkpoints are kept while the job runs; the rest are deleted as it saves.
+
+    The newest is always kept (a restarted attempt resumes from it), so `keep_last` is at least 1;
+    with neither rule every checkpoint stays."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keep_last: int | None = Field(None, ge=1, le=100_000, description="Keep the newest N checkpoints.")
+    keep_best: KeepBest | None = Field(None, description="Also keep the best one by a reported metric.")
+
+
 class RunSpec(BaseModel):
     """Everything a rank needs to run one attempt of a job."""
 
@@ -94,6 +117,7 @@ class RunSpec(BaseModel):
     resume_from: str | None = None  # checkpoint path the ledger last recorded
     run_as: str | None = None  # the Unix account the service starts this job's processes as
     group: ArrayGroup | None = None  # submitted with the other jobs of this group, as one array
+    checkpoints: CheckpointPolicy | None = None  # None: every checkpoint is kept
 
     @field_validator("entrypoint")
     @classmethod
@@ -173,16 +197,24 @@ class JobFiles:
         """Where rank 0 saves the checkpoint of this epoch or step (zero-padded, so names sort)."""
         return self.checkpoints / f"ckpt-{epoch_or_step:08d}.pt"
 
-    def latest_checkpoint(self) -> Path | None:
-        """The checkpoint with the highest epoch or step in checkpoints/, or None (temp files ignored)."""
+    def checkpoint_note(self, checkpoint: Path) -> Path:
+        """The note beside a checkpoint: {"step", "metrics", "time", "attempt"} (parse_checkpoint_note)."""
+        return checkpoint.with_suffix(CHECKPOINT_NOTE_SUFFIX)
+
+    def saved_checkpoints(self) -> list[tuple[int, Path]]:
+        """(epoch or step, path) of every checkpoint in checkpoints/, oldest first (temp files ignored)."""
         if not self.checkpoints.is_dir():
-            return None
-        found = [
+            return []
+        return sorted(
             (int(match.group(1)), path)
             for path in self.checkpoints.iterdir()
-            if (match := CHECKPOINT_PATTERN.match(path.name))
-        ]
-        return max(found)[1] if found else None
+            if (match := CHECKPOINT_PATTERN.fullmatch(path.name))
+        )
+
+    def latest_checkpoint(self) -> Path | None:
+        """The checkpoint with the highest epoch or step in checkpoints/, or None (temp files ignored)."""
+        saved = self.saved_checkpoints()
+        return saved[-1][1] if saved else None
 
 
 class ProgressRecord(BaseModel):
@@ -244,6 +276,15 @@ def parse_placement(text: str, attempt: int) -> RankPlacement | None:
 
 def _short_text(value: Any, most: int) -> bool:
     return isinstance(value, str) and 0 < len(value) <= most and value.isprintable()
+
+
+def parse_checkpoint_note(text: str) -> dict[str, float | None]:
+    """The metrics of a checkpoint's note ({} for a torn or unusable one: a job wrote it)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+    return _metrics(data.get("metrics")) if isinstance(data, dict) else {}
 
 
 def parse_error_text(text: str) -> tuple[int | None, str]:

@@ -2,11 +2,14 @@
 
 Job counts are read from the ledger when Prometheus scrapes (one GROUP BY), not kept in counters the
 code must remember to update: the ledger is the truth, and several replicas then agree. Loop timings
-and query counts come from the Dispatcher / Reconciler / backends this process runs.
+and query counts come from the Dispatcher / Reconciler / backends this process runs. Job folder sizes
+are the ones stored by the housekeeping loop (no folder is walked at scrape time); the data directory's
+free space is one statvfs.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -17,7 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.domain import jobs
+from service.domain import jobs, retention
 from service.ledger.clock import read_version
 from service.states import JobState
 
@@ -61,7 +64,7 @@ class LedgerCollector:
         runtime = self._runtime()
         if runtime is None:
             return []
-        return [*self._jobs(runtime), *self._loops(runtime)]
+        return [*self._jobs(runtime), *self._loops(runtime), *self._disk(runtime)]
 
     @staticmethod
     def _jobs(runtime: Runtime) -> Iterable[Metric]:
@@ -121,6 +124,43 @@ class LedgerCollector:
         yield reconcile
         yield polls
         yield scheduler
+
+
+    @staticmethod
+    def _disk(runtime: Runtime) -> Iterable[Metric]:
+        with Session(runtime.engine) as session:
+            sizes = retention.folder_sizes(session)
+        folders = GaugeMetricFamily(
+            "torchyard_job_folder_bytes",
+            "Bytes each job folder still on disk takes, as last measured (when the job ended; hourly "
+            "while it runs).",
+            labels=["job_id"],
+        )
+        for job_id, size in sizes:
+            folders.add_metric([str(job_id)], size)
+        yield folders
+        try:
+            usage = shutil.disk_usage(runtime.settings.data_dir)
+        except OSError:  # the data directory is gone or unreadable: no numbers rather than wrong ones
+            pass
+        else:
+            yield GaugeMetricFamily(
+                "torchyard_data_dir_free_bytes", "Free space on the data directory's disk.", value=usage.free
+            )
+            yield GaugeMetricFamily(
+                "torchyard_data_dir_size_bytes", "Size of the data directory's disk.", value=usage.total
+            )
+        housekeeper = runtime.housekeeper
+        yield CounterMetricFamily(
+            "torchyard_retention_freed_bytes",
+            "Bytes this process's retention passes deleted from finished jobs' folders.",
+            value=housekeeper.freed_bytes,
+        )
+        yield GaugeMetricFamily(
+            "torchyard_retention_last_pass_timestamp_seconds",
+            "When this process's last retention pass completed (0: none yet).",
+            value=housekeeper.last_pass_at,
+        )
 
 
 HELD_S = "torchyard.held_s"  # scope key: seconds a long poll spent waiting, left out of its latency

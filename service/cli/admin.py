@@ -1,4 +1,5 @@
-"""`torchyard token ...` and `torchyard quota ...`: run on the service host, straight on the ledger.
+"""`torchyard token ...`, `torchyard quota ...` and `torchyard gc`: run on the service host, straight on
+the ledger (and, for gc, the data directory).
 
 They read the same TORCHYARD_* settings as `torchyard serve` (the database URL above all), so the
 first admin token can be made before anyone can call the API: that is the bootstrap.
@@ -15,7 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:  # the ledger is imported by the verbs that use it, not by the CLI at start
+    from sqlalchemy.engine import Engine
     from sqlmodel import Session
+
+    from service.config import Settings
 
 token_app = typer.Typer(
     help="Create, list and revoke API tokens (on the service host).", no_args_is_help=True
@@ -26,17 +30,25 @@ EXIT_REFUSED = 2
 
 @contextmanager
 def _ledger() -> Iterator[Session]:
+    from service.ledger.db import session_scope
+
+    with _service() as (_, engine), session_scope(engine) as session:
+        yield session
+
+
+@contextmanager
+def _service() -> Iterator[tuple[Settings, Engine]]:
+    """The service's settings and its migrated ledger; a ServiceError ends the verb with its message."""
     from service.config import Settings
     from service.errors import ServiceError
-    from service.ledger.db import make_engine, migrate, session_scope
+    from service.ledger.db import make_engine, migrate
 
     settings = Settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.resolved_database_url())
     try:
         migrate(engine)
-        with session_scope(engine) as session:
-            yield session
+        yield settings, engine
     except ServiceError as error:
         where = f"{error.field}: " if error.field else ""
         Console(stderr=True).print(f"[bold red]error:[/] {where}{error.message}", soft_wrap=True)
@@ -111,6 +123,9 @@ def quota_set(
     max_nodes: Annotated[int | None, typer.Option(min=0, help="Nodes per job.")] = None,
     max_tasks: Annotated[int | None, typer.Option(min=0, help="Tasks (ranks) per job.")] = None,
     max_gpus: Annotated[int | None, typer.Option(min=0, help="GPUs per job.")] = None,
+    keep_finished_days: Annotated[
+        float | None, typer.Option(min=0, help="Days their finished jobs' folders stay (0: for ever).")
+    ] = None,
     reset: Annotated[bool, typer.Option("--reset", help="Back to the service's defaults.")] = False,
 ) -> None:
     """Set some of a user's limits; the ones not given keep their value."""
@@ -123,6 +138,7 @@ def quota_set(
         "max_nodes": max_nodes,
         "max_tasks": max_tasks,
         "max_gpus": max_gpus,
+        "keep_finished_days": keep_finished_days,
     }
     with _ledger() as session:
         auth.check_user_name(user)
@@ -148,3 +164,26 @@ def quota_show(user: Annotated[str, typer.Option(help="Whose limits.")]) -> None
     for name, value in vars(limits).items():
         typer.echo(f"{name}: {value}")
     typer.echo(f"unfinished jobs now: {active}")
+
+
+def gc(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only show what would go; change nothing.")
+    ] = False,
+) -> None:
+    """Remove finished jobs' folders by the retention rules now (the service does it every
+    TORCHYARD_GC_INTERVAL_S): what goes, and how many bytes."""
+    from service.domain import retention
+
+    with _service() as (settings, engine):
+        report = retention.run_pass(engine, settings, dry_run=dry_run)
+    table = Table("job", "owner", "ended", "removes", "bytes")
+    for removal in report.removals:
+        what = "the whole folder" if removal.removing == "folder" else "all but the logs"
+        ended = removal.finished_at.isoformat(timespec="seconds")
+        table.add_row(str(removal.job_id), removal.owner, ended, what, f"{removal.bytes:,}")
+    Console(highlight=False, width=160).print(table)
+    total = sum(removal.bytes for removal in report.removals)
+    verb = "would free" if dry_run else "freed"
+    freed = total if dry_run else report.freed
+    typer.echo(f"{len(report.removals)} job folder(s); {verb} {freed:,} bytes")

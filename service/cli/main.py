@@ -24,7 +24,7 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from service.cli.admin import quota_app, token_app
+from service.cli.admin import gc, quota_app, token_app
 from service.cli.logs import STREAMS, print_logs
 from service.cli.progress import watch_jobs
 from service.cli.render import Job, as_json, job_details, jobs_table, state_text
@@ -45,6 +45,7 @@ app = typer.Typer(
 )
 app.add_typer(token_app, name="token")
 app.add_typer(quota_app, name="quota")
+app.command()(gc)
 
 
 @dataclass

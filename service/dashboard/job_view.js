@@ -155,6 +155,7 @@ export class JobView {
       ["Started", localTime(job.started_at)], ["Finished", localTime(job.finished_at)],
       ["Run time", el("span", { class: "run-time" }, duration(runTime(job)))],
       ["Exit code", job.exit_code ?? "—"], ["Checkpoint", job.latest_checkpoint ? el("code", {}, job.latest_checkpoint) : "—"],
+      ["Disk", el("span", { class: "disk" }, diskText(job))],
     ];
     if (job.sweep_id != null) {
       const params = Object.entries(job.params || {}).map(([k, v]) => `${k}=${v}`).join(" ");
@@ -265,6 +266,27 @@ function placementText(placement) {
 function attemptText(job) {
   const most = job.retries && job.retries.max ? ` of at most ${1 + job.retries.max}` : "";
   return `${job.attempt}${most}`;
+}
+
+// The job folder's size as the service last measured it (when the job ended, and hourly while it
+// runs), or what retention removed of it.
+function diskText(job) {
+  if (job.folder_removed_at) return `folder removed ${localTime(job.folder_removed_at)} (retention)`;
+  if (job.folder_bytes == null) return "not measured yet";
+  const size = bytesText(job.folder_bytes);
+  const kept = job.files_removed_at ? `, logs only since ${localTime(job.files_removed_at)}` : "";
+  return `${size} (measured ${localTime(job.folder_measured_at)}${kept})`;
+}
+
+function bytesText(bytes) {
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1000 && unit < units.length - 1) {
+    value /= 1000;
+    unit += 1;
+  }
+  return `${unit ? value.toFixed(1) : value} ${units[unit]}`;
 }
 
 function pretty(value) {

@@ -42,6 +42,7 @@ class Limits:
     max_nodes: int
     max_tasks: int
     max_gpus: int
+    keep_finished_days: float  # retention (service.domain.retention); 0: for ever
 
 
 class RetryLater(LimitExceeded):
@@ -77,6 +78,9 @@ def limits_for(session: Session, user: str, settings: Settings) -> Limits:
         max_nodes=pick(row.max_nodes, settings.max_nodes),
         max_tasks=pick(row.max_tasks, settings.max_tasks_per_job),
         max_gpus=pick(row.max_gpus, settings.max_gpus_per_job),
+        keep_finished_days=(
+            settings.keep_finished_days if row.keep_finished_days is None else row.keep_finished_days
+        ),
     )
 
 

@@ -25,7 +25,14 @@ from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
 from service.states import EndingKind, JobState
-from worker.spec import RankPlacement, Resources, check_entrypoint, check_one_target, json_problem
+from worker.spec import (
+    CheckpointPolicy,
+    RankPlacement,
+    Resources,
+    check_entrypoint,
+    check_one_target,
+    json_problem,
+)
 
 MAX_SPEC_VALUES_BYTES = 256 * 1024  # kwargs, args and env of one job, as JSON
 
@@ -109,6 +116,11 @@ class JobCreate(JobBase):
         default_factory=RetryPolicy,
         description='Attempts after one that ended for a reason not the job\'s own; {"max": 0} for none.',
     )
+    checkpoints: CheckpointPolicy | None = Field(
+        default=None,
+        description="Which of rank 0's checkpoints are kept as the job runs, e.g. {\"keep_last\": 2, "
+        "\"keep_best\": {\"metric\": \"loss\", \"goal\": \"min\"}}; none: every one.",
+    )
 
     @field_validator("entrypoint")
     @classmethod
@@ -144,6 +156,8 @@ class Job(JobBase, table=True):
         Index("ix_job_updated_at_id", "updated_at", "id"),
         Index("ix_job_owner_idempotency", "owner", "idempotency_key", unique=True),
         Index("ix_job_owner_state", "owner", "state"),
+        Index("ix_job_folder_removed_finished", "folder_removed_at", "finished_at"),  # retention's due jobs
+        Index("ix_job_folder_bytes", "folder_bytes"),  # NULL: not measured since it ended
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -180,6 +194,12 @@ class Job(JobBase, table=True):
     submitted_at: datetime | None = _time_column()
     started_at: datetime | None = _time_column()
     finished_at: datetime | None = _time_column()
+    # The job folder on disk (service.domain.retention): its size when last measured, and what of it
+    # retention removed (everything but the logs, then the whole folder).
+    folder_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    folder_measured_at: datetime | None = _time_column()
+    files_removed_at: datetime | None = _time_column()
+    folder_removed_at: datetime | None = _time_column()
 
 
 @dataclass(frozen=True)
@@ -229,6 +249,14 @@ class JobPublic(JobBase):
     submitted_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    folder_bytes: int | None = Field(
+        default=None, description="Bytes the job folder takes on disk, as last measured (none: not yet)."
+    )
+    folder_measured_at: datetime | None = Field(default=None, description="When folder_bytes was measured.")
+    files_removed_at: datetime | None = Field(
+        default=None, description="When retention removed the folder's checkpoints and files (not its logs)."
+    )
+    folder_removed_at: datetime | None = Field(default=None, description="When retention removed the folder.")
 
 
 class JobPage(SQLModel):
@@ -432,6 +460,18 @@ class JobMetricPublic(SQLModel):
     time: datetime
 
 
+class CheckpointPublic(SQLModel):
+    """One of rank 0's checkpoints, as its job folder holds it now."""
+
+    name: str = Field(description="File name: ckpt-<epoch or step>.pt (the download's name).")
+    step: int = Field(description="The epoch or step it was saved at.")
+    bytes: int
+    saved_at: datetime
+    metrics: dict[str, float | None] = Field(
+        default_factory=dict, description="The metrics last reported before it was saved."
+    )
+
+
 # ---------------------------------------------------------------- access: tokens and the audit log
 
 
@@ -477,3 +517,4 @@ class UserQuota(SQLModel, table=True):
     max_nodes: int | None = None
     max_tasks: int | None = None
     max_gpus: int | None = None
+    keep_finished_days: float | None = None  # 0: for ever (TORCHYARD_KEEP_FINISHED_DAYS)

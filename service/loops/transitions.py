@@ -86,6 +86,7 @@ def record_transition(
         job.attempt_started_at = job.attempt_started_at or now
     if is_terminal(target):
         job.finished_at = now
+        job.folder_bytes = None  # its final size is measured next (service.domain.retention.measure_ended)
     session.add(job)
     session.add(
         JobEvent(

@@ -94,3 +94,35 @@ def test_the_dashboard_is_served_from_the_package(api: TestClient, path: str, ki
     assert kind in response.headers["content-type"]
     urls = re.findall(r"https?://[^\s'\"]+", response.text)
     assert all(url.startswith("http://www.w3.org/") for url in urls), urls  # nothing from the internet
+
+
+def test_disk_in_metrics_and_on_the_job_comes_from_stored_sizes(
+    counted: tuple[TestClient, FakeBackend], settings: Settings
+) -> None:
+    import shutil
+    from pathlib import Path
+
+    from service.domain import retention
+    from tests.support import runtime_of
+
+    api, backend = counted
+    job_id = api.post("/api/v1/jobs", json={"name": "disk", "entrypoint": EP}).json()["id"]
+    job = wait_for(lambda: (j := api.get(f"/api/v1/jobs/{job_id}").json())["state"] == "running" and j)
+    (Path(job["folder"]) / "weights.bin").write_bytes(b"w" * 300_000)
+    assert job["folder_bytes"] is None
+    assert sample(api.get("/metrics").text, "torchyard_job_folder_bytes", job_id=str(job_id)) is None
+
+    backend.finish(job_id, "done")
+    wait_for(lambda: api.get(f"/api/v1/jobs/{job_id}").json()["state"] == "succeeded", what="succeeded")
+    runtime = runtime_of(api)
+    retention.measure_ended(runtime.engine, settings)  # what the housekeeping loop does within seconds
+    ended = api.get(f"/api/v1/jobs/{job_id}").json()
+    assert ended["folder_bytes"] >= 300_000 and ended["folder_measured_at"] is not None
+
+    (Path(job["folder"]) / "more.bin").write_bytes(b"m" * 300_000)  # not walked at scrape time
+    text = api.get("/metrics").text
+    assert sample(text, "torchyard_job_folder_bytes", job_id=str(job_id)) == ended["folder_bytes"]
+    free = sample(text, "torchyard_data_dir_free_bytes")
+    assert free is not None and abs(free - shutil.disk_usage(settings.data_dir).free) < 100 * 2**20
+    assert sample(text, "torchyard_data_dir_size_bytes") == shutil.disk_usage(settings.data_dir).total
+    assert sample(text, "torchyard_retention_freed_bytes_total") == 0

@@ -90,6 +90,9 @@ def test_a_training_job_moves_live_to_succeeded(page: Page, service: LiveServer,
     expect(page.locator("pre.result")).to_contain_text('"ok": true')
     expect(page.locator(".events tr[data-to='succeeded']")).to_be_visible()
     expect(page.locator("button[data-action='cancel']")).to_have_count(0)  # terminal: nothing to cancel
+    # The folder's size, measured by the service once the job ended (within seconds), not by the page.
+    disk = page.locator(".facts dt:text-is('Disk') + dd")
+    expect(disk).to_have_text(re.compile(r"^\d+(\.\d)? (KB|MB) \(measured "), timeout=SLOW_MS)
 
     page.select_option("select[name='rank']", "1")
     expect(page.locator("pre.log")).to_contain_text("global_rank=1")  # rank 1's own stdout

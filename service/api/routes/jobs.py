@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import AfterValidator, BeforeValidator
 from sqlmodel import Session, SQLModel
 
@@ -17,11 +17,12 @@ from service.api import etag
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
 from service.api.metrics import HELD_S
-from service.domain import jobs, logs
+from service.domain import checkpoints, jobs, logs
 from service.domain.auth import Principal
 from service.ledger.clock import LedgerVersion
 from service.ledger.db import session_scope
 from service.ledger.models import (
+    CheckpointPublic,
     JobAttemptPublic,
     JobCreate,
     JobEventPublic,
@@ -334,6 +335,55 @@ def get_logs(
     )
     headers = {"X-Log-Size": str(window.size), "X-Log-Next-Offset": str(window.end)}
     return PlainTextResponse(window.text, headers=headers)
+
+
+@router.get(
+    "/{job_id}/checkpoints",
+    response_model=list[CheckpointPublic],
+    summary="Rank 0's checkpoints",
+    responses=error_responses(404, 422),
+)
+def get_checkpoints(job_id: JobId, session: SessionDep, user: CurrentUser) -> Response:
+    """The checkpoints the job folder holds now, oldest first: what the job's checkpoint policy kept
+    (none once retention removed them)."""
+    found = checkpoints.list_checkpoints(session, job_id, user)
+    return Response(_dump(found), media_type=JSON, headers=VARY)
+
+
+CHUNK_BYTES = 1024 * 1024
+
+
+@router.get(
+    "/{job_id}/checkpoints/{checkpoint}",
+    response_class=StreamingResponse,
+    summary="Download one checkpoint",
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The file, streamed."},
+        **error_responses(404, 422, json_route=False),
+    },
+)
+def download_checkpoint(
+    job_id: JobId,
+    session: SessionDep,
+    user: CurrentUser,
+    checkpoint: Annotated[
+        str, Path(max_length=100, pattern=r"^ckpt-\d+\.pt$", description="A name from the list.")
+    ],
+) -> StreamingResponse:
+    """The file as it is on disk, a chunk at a time (a checkpoint may be many gigabytes)."""
+    found = checkpoints.open_checkpoint(session, job_id, user, checkpoint)
+
+    def chunks() -> Iterator[bytes]:
+        with found.handle:
+            while chunk := found.handle.read(CHUNK_BYTES):
+                yield chunk
+
+    headers = {
+        "Content-Length": str(found.size),
+        "Content-Disposition": f'attachment; filename="{found.name}"',
+        **VARY,
+    }
+    return StreamingResponse(chunks(), media_type="application/octet-stream", headers=headers)
 
 
 @router.post(

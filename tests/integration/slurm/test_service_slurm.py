@@ -251,10 +251,12 @@ def test_preempted_and_requeued_training_resumes_from_its_checkpoint_bit_for_bit
     # by submitit, so the ranks only stop at the SIGKILL that follows.
     kwargs = {"epochs": 6, "samples": 256, "seed": 7, "report_every": 2, "sleep_per_step": 0.6}
     resources = {"tasks_per_node": 2, "timeout_min": 5}
+    kept = {"keep_last": 2}  # the requeued runs prune as they go, and still resume from the newest
     plain, signalled, requeued = (
-        api.submit(name=name, entrypoint="worker.tasks.train:train", kwargs=kwargs, resources=resources)
+        api.submit(name=name, entrypoint="worker.tasks.train:train", kwargs=kwargs, resources=resources,
+                   **({} if name == "plain" else {"checkpoints": kept}))
         for name in ("plain", "signalled", "requeued")
-    )
+    )  # fmt: skip
 
     def checkpointed(one: dict[str, Any]) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
@@ -292,3 +294,6 @@ def test_preempted_and_requeued_training_resumes_from_its_checkpoint_bit_for_bit
         at = history.index("requeued")
         assert "running" in history[at:], history
         assert history[-1] == "succeeded"
+        listed = api.get(f"/api/v1/jobs/{one['id']}/checkpoints").raise_for_status().json()
+        last_two = ["ckpt-00000020.pt", "ckpt-00000024.pt"]  # epochs 5 and 6, 4 steps each
+        assert [c["name"] for c in listed] == last_two, one["name"]

@@ -88,3 +88,42 @@ def test_token_create_save_writes_the_token_file_private(
     saved = tmp_path / "config" / "torchyard" / "token"
     assert saved.read_text().strip() == token
     assert saved.stat().st_mode & 0o777 == 0o600
+
+
+def test_gc_dry_run_shows_what_would_go_and_gc_removes_it(ledger: str, tmp_path: Path) -> None:
+    from service.config import Settings
+    from service.domain.storage import prepare_data_dir
+    from service.ledger.db import migrate
+    from service.states import JobState
+    from tests.unit.service.test_retention import add_job
+
+    settings = Settings(keep_finished_days=7, keep_logs_days=30)
+    prepare_data_dir(settings)
+    (tmp_path / "outside.txt").write_text("outside")
+    engine = make_engine(ledger)
+    migrate(engine)
+    old = add_job(engine, settings, JobState.succeeded, ended_days_ago=40)
+    kept = add_job(engine, settings, JobState.running)
+    engine.dispose()
+
+    env = {"TORCHYARD_KEEP_FINISHED_DAYS": "7", "TORCHYARD_KEEP_LOGS_DAYS": "30"}
+    dry = CliRunner().invoke(app, ["gc", "--dry-run"], env=env)
+    assert dry.exit_code == 0, dry.output
+    row = next(line for line in dry.output.splitlines() if f"│ {old.id} " in line)
+    assert "alice" in row and "the whole folder" in row
+    assert "1 job folder(s); would free" in dry.output
+    assert Path(old.folder or "").exists() and Path(kept.folder or "").exists()
+
+    done = CliRunner().invoke(app, ["gc"], env=env)
+    assert done.exit_code == 0, done.output
+    assert "1 job folder(s); freed" in done.output
+    assert not Path(old.folder or "").exists() and Path(kept.folder or "").exists()
+    again = CliRunner().invoke(app, ["gc", "--dry-run"], env=env)
+    assert "0 job folder(s); would free 0 bytes" in again.output
+
+
+def test_quota_set_keeps_a_users_finished_jobs_longer(ledger: str) -> None:
+    run("quota", "set", "--user", "alice", "--keep-finished-days", "90")
+    shown = run("quota", "show", "--user", "alice")
+    assert "keep_finished_days: 90.0" in shown
+    assert "keep_finished_days: 30.0" in run("quota", "show", "--user", "bob")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from worker.context import JobContext
+from worker.context import JobContext, checkpoints_to_remove
 from worker.distributed import RankEnv
-from worker.spec import RunSpec, parse_progress_line
+from worker.spec import CheckpointPolicy, RunSpec, parse_progress_line
 
 
 def make(tmp_path: Path, rank: int = 0, **fields: object) -> JobContext:
@@ -64,7 +64,8 @@ def test_checkpoint_is_atomic_recorded_at_once_and_resumed_from(tmp_path: Path) 
     records = [parse_progress_line(line) for line in ctx.files.progress.read_text().splitlines()]
     assert [getattr(record, "checkpoint", None) for record in records] == [None, str(first), str(second)]
     assert records[2] is not None and records[2].step == 16
-    assert sorted(path.name for path in ctx.checkpoint_dir.iterdir()) == [first.name, second.name]
+    assert sorted(path.name for path in ctx.checkpoint_dir.glob("*.pt")) == [first.name, second.name]
+    assert json.loads(ctx.files.checkpoint_note(second).read_text())["metrics"] == {"loss": 1.0}
     ctx.close()
 
     resumed = make(tmp_path)
@@ -74,3 +75,54 @@ def test_checkpoint_is_atomic_recorded_at_once_and_resumed_from(tmp_path: Path) 
 
     pinned = make(tmp_path, resume_from=str(first))  # the ledger's word wins
     assert pinned.resume_from == first
+
+
+def saved_names(ctx: JobContext) -> list[str]:
+    return [path.name for _, path in ctx.files.saved_checkpoints()]
+
+
+def test_keep_last_prunes_as_rank_0_saves_and_a_restart_resumes_from_the_newest(tmp_path: Path) -> None:
+    ctx = make(tmp_path, checkpoints={"keep_last": 2})
+    for step in range(1, 7):
+        ctx.report(step, loss=1.0 / step)
+        ctx.save_checkpoint({"step": step}, step)
+        assert len(saved_names(ctx)) == min(step, 2)
+    ctx.close()
+    assert saved_names(ctx) == ["ckpt-00000005.pt", "ckpt-00000006.pt"]
+    notes = sorted(p.name for p in ctx.checkpoint_dir.glob("*.json"))
+    assert notes == ["ckpt-00000005.json", "ckpt-00000006.json"]
+
+    gone = str(ctx.files.checkpoint_file(3).resolve())  # what a lagging ledger may still name
+    resumed = make(tmp_path, resume_from=gone, checkpoints={"keep_last": 2})
+    assert resumed.resume_from == ctx.files.checkpoint_file(6).resolve()
+    state = resumed.load_checkpoint()
+    assert state is not None and state["step"] == 6
+
+
+def test_keep_best_keeps_the_lowest_loss_besides_the_newest(tmp_path: Path) -> None:
+    policy = {"keep_last": 1, "keep_best": {"metric": "loss", "goal": "min"}}
+    ctx = make(tmp_path, checkpoints=policy)
+    for step, loss in enumerate([0.9, 0.5, 0.2, 0.4, 0.3, 0.6], start=1):
+        ctx.report(step, loss=loss, epoch=step)
+        ctx.save_checkpoint({"step": step}, step)
+    ctx.close()
+    assert saved_names(ctx) == ["ckpt-00000003.pt", "ckpt-00000006.pt"]
+
+    highest = make(tmp_path / "max", checkpoints={"keep_best": {"metric": "epoch", "goal": "max"}})
+    for step in range(1, 4):
+        highest.report(step, epoch=10 - step)
+        highest.save_checkpoint({"step": step}, step)
+    highest.close()
+    assert saved_names(highest) == ["ckpt-00000001.pt", "ckpt-00000003.pt"]  # the best, and the newest
+
+
+def test_the_policy_alone_decides_what_goes() -> None:
+    saved = [Path(f"ckpt-{n}.pt") for n in range(1, 6)]
+    losses = {path: {"loss": value} for path, value in zip(saved, [0.3, None, 0.1, 0.5, 0.2], strict=True)}
+    assert checkpoints_to_remove(saved, {}, CheckpointPolicy()) == []
+    assert checkpoints_to_remove(saved, {}, CheckpointPolicy(keep_last=5)) == []
+    assert checkpoints_to_remove(saved, {}, CheckpointPolicy(keep_last=2)) == saved[:3]
+    best = CheckpointPolicy.model_validate({"keep_last": 2, "keep_best": {"metric": "loss"}})
+    assert checkpoints_to_remove(saved, losses, best) == saved[:2]  # 0.1 is kept with the newest two
+    unknown = CheckpointPolicy.model_validate({"keep_best": {"metric": "accuracy", "goal": "max"}})
+    assert checkpoints_to_remove(saved, losses, unknown) == saved[:4]  # no scores: only the newest

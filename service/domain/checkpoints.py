@@ -1,0 +1,117 @@
+"""A job's checkpoints, for its owner: the list, and one opened for download.
+
+checkpoints/ is the job's to write, and the job is untrusted: the folder itself, a checkpoint or its
+note may be a link (to a file the service can read and the job cannot), a FIFO or a folder. So every
+step opens a directory handle without following links, and only regular files are listed or read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import BinaryIO
+
+from sqlmodel import Session
+
+from service.domain.auth import Principal
+from service.domain.jobs import get_job
+from service.errors import NotFound
+from service.ledger.models import CheckpointPublic
+from worker.spec import CHECKPOINT_NOTE_SUFFIX, CHECKPOINT_PATTERN, JobFiles, parse_checkpoint_note
+
+MAX_NOTE_BYTES = 64 * 1024
+_DIRECTORY_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+@dataclass(frozen=True)
+class CheckpointDownload:
+    handle: BinaryIO
+    size: int
+    name: str
+
+
+def list_checkpoints(session: Session, job_id: int, viewer: Principal) -> list[CheckpointPublic]:
+    """The job's checkpoints, oldest first (none once retention removed them)."""
+    job = get_job(session, job_id, viewer)
+    if job.folder is None:
+        return []
+    found = []
+    with _checkpoint_folder(Path(job.folder)) as folder:
+        if folder is None:
+            return []
+        for entry in os.scandir(folder):
+            match = CHECKPOINT_PATTERN.fullmatch(entry.name)
+            if match is None or not entry.is_file(follow_symlinks=False):
+                continue
+            info = entry.stat(follow_symlinks=False)
+            found.append(
+                CheckpointPublic(
+                    name=entry.name,
+                    step=int(match.group(1)),
+                    bytes=info.st_size,
+                    saved_at=datetime.fromtimestamp(info.st_mtime, tz=timezone.utc),
+                    metrics=_note_metrics(folder, entry.name),
+                )
+            )
+    return sorted(found, key=lambda checkpoint: checkpoint.step)
+
+
+def open_checkpoint(session: Session, job_id: int, viewer: Principal, name: str) -> CheckpointDownload:
+    """One checkpoint opened for reading (the caller closes it); NotFound unless it is a regular file."""
+    job = get_job(session, job_id, viewer)
+    missing = NotFound(f"job {job_id} has no checkpoint {name}", field="checkpoint")
+    if job.folder is None or CHECKPOINT_PATTERN.fullmatch(name) is None:
+        raise missing
+    with _checkpoint_folder(Path(job.folder)) as folder:
+        handle = _open_regular(folder, name) if folder is not None else None
+    if handle is None:
+        raise missing
+    return CheckpointDownload(handle, os.fstat(handle.fileno()).st_size, name)
+
+
+@contextlib.contextmanager
+def _checkpoint_folder(job_folder: Path) -> Iterator[int | None]:
+    """A handle on the job's checkpoints/ (None when it is missing or not a real folder)."""
+    try:
+        outer = os.open(job_folder, _DIRECTORY_NO_LINK)
+    except OSError:
+        yield None
+        return
+    try:
+        inner = os.open(JobFiles(job_folder).checkpoints.name, _DIRECTORY_NO_LINK, dir_fd=outer)
+    except OSError:
+        inner = None
+    finally:
+        os.close(outer)
+    try:
+        yield inner
+    finally:
+        if inner is not None:
+            os.close(inner)
+
+
+def _open_regular(folder: int, name: str) -> BinaryIO | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except OSError:  # missing, a link (ELOOP), not permitted
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def _note_metrics(folder: int, checkpoint: str) -> dict[str, float | None]:
+    handle = _open_regular(folder, checkpoint.removesuffix(".pt") + CHECKPOINT_NOTE_SUFFIX)
+    if handle is None:
+        return {}
+    try:
+        with handle:
+            return parse_checkpoint_note(handle.read(MAX_NOTE_BYTES).decode("utf-8", errors="replace"))
+    except OSError:
+        return {}

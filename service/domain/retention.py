@@ -1,0 +1,233 @@
+"""Retention: which finished jobs' folders go and when, doing it, and measuring the folders.
+
+The ledger keeps every job, event and metric; only the files go. A finished job's folder loses all but
+its logs `keep_finished_days` after the job ended (the owner's own value where the operator set one,
+`torchyard quota set --keep-finished-days`), and the logs go `keep_logs_days` after it ended (never
+sooner than the rest). 0 keeps them for ever. Only jobs in a terminal state are looked at: nothing of a
+queued, running, retrying or requeued job (its folder holds what the next attempt resumes from) is
+touched. The removal itself is service.domain.job_folders (rename into the trash, then delete).
+
+Folder sizes are measured here too, off the request path: when a job has ended (its size is unknown
+again from then) and, for unfinished jobs, at every retention pass. /metrics and the API read the
+stored numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Literal
+
+from sqlalchemy import Select, select
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col
+
+from service.config import Settings
+from service.domain import job_folders
+from service.domain.storage import jobs_root
+from service.ledger.db import session_scope, write_scope
+from service.ledger.models import Job, UserQuota, utcnow
+from service.states import ACTIVE_STATES, TERMINAL_STATES
+
+log = logging.getLogger(__name__)
+
+Removing = Literal["files", "folder"]  # everything but the logs; the whole folder
+TERMINAL = [state.value for state in TERMINAL_STATES]
+ACTIVE = [state.value for state in ACTIVE_STATES]
+MEASURE_BATCH = 200  # ended jobs measured per tick; more wait for the next
+
+
+@dataclass(frozen=True)
+class KeepDays:
+    """How long after a job ended its files and its logs stay; None: for ever."""
+
+    files: float | None
+    logs: float | None
+
+
+def keep_days(settings: Settings, override: float | None = None) -> KeepDays:
+    """The rule for one owner: their own keep_finished_days where set, else the service's."""
+    chosen = settings.keep_finished_days if override is None else override
+    files = None if chosen == 0 else chosen
+    if settings.keep_logs_days is None:
+        return KeepDays(files, files)
+    if settings.keep_logs_days == 0 or files is None:
+        return KeepDays(files, None)
+    return KeepDays(files, max(settings.keep_logs_days, files))
+
+
+@dataclass(frozen=True)
+class Removal:
+    job_id: int
+    owner: str
+    removing: Removing
+    folder: Path
+    finished_at: datetime
+    bytes: int = 0  # what it frees, as measured before the removal
+
+
+@dataclass
+class PassReport:
+    removals: list[Removal] = field(default_factory=list)
+    freed: int = 0  # bytes the trash gave back (0 for a dry run)
+
+
+def due_removals(session: Session, settings: Settings, now: datetime) -> list[Removal]:
+    """What the rules remove now, oldest ending first."""
+    overrides = _overrides(session)
+    rules = [keep_days(settings), *(keep_days(settings, days) for days in overrides.values())]
+    shortest = min((rule.files for rule in rules if rule.files is not None), default=None)
+    if shortest is None:
+        return []
+    query = (
+        select(col(Job.id), col(Job.owner), col(Job.folder), col(Job.finished_at), col(Job.files_removed_at))
+        .where(
+            col(Job.folder_removed_at).is_(None),
+            col(Job.finished_at) <= now - timedelta(days=shortest),
+            col(Job.state).in_(TERMINAL),
+        )
+        .order_by(col(Job.finished_at))
+    )
+    due = []
+    for job_id, owner, folder, finished_at, files_removed_at in session.execute(query):
+        rule = keep_days(settings, overrides.get(owner))
+        age = now - finished_at
+        removing: Removing | None = None
+        if rule.logs is not None and age >= timedelta(days=rule.logs):
+            removing = "folder"
+        elif rule.files is not None and age >= timedelta(days=rule.files) and files_removed_at is None:
+            removing = "files"
+        place = _own_folder(settings, job_id, folder)
+        if removing is not None and place is not None:
+            due.append(Removal(job_id, owner, removing, place, finished_at))
+    return due
+
+
+def run_pass(engine: Engine, settings: Settings, *, dry_run: bool = False) -> PassReport:
+    """One retention pass. A dry run measures what would go and changes nothing."""
+    report = PassReport()
+    root = jobs_root(settings)
+    if not dry_run:
+        report.freed += job_folders.empty_trash(root)  # what a pass that died half-way left
+        measure_unfinished(engine, settings)
+    with session_scope(engine) as session:
+        due = due_removals(session, settings, utcnow())
+    for removal in due:
+        found = job_folders.usage(removal.folder)
+        if found is not None:
+            removal = replace(removal, bytes=found.total - (found.logs if removal.removing == "files" else 0))
+        if not dry_run:
+            try:
+                _remove(engine, removal)
+            except OSError as error:  # this folder only (a file it cannot move yet): the next pass retries
+                log.warning(
+                    "retention: cannot remove the %s of job %d: %s", removal.removing, removal.job_id, error
+                )
+                continue
+            report.freed += job_folders.empty_trash(root)  # room comes back job by job, not at the end
+        report.removals.append(removal)
+    return report
+
+
+def _remove(engine: Engine, removal: Removal) -> None:
+    """Move it into the trash, then say so in the ledger; the trash is emptied after. A service that
+    dies in between finds the job due again and its folder gone or emptied: it only writes the row."""
+    if removal.removing == "folder":
+        job_folders.move_folder_to_trash(removal.folder)
+    else:
+        job_folders.move_files_to_trash(removal.folder)
+    left = job_folders.usage(removal.folder)
+    with write_scope(engine) as session:
+        job = session.get(Job, removal.job_id)
+        if job is None:
+            return
+        now = utcnow()
+        job.files_removed_at = job.files_removed_at or now
+        if removal.removing == "folder" or left is None:
+            job.folder_removed_at = now
+        job.folder_bytes, job.folder_measured_at = (left.total if left else 0), now
+        session.add(job)
+    log.info(
+        "retention: removed the %s of job %d (%d bytes)", removal.removing, removal.job_id, removal.bytes
+    )
+
+
+def measure_ended(engine: Engine, settings: Settings) -> int:
+    """Measure the folders of jobs that ended since their last measurement. Returns how many."""
+    query = (
+        select(col(Job.id), col(Job.folder))
+        .where(
+            col(Job.folder_bytes).is_(None),
+            col(Job.folder_removed_at).is_(None),
+            col(Job.state).in_(TERMINAL),
+        )
+        .limit(MEASURE_BATCH)
+    )
+    return _measure(engine, settings, query, TERMINAL, missing_is_empty=True)
+
+
+def measure_unfinished(engine: Engine, settings: Settings) -> int:
+    """Measure the folders of every unfinished job (they grow as the jobs run)."""
+    query = select(col(Job.id), col(Job.folder)).where(col(Job.state).in_(ACTIVE))
+    return _measure(engine, settings, query, ACTIVE, missing_is_empty=False)
+
+
+def _measure(
+    engine: Engine,
+    settings: Settings,
+    query: Select[int | None, str | None],
+    states: list[str],
+    *,
+    missing_is_empty: bool,
+) -> int:
+    """Measure the folders of the jobs `query` selects (id, folder) and store the sizes of those still
+    in `states` (a running job that ended meanwhile is measured again as an ended one)."""
+    with session_scope(engine) as session:
+        rows = session.execute(query).all()
+    sizes: dict[int, int] = {}
+    for job_id, folder in rows:
+        place = _own_folder(settings, job_id, folder)
+        found = job_folders.usage(place) if place is not None else None
+        if found is not None or missing_is_empty:
+            sizes[job_id] = found.total if found is not None else 0
+    if not sizes:
+        return 0
+    with write_scope(engine) as session:  # measured first, written after: no lock held while walking
+        now = utcnow()
+        for job_id, size in sizes.items():
+            job = session.get(Job, job_id)
+            if job is None or job.state not in states or job.folder_removed_at is not None:
+                continue
+            if job.state in ACTIVE or job.folder_bytes is None:  # never over what retention wrote
+                job.folder_bytes, job.folder_measured_at = size, now
+                session.add(job)
+    return len(sizes)
+
+
+def folder_sizes(session: Session) -> list[tuple[int, int]]:
+    """(job id, bytes) of every job folder still on disk, as last measured: what /metrics shows."""
+    query = (
+        select(col(Job.id), col(Job.folder_bytes))
+        .where(col(Job.folder_removed_at).is_(None), col(Job.folder_bytes).is_not(None))
+        .order_by(col(Job.id))
+    )
+    return [(int(job_id), int(size)) for job_id, size in session.execute(query)]
+
+
+def _overrides(session: Session) -> dict[str, float]:
+    query = select(col(UserQuota.username), col(UserQuota.keep_finished_days)).where(
+        col(UserQuota.keep_finished_days).is_not(None)
+    )
+    return {name: float(days) for name, days in session.execute(query)}
+
+
+def _own_folder(settings: Settings, job_id: int, folder: str | None) -> Path | None:
+    """The job's folder when it is where this service puts job folders; never anything else."""
+    expected = jobs_root(settings) / str(job_id)
+    if folder is None or Path(folder) != expected:
+        if folder is not None:
+            log.warning("job %d's folder %s is not %s: retention leaves it alone", job_id, folder, expected)
+        return None
+    return expected

@@ -1,0 +1,55 @@
+"""The housekeeping loop: retention passes (every `gc_interval_s`, the first at start, which also
+finishes a pass a restart cut short) and, between them, the sizes of the folders of jobs that ended.
+
+Every replica runs one; the work is idempotent (a folder another replica moved is simply gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sqlalchemy.engine import Engine
+
+from service.config import Settings
+from service.domain import retention
+
+log = logging.getLogger(__name__)
+
+MEASURE_EVERY_S = 10.0  # an ended job's size shows within this long
+
+
+class Housekeeper:
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="torchyard-housekeeping", daemon=True)
+        self.freed_bytes = 0  # by this process's passes, for /metrics
+        self.last_pass_at = 0.0  # time.time() of the last pass that completed
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def run_pass(self) -> retention.PassReport:
+        report = retention.run_pass(self._engine, self._settings)
+        self.freed_bytes += report.freed
+        self.last_pass_at = time.time()
+        return report
+
+    def _run(self) -> None:
+        next_pass = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() >= next_pass:
+                    next_pass = time.monotonic() + self._settings.gc_interval_s
+                    self.run_pass()
+                retention.measure_ended(self._engine, self._settings)
+            except Exception:  # the loop must outlive a bad pass (database down, a sick disk, ...)
+                log.exception("housekeeping failed; trying again later")
+            self._stop.wait(min(MEASURE_EVERY_S, max(0.0, next_pass - time.monotonic())))
