@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from worker.distributed import RankEnv
 from worker.files import ProgressWriter
+from worker.gpu_stats import GpuSampler
 from worker.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class JobContext:
         self.resume_from: Path | None = (Path(spec.resume_from) if spec.resume_from
                                          else self.files.latest_checkpoint())
         self._progress = ProgressWriter(self.files.progress, interval_s=progress_interval_s)
+        # Rank 0 of a GPU job: the GPUs of its node (the job's), sampled in the background.
+        self._gpus = GpuSampler.for_gpus(env.visible_gpus) if self.is_main and backend == "nccl" else None
 
     @property
     def device_ids(self) -> list[int] | None:
@@ -64,10 +67,13 @@ class JobContext:
 
         Cheap enough for every step: no disk access here, a background thread appends the queued
         lines at most every 0.5 s, and close() writes the rest. Non-finite metrics are written as null.
+        On a GPU job the newest GPU sample (worker.gpu_stats), when there is one, joins the metrics.
         """
         if not self.is_main:
             return
         values = {name: _finite_or_none(float(value)) for name, value in metrics.items()}
+        if self._gpus is not None and (sample := self._gpus.take()):
+            values.update(sample)
         self._progress.append({"step": int(step), "total": None if total is None else int(total),
                                "metrics": values, "time": time.time(), "attempt": self.attempt})
 
@@ -128,6 +134,8 @@ class JobContext:
 
     def close(self) -> None:
         """Write the progress lines still queued (the launcher calls this on the way out)."""
+        if self._gpus is not None:
+            self._gpus.close()
         self._progress.close()
 
     def __repr__(self) -> str:

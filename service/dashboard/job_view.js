@@ -3,7 +3,8 @@
 import { api } from "./api.js";
 import { MetricChart } from "./chart.js";
 import {
-  TERMINAL, badge, duration, el, formatNumber, localTime, progressBar, resources, runTime, shortTime, worldSize,
+  TERMINAL, badge, duration, el, formatNumber, localTime, progressBar, resources, runTime, shortTime, startEstimate,
+  worldSize,
 } from "./format.js";
 
 const TAILS = [200, 1000, 5000];
@@ -150,6 +151,7 @@ export class JobView {
       ["Created", localTime(job.created_at)], ["Submitted", localTime(job.submitted_at)],
       ["Started", localTime(job.started_at)], ["Finished", localTime(job.finished_at)],
       ["Run time", el("span", { class: "run-time" }, duration(runTime(job)))],
+      ["Expected start", startEstimate(job) || "—"],
       ["Exit code", job.exit_code ?? "—"], ["Checkpoint", job.latest_checkpoint ? el("code", {}, job.latest_checkpoint) : "—"],
     ];
     this.facts.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
