@@ -29,7 +29,7 @@ scancel "$killed"
 
 # Fill both nodes (8 CPUs), so that what follows must wait.
 sleep 2
-full=$(submit -N2 --ntasks-per-node=3 --wrap 'sleep 300')
+full=$(submit -N2 --ntasks-per-node=3 -t 5 --wrap 'sleep 300')  # -t: the waiting jobs get an estimate
 wait_state "$full" RUNNING
 resources=$(submit -N2 --ntasks-per-node=2 --wrap 'sleep 1')
 priority=$(submit -N2 --ntasks-per-node=2 --wrap 'sleep 1')
