@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import ColumnElement, Connection, and_, delete, func, insert, or_, select
 from sqlmodel import Session, col
 
 from service.domain.auth import Principal
@@ -73,27 +73,45 @@ def refresh(connection: Connection, key: SeriesKey, first_step: int, last_step: 
     """Rebuild every level's buckets that hold steps `first_step..last_step` from the level below.
 
     Called in the transaction that added raw rows in that range (flushed), so a reader never sees
-    rows without their buckets. Each level reads at most FACTOR times the buckets it writes."""
-    for level in range(1, LEVELS + 1):
-        width = FACTOR**level
-        lo, hi = first_step // width, last_step // width
-        children = _read_level(connection, key, level - 1, lo * FACTOR, hi * FACTOR + FACTOR - 1)
+    rows without their buckets. Four statements whatever the number of levels: the raw rows and the
+    stored buckets the new ones are made from, read once each, then one delete and one insert."""
+    spans = {
+        level: (first_step // FACTOR**level, last_step // FACTOR**level) for level in range(1, LEVELS + 1)
+    }
+    # Level k's buckets lo..hi are made from level k-1's buckets lo*FACTOR..hi*FACTOR+FACTOR-1.
+    sources = {level - 1: (lo * FACTOR, hi * FACTOR + FACTOR - 1) for level, (lo, hi) in spans.items()}
+    children: dict[int, Bucket] = {}
+    for step, point in _read_raw(connection, key, *sources[0]):
+        known = children.get(step)
+        children[step] = point if known is None else known.merge(point)
+    stored = _read_rollup(connection, key, {level: span for level, span in sources.items() if level > 0})
+    rows: list[dict[str, object]] = []
+    for level, (lo, hi) in spans.items():
         parents: dict[int, Bucket] = {}
-        for index, bucket in children:
+        for index in sorted(children):
             parent = parents.get(index // FACTOR)
-            parents[index // FACTOR] = bucket if parent is None else parent.merge(bucket)
-        table = JobMetricRollup.__table__  # type: ignore[attr-defined]
-        connection.execute(
-            delete(table).where(
-                table.c.job_id == key.job_id,
-                table.c.level == level,
-                table.c.name == key.name,
-                table.c.attempt == key.attempt,
-                table.c.bucket.between(lo, hi),
-            )
+            parents[index // FACTOR] = children[index] if parent is None else parent.merge(children[index])
+        rows.extend(_row(key, level, index, bucket) for index, bucket in parents.items())
+        kept = stored.get(level, {})
+        children = {index: bucket for index, bucket in kept.items() if not lo <= index <= hi} | parents
+    table = JobMetricRollup.__table__  # type: ignore[attr-defined]
+    connection.execute(
+        delete(table).where(
+            _series(table, key),
+            or_(
+                *(
+                    and_(table.c.level == level, table.c.bucket.between(lo, hi))
+                    for level, (lo, hi) in spans.items()
+                )
+            ),
         )
-        if parents:
-            connection.execute(insert(table), [_row(key, level, i, b) for i, b in parents.items()])
+    )
+    if rows:
+        connection.execute(insert(table), rows)
+
+
+def _series(table: Any, key: SeriesKey) -> ColumnElement[bool]:
+    return and_(table.c.job_id == key.job_id, table.c.name == key.name, table.c.attempt == key.attempt)
 
 
 def _row(key: SeriesKey, level: int, index: int, bucket: Bucket) -> dict[str, object]:
@@ -120,44 +138,43 @@ def _read_level(
 ) -> list[tuple[int, Bucket]]:
     """(index, bucket) of one level, lo..hi, in order; level 0 is the raw rows, indexed by step."""
     if level == 0:
-        raw = (
-            select(col(JobMetric.step), col(JobMetric.value))
-            .where(
-                col(JobMetric.job_id) == key.job_id,
-                col(JobMetric.name) == key.name,
-                col(JobMetric.attempt) == key.attempt,
-                col(JobMetric.step).between(lo, hi),
-            )
-            .order_by(col(JobMetric.step), col(JobMetric.id))
-        )
-        return [(step, Bucket.of(step, value)) for step, value in connection.execute(raw)]
-    r = JobMetricRollup
-    rolled = (
-        select(
-            col(r.bucket),
-            col(r.count),
-            col(r.first_step),
-            col(r.first_value),
-            col(r.last_step),
-            col(r.last_value),
-            col(r.min_step),
-            col(r.min_value),
-            col(r.max_step),
-            col(r.max_value),
-        )
+        return _read_raw(connection, key, lo, hi)
+    return sorted(_read_rollup(connection, key, {level: (lo, hi)}).get(level, {}).items())
+
+
+def _read_raw(connection: Connection, key: SeriesKey, lo: int, hi: int) -> list[tuple[int, Bucket]]:
+    """Every raw point of steps lo..hi as a bucket of its own, in step order."""
+    raw = (
+        select(col(JobMetric.step), col(JobMetric.value))
         .where(
-            col(r.job_id) == key.job_id,
-            col(r.level) == level,
-            col(r.name) == key.name,
-            col(r.attempt) == key.attempt,
-            col(r.bucket).between(lo, hi),
+            col(JobMetric.job_id) == key.job_id,
+            col(JobMetric.name) == key.name,
+            col(JobMetric.attempt) == key.attempt,
+            col(JobMetric.step).between(lo, hi),
         )
-        .order_by(col(r.bucket))
+        .order_by(col(JobMetric.step), col(JobMetric.id))
     )
-    return [
-        (row[0], Bucket(row[1], (row[2], row[3]), (row[4], row[5]), (row[6], row[7]), (row[8], row[9])))
-        for row in connection.execute(rolled)
-    ]
+    return [(step, Bucket.of(step, value)) for step, value in connection.execute(raw)]
+
+
+def _read_rollup(
+    connection: Connection, key: SeriesKey, spans: dict[int, tuple[int, int]]
+) -> dict[int, dict[int, Bucket]]:
+    """The stored buckets of several levels at once: {level: {index: bucket}} over each level's span."""
+    table = JobMetricRollup.__table__  # type: ignore[attr-defined]
+    c = table.c
+    query = select(
+        c.level, c.bucket, c.count, c.first_step, c.first_value, c.last_step, c.last_value,
+        c.min_step, c.min_value, c.max_step, c.max_value,
+    ).where(
+        _series(table, key),
+        or_(*(and_(c.level == level, c.bucket.between(lo, hi)) for level, (lo, hi) in spans.items())),
+    )  # fmt: skip
+    levels: dict[int, dict[int, Bucket]] = {}
+    for row in connection.execute(query):
+        bucket = Bucket(row[2], (row[3], row[4]), (row[5], row[6]), (row[7], row[8]), (row[9], row[10]))
+        levels.setdefault(row[0], {})[row[1]] = bucket
+    return levels
 
 
 def refresh_added(connection: Connection, job_id: int, added: Iterable[tuple[str, int, int]]) -> None:
