@@ -205,6 +205,7 @@ export class MetricChart {
     let dragFrom = null;
     zone.addEventListener("mousedown", (event) => { dragFrom = stepAt(event); });
     zone.addEventListener("mouseup", (event) => {
+      if (dragFrom == null) return; // the press began outside the plot
       const [from, to] = [dragFrom, stepAt(event)].sort((a, b) => a - b);
       dragFrom = null;
       band.setAttribute("visibility", "hidden");
