@@ -6,7 +6,7 @@ business); the model is big enough that the step, not the bookkeeping, takes the
 reports every step (the most report() a task does) and checkpoints every epoch; its result says how
 long those took, shown per step. Target: torchyard >= 0.97x torchrun.
 
-Run (the machine is shared: under the heavy lock): .venv/bin/python -m bench.train [--rounds 3]
+Run (the machine is shared: under the heavy lock): .venv/bin/python -m bench.train [--rounds 5]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import httpx
 
 from bench.harness import ROOT, run_job, torchyard
 
-LOOP = {"epochs": 3, "samples": 6144, "batch_size": 64, "lr": 0.01, "width": 512, "depth": 3}
+LOOP = {"epochs": 3, "samples": 12288, "batch_size": 64, "lr": 0.01, "width": 512, "depth": 3}
 JOB: dict[str, object] = {
     "name": "bench-train",
     "entrypoint": "worker.tasks.train:train",
@@ -59,7 +59,7 @@ def rate(timing: dict[str, Any]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     ours: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []

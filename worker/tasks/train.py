@@ -115,8 +115,9 @@ def _train_epoch(ctx: JobContext, ddp: nn.Module, optimizer: torch.optim.Optimiz
         optimizer.step()
         step += 1
         if report_every > 0 and step % report_every == 0:
+            value = float(loss.item())
             with timing.measure("report_s"):
-                ctx.report(step, total=total, loss=float(loss.item()), epoch=epoch)
+                ctx.report(step, total=total, loss=value, epoch=epoch)
         if sleep_per_step > 0:
             time.sleep(sleep_per_step)  # lets tests watch, cancel or preempt a run mid-epoch
     return step
