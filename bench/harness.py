@@ -163,12 +163,18 @@ def post_script(body: str, headers: dict[str, str] | None = None) -> str:
 
 
 def time_job(client: httpx.Client, body: dict[str, object]) -> float:
-    """Seconds from POST to the job seen succeeded; exits if it did not check out.
+    """Seconds from POST to the job seen succeeded; exits if it did not check out."""
+    started = time.perf_counter()
+    run_job(client, body)
+    return time.perf_counter() - started
+
+
+def run_job(client: httpx.Client, body: dict[str, object]) -> dict[str, Any]:
+    """POST `body` and return the job once it succeeded; exits if it did not check out.
 
     It waits the way `TorchyardClient.wait` does, with long polls (the service answers when the job
     changes), so the client neither adds a polling interval nor loads the service while ranks run.
     """
-    started = time.perf_counter()
     created = client.post("/api/v1/jobs", json=body).raise_for_status()
     job, tag = created.json(), ""
     while job["state"] not in TERMINAL_STATE_NAMES:
@@ -176,10 +182,10 @@ def time_job(client: httpx.Client, body: dict[str, object]) -> float:
                             headers={"If-None-Match": tag} if tag else None).raise_for_status()
         if answer.status_code == 200:
             job, tag = answer.json(), answer.headers["ETag"]
-    elapsed = time.perf_counter() - started
     if job["state"] != "succeeded" or not job["result"]["ok"]:
         raise SystemExit(f"torchyard job did not check out: {job['state']} {job['reason']}")
-    return elapsed
+    finished: dict[str, Any] = job
+    return finished
 
 
 def post_many(url: str, path: str, body: dict[str, Any], headers: dict[str, str], count: int,

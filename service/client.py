@@ -244,6 +244,18 @@ class TorchyardClient:
             params["after_step"] = after_step
         return self._array("GET", f"/api/v1/jobs/{job_id}/metrics", params=params)
 
+    def metric_series(
+        self, job_id: int, points: int, from_step: int | None = None, to_step: int | None = None
+    ) -> dict[str, Any]:
+        """Each series (metric and attempt) in at most `points` points, spikes kept: a long run's shape
+        at the cost of a short one's. `from_step`/`to_step` zoom in."""
+        params: dict[str, Any] = {"points": points}
+        if from_step is not None:
+            params["from_step"] = from_step
+        if to_step is not None:
+            params["to_step"] = to_step
+        return self._object("GET", f"/api/v1/jobs/{job_id}/metrics", params=params)
+
     def logs(self, job_id: int, rank: int = 0, tail: int | None = None, stream: str = "out") -> str:
         """One rank's log as text ("out" is stdout, "err" is stderr)."""
         params: dict[str, Any] = {"rank": rank, "stream": stream}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 
 from service.backends.base import BackendStatus, SubmitOutcome
@@ -68,9 +69,12 @@ class FakeBackend:
         exit_code: int | None = None,
         nodes: str | None = None,
         kind: EndingKind | None = None,
+        expected_start: datetime | None = None,
     ) -> None:
         with self._lock:
-            self._statuses[self.external_id(job_id)] = BackendStatus(state, reason, exit_code, nodes, kind)
+            self._statuses[self.external_id(job_id)] = BackendStatus(
+                state, reason, exit_code, nodes, kind, expected_start
+            )
         self._wakeup()
 
     def finish(self, job_id: int, value: object) -> None:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from worker.distributed import RankEnv
 from worker.files import ProgressWriter, atomic_write_text
+from worker.gpu_stats import GpuSampler
 from worker.spec import CheckpointPolicy, RunSpec, parse_checkpoint_note
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ class JobContext:
                                          else self.files.latest_checkpoint())
         self._progress = ProgressWriter(self.files.progress, interval_s=progress_interval_s)
         self._last_metrics: dict[str, float | None] = {}  # rank 0's latest reported value of each metric
+        # Rank 0 of a GPU job: the GPUs of its node (the job's), sampled in the background.
+        self._gpus = GpuSampler.for_gpus(env.visible_gpus) if self.is_main and backend == "nccl" else None
 
     @property
     def device_ids(self) -> list[int] | None:
@@ -70,11 +73,14 @@ class JobContext:
 
         Cheap enough for every step: no disk access here, a background thread appends the queued
         lines at most every 0.5 s, and close() writes the rest. Non-finite metrics are written as null.
+        On a GPU job the newest GPU sample (worker.gpu_stats), when there is one, joins the metrics.
         """
         if not self.is_main:
             return
         values = {name: _finite_or_none(float(value)) for name, value in metrics.items()}
         self._last_metrics.update(values)
+        if self._gpus is not None and (sample := self._gpus.take()):
+            values.update(sample)
         self._progress.append({"step": int(step), "total": None if total is None else int(total),
                                "metrics": values, "time": time.time(), "attempt": self.attempt})
 
@@ -158,6 +164,8 @@ class JobContext:
 
     def close(self) -> None:
         """Write the progress lines still queued (the launcher calls this on the way out)."""
+        if self._gpus is not None:
+            self._gpus.close()
         self._progress.close()
 
     def __repr__(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -44,6 +45,7 @@ class BackendStatus:
     exit_code: int | None = None
     nodes: str | None = None  # where it runs, when known
     kind: EndingKind | None = None  # for an ending the scheduler can name (node failure, OOM, ...)
+    expected_start: datetime | None = None  # while it waits: when the scheduler expects to start it
 
 
 @runtime_checkable

@@ -13,13 +13,16 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from service.backends.base import BackendStatus
 from service.backends.slurm_states import map_slurm_state, slurm_kind
 from service.states import JobState, is_terminal
 
 # squeue -O "name:|": no width means no padding and no truncation, and "|" follows the field.
-SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "exit_code", "RestartCnt", "NodeList")
+# StartTime: for a pending job, the scheduler's own estimate of its start (its backfill pass), taken
+# in the same call as the states. It came last and later: recordings made before it have six fields.
+SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "exit_code", "RestartCnt", "NodeList", "StartTime")
 SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
 # Which script each job was submitted with: how a submission whose sbatch never answered is found again.
 SUBMISSIONS_FORMAT = "JobArrayID:|,State:|,Command:"
@@ -42,6 +45,7 @@ class SchedulerRecord:
     restarts: int = 0  # times SLURM requeued the job (squeue only)
     nodes: str | None = None  # SLURM's compact host list, e.g. "n[1-2]"
     left_queue: bool = False  # from accounting: squeue no longer lists the job
+    start: datetime | None = None  # squeue's StartTime: the expected start while the job waits
 
 
 def expand_job_ids(job_id: str) -> list[str]:
@@ -66,14 +70,24 @@ def _nodes(value: str) -> str | None:
     return None if value in _NO_NODES else value
 
 
+def _start_time(value: str) -> datetime | None:
+    """squeue's StartTime ("2026-12-04T18:45:07", in the local time of the host that ran squeue: this
+    one) in UTC; None for "N/A", "Unknown" and "None"."""
+    try:
+        return datetime.fromisoformat(value.strip()).astimezone(timezone.utc)
+    except ValueError:
+        return None
+
+
 def parse_squeue(text: str) -> dict[str, SchedulerRecord]:
     """Rows of `squeue -h -t all -r -O SQUEUE_FORMAT`; exit_code there is the raw wait status."""
     records: dict[str, SchedulerRecord] = {}
     for line in text.splitlines():
         fields = line.split("|")
-        if len(fields) < len(SQUEUE_FIELDS):
+        if len(fields) < len(SQUEUE_FIELDS) - 1:
             continue
         job_id, state, reason, raw_exit, restarts, nodes = (field.strip() for field in fields[:6])
+        start = _start_time(fields[6]) if len(fields) > 6 else None
         status = int(raw_exit) if raw_exit.isdigit() else 0
         record = SchedulerRecord(
             state=state,
@@ -82,6 +96,7 @@ def parse_squeue(text: str) -> dict[str, SchedulerRecord]:
             signal=(status & 0x7F) or None,
             restarts=int(restarts) if restarts.isdigit() else 0,
             nodes=_nodes(nodes),
+            start=start,
         )
         for one in expand_job_ids(job_id):  # only a pending array without -r prints a range
             records[one] = record
@@ -151,8 +166,9 @@ def to_status(record: SchedulerRecord) -> BackendStatus:
         # Back in the queue after a requeue (preemption, node failure, submitit's checkpoint): squeue
         # shows PENDING again, and only the restart count tells it apart from a first wait.
         state, state_reason = JobState.requeued, f"requeued (restart {record.restarts})"
+    waiting = state in _WAITING
     parts = [state_reason]
-    if state in _WAITING:
+    if waiting:
         parts.append(record.reason)  # why it waits: Resources, Priority, JobHeldUser, BeginTime ...
     terminal = is_terminal(state)
     if terminal and record.signal:
@@ -164,6 +180,7 @@ def to_status(record: SchedulerRecord) -> BackendStatus:
         exit_code=record.exit_code if terminal else None,
         nodes=record.nodes,
         kind=slurm_kind(record.state) if terminal else None,
+        expected_start=record.start if waiting else None,
     )
 
 

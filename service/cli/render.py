@@ -57,6 +57,24 @@ def human_seconds(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours < 48 else f"{hours // 24}d{hours % 24:02d}h"
 
 
+WAITING = ("pending", "requeued")  # in the scheduler's queue: it may have a start estimate
+
+
+def start_estimate(job: Job, now: datetime | None = None) -> str:
+    """"starts in about 12 min, reason: Resources" for a job the scheduler has an estimate for, else ""."""
+    expected = parse_time(job.get("expected_start_at"))
+    if job.get("state") not in WAITING or expected is None:
+        return ""
+    minutes = round(((expected - (now or datetime.now(timezone.utc))).total_seconds()) / 60)
+    if minutes < 1:
+        when = "starts any moment"
+    elif minutes < 120:
+        when = f"starts in about {minutes} min"
+    else:
+        when = f"starts in about {human_seconds(minutes * 60)}"
+    return f"{when}, reason: {job['reason']}" if job.get("reason") else when
+
+
 def age(job: Job, now: datetime | None = None) -> str:
     created = parse_time(job.get("created_at"))
     if created is None:
@@ -129,7 +147,7 @@ def jobs_table(jobs: list[Job], width: int = 80) -> Table:
     table.add_column("REASON", overflow="ellipsis", no_wrap=True, max_width=max(8, width - used))
     for job, row in zip(jobs, rows, strict=True):
         # A succeeded job's reason ("completed") says nothing the state does not.
-        reason = "" if row[2] == "succeeded" else first_line(job.get("reason"))
+        reason = "" if row[2] == "succeeded" else start_estimate(job) or first_line(job.get("reason"))
         table.add_row(*(escape(cell) for cell in row[:2]), state_text(row[2]), *row[3:], escape(reason))
     return table
 
@@ -157,6 +175,8 @@ def job_details(
         ("ran", Text(duration(job) or "-")),
         ("progress", Text(progress_text(job, metrics=5) or "-")),
     ]
+    if estimate := start_estimate(job):
+        rows.append(("queue", Text(estimate)))
     if job.get("exit_code") is not None:
         rows.append(("exit code", Text(str(job["exit_code"]))))
     if job.get("latest_checkpoint"):

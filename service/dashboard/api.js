@@ -100,7 +100,8 @@ export const api = {
   job: (id) => request(`/jobs/${id}`),
   events: (id) => request(`/jobs/${id}/events`),
   attempts: (id) => request(`/jobs/${id}/attempts`),
-  metrics: (id, afterStep) => request(`/jobs/${id}/metrics${afterStep == null ? "" : `?after_step=${afterStep}`}`),
+  metricSeries: (id, points, zoom) =>
+    request(`/jobs/${id}/metrics?points=${points}${zoom ? `&from_step=${zoom.from}&to_step=${zoom.to}` : ""}`),
   logs: (id, rank, stream, tail) =>
     request(`/jobs/${id}/logs?rank=${rank}&stream=${stream}${tail ? `&tail=${tail}` : ""}`, { text: true }),
   cancel: (id) => request(`/jobs/${id}/cancel`, { method: "POST" }),

@@ -1,5 +1,6 @@
 // A hand-drawn SVG line chart for a job's metrics: axes with ticks and labels, one line per metric,
-// a legend that toggles lines, a second y axis when scales differ, and a hover readout.
+// a legend that toggles lines, a second y axis when scales differ, a hover readout, and zoom (drag
+// across steps; double-click to see the whole run again).
 
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#65a30d"];
@@ -39,8 +40,11 @@ function magnitude(range) {
 }
 
 export class MetricChart {
-  constructor(container) {
+  // onZoom({from, to} or null): the caller fetches that range again, at this chart's resolution.
+  constructor(container, onZoom = () => {}) {
     this.container = container;
+    this.onZoom = onZoom;
+    this.zoom = null;
     this.series = new Map(); // name -> Map("attempt:step" -> {step, value, attempt})
     this.hidden = new Set();
     this.wrap = document.createElement("div");
@@ -56,11 +60,13 @@ export class MetricChart {
     this.resizeObserver.observe(container);
   }
 
-  // rows: [{step, name, value, attempt}] as GET /jobs/{id}/metrics returns them.
-  add(rows) {
-    for (const row of rows) {
-      if (!this.series.has(row.name)) this.series.set(row.name, new Map());
-      this.series.get(row.name).set(`${row.attempt}:${row.step}`, row);
+  // page: GET /jobs/{id}/metrics?points=N, each series (a metric of one attempt) at most N points.
+  show(page) {
+    this.series = new Map();
+    for (const { name, attempt, steps, values } of page.series) {
+      if (!this.series.has(name)) this.series.set(name, new Map());
+      const points = this.series.get(name);
+      steps.forEach((step, i) => points.set(`${attempt}:${step}`, { step, value: values[i], attempt }));
     }
     this.render();
   }
@@ -71,12 +77,10 @@ export class MetricChart {
     return n;
   }
 
-  lastStep() {
-    let last = null;
-    for (const points of this.series.values()) {
-      for (const p of points.values()) last = last == null ? p.step : Math.max(last, p.step);
-    }
-    return last;
+  // About one point per pixel of the plot: what to ask the server for.
+  get pointsWanted() {
+    const width = (this.container.clientWidth || 720) - MARGIN.left - MARGIN.right;
+    return Math.min(4000, Math.max(100, Math.round(width)));
   }
 
   names() {
@@ -192,8 +196,30 @@ export class MetricChart {
   hover(chart, plot, x, xs, data, scales, axes) {
     const cursor = svg("line", { class: "cursor", y1: plot.y0, y2: plot.y1, visibility: "hidden" });
     const zone = svg("rect", { x: plot.x0, y: plot.y0, width: plot.x1 - plot.x0, height: plot.y1 - plot.y0, class: "hover-zone" });
-    chart.append(cursor, zone);
+    const band = svg("rect", { class: "zoom-band", y: plot.y0, height: plot.y1 - plot.y0, visibility: "hidden" });
+    chart.append(cursor, band, zone);
+    const stepAt = (event) => {
+      const px = event.clientX - chart.getBoundingClientRect().left;
+      return Math.round(xs.lo + ((px - plot.x0) / (plot.x1 - plot.x0)) * (xs.hi - xs.lo));
+    };
+    let dragFrom = null;
+    zone.addEventListener("mousedown", (event) => { dragFrom = stepAt(event); });
+    zone.addEventListener("mouseup", (event) => {
+      if (dragFrom == null) return; // the press began outside the plot
+      const [from, to] = [dragFrom, stepAt(event)].sort((a, b) => a - b);
+      dragFrom = null;
+      band.setAttribute("visibility", "hidden");
+      if (to - from < 2) return; // a click, not a drag
+      this.zoom = { from: Math.max(0, from), to };
+      this.onZoom(this.zoom);
+    });
+    zone.addEventListener("dblclick", () => {
+      this.zoom = null;
+      this.onZoom(null);
+    });
     zone.addEventListener("mouseleave", () => {
+      dragFrom = null;
+      band.setAttribute("visibility", "hidden");
       cursor.setAttribute("visibility", "hidden");
       this.tooltip.hidden = true;
     });
@@ -207,6 +233,12 @@ export class MetricChart {
         const p = points.reduce((best, q) => (Math.abs(q.step - step) < Math.abs(best.step - step) ? q : best));
         nearest = nearest == null || Math.abs(p.step - step) < Math.abs(nearest - step) ? p.step : nearest;
         rows.push([name, p]);
+      }
+      if (dragFrom != null) {
+        const [a, b] = [x(dragFrom), x(stepAt(event))].sort((p, q) => p - q);
+        band.setAttribute("x", Math.max(plot.x0, a));
+        band.setAttribute("width", Math.max(0, Math.min(plot.x1, b) - Math.max(plot.x0, a)));
+        band.setAttribute("visibility", "visible");
       }
       cursor.setAttribute("x1", x(nearest));
       cursor.setAttribute("x2", x(nearest));

@@ -97,3 +97,12 @@ export function formatNumber(value) {
   if (abs !== 0 && (abs < 1e-3 || abs >= 1e6)) return value.toExponential(2);
   return Number(value.toPrecision(4)).toString();
 }
+
+// "starts in about 12 min, reason: Resources": SLURM's own estimate for a job waiting in its queue.
+export function startEstimate(job) {
+  if (!["pending", "requeued"].includes(job.state) || !job.expected_start_at) return null;
+  const minutes = Math.round((Date.parse(job.expected_start_at) - serverNow()) / 60000);
+  const when = minutes < 1 ? "starts any moment"
+    : minutes < 120 ? `starts in about ${minutes} min` : `starts in about ${duration(minutes * 60000)}`;
+  return job.reason ? `${when}, reason: ${job.reason}` : when;
+}

@@ -3,7 +3,8 @@
 import { api } from "./api.js";
 import { MetricChart } from "./chart.js";
 import {
-  TERMINAL, badge, duration, el, formatNumber, localTime, progressBar, resources, runTime, shortTime, worldSize,
+  TERMINAL, badge, duration, el, formatNumber, localTime, progressBar, resources, runTime, shortTime, startEstimate,
+  worldSize,
 } from "./format.js";
 
 const TAILS = [200, 1000, 5000];
@@ -13,7 +14,6 @@ export class JobView {
     this.id = id;
     this.showError = showError;
     this.job = null;
-    this.attempt = null;
     this.log = { rank: 0, stream: "out", tail: 200, follow: true, text: null };
   }
 
@@ -55,7 +55,7 @@ export class JobView {
         this.logText),
       this.dialog,
     );
-    this.chart = new MetricChart(this.chartBox);
+    this.chart = new MetricChart(this.chartBox, () => this.refreshMetrics().catch((error) => this.showError(error)));
     document.title = `Job ${this.id} · torchyard`;
   }
 
@@ -78,7 +78,7 @@ export class JobView {
       this.spec.textContent = pretty(job.spec);
       if (first) this.renderLogControls(job);
       // Events and metrics restamp the job, so they can only have changed when the job did.
-      await Promise.all([this.refreshEvents(), this.refreshMetrics(job), this.refreshAttempts(job)]);
+      await Promise.all([this.refreshEvents(), this.refreshMetrics(), this.refreshAttempts(job)]);
     }
     this.renderDuration(job);
     if (this.log.follow || this.log.text === null) await this.refreshLog();
@@ -113,14 +113,11 @@ export class JobView {
       el("td", { class: "reason-cell" }, a.reason ? el("span", { title: a.reason }, a.reason) : el("span", { class: "muted" }, "—")))));
   }
 
-  async refreshMetrics(job) {
-    // A new attempt may restart its steps: read everything again; otherwise only what is new
-    // (from the last step on: a step can get more metrics in a later line).
-    const full = this.attempt !== job.attempt || this.chart.pointCount === 0;
-    const last = full ? null : this.chart.lastStep();
-    const { data } = await api.metrics(this.id, last == null ? null : last - 1);
-    this.attempt = job.attempt;
-    this.chart.add(data);
+  async refreshMetrics() {
+    // The shown range at about a point per pixel, however long the run: the server downsamples
+    // (keeping each slice's lowest and highest point) and answers 304 while the job is unchanged.
+    const { data } = await api.metricSeries(this.id, this.chart.pointsWanted, this.chart.zoom);
+    this.chart.show(data);
   }
 
   // ---------------------------------------------------------------- head, facts
@@ -154,6 +151,7 @@ export class JobView {
       ["Created", localTime(job.created_at)], ["Submitted", localTime(job.submitted_at)],
       ["Started", localTime(job.started_at)], ["Finished", localTime(job.finished_at)],
       ["Run time", el("span", { class: "run-time" }, duration(runTime(job)))],
+      ["Expected start", startEstimate(job) || "—"],
       ["Exit code", job.exit_code ?? "—"], ["Checkpoint", job.latest_checkpoint ? el("code", {}, job.latest_checkpoint) : "—"],
       ["Disk", el("span", { class: "disk" }, diskText(job))],
     ];

@@ -2,7 +2,7 @@
 
 import { api } from "./api.js";
 import {
-  ACTIVE, STATES, TERMINAL, ago, badge, duration, el, localTime, progressBar, resources, runTime,
+  ACTIVE, STATES, TERMINAL, ago, badge, duration, el, localTime, progressBar, resources, runTime, startEstimate,
 } from "./format.js";
 
 const PAGE_SIZES = [25, 50, 100, 200];
@@ -132,7 +132,7 @@ export class JobsView {
       el("td", { class: "num id" }, `#${job.id}`),
       el("td", { class: "name" }, el("a", { href: `#/jobs/${job.id}`, onclick: (e) => e.stopPropagation() }, job.name)),
       el("td", { class: "state" }, badge(job.state),
-        showReason ? el("div", { class: `reason reason-${job.state}`, title: job.reason }, summary(job.reason)) : null),
+        showReason ? el("div", { class: `reason reason-${job.state}`, title: job.reason }, startEstimate(job) || summary(job.reason)) : null),
       el("td", { class: "progress-cell" }, progressBar(job)),
       el("td", { class: "num" }, resources(job)),
       el("td", { class: "num" }, job.attempt),

@@ -179,6 +179,7 @@ class Job(JobBase, table=True):
     nodes: str | None = None  # the hosts the current attempt runs on, as the scheduler lists them
     placement: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     attempt_started_at: datetime | None = _time_column()
+    expected_start_at: datetime | None = _time_column()  # while waiting: the scheduler's estimate
     result: Any | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     progress: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     progress_offset: int = 0  # bytes of the progress file already read into the ledger
@@ -236,6 +237,10 @@ class JobPublic(JobBase):
     nodes: str | None = Field(description="The hosts the current (or last) attempt ran on.")
     placement: list[RankPlacement] | None = Field(
         description="Where each rank of the current attempt runs (from the ranks themselves)."
+    )
+    expected_start_at: datetime | None = Field(
+        description="While the job waits in the scheduler's queue: when the scheduler expects to start "
+        "it (SLURM's own estimate; it moves as other jobs end early or arrive)."
     )
     spec: dict[str, Any]
     sweep_id: int | None = Field(default=None, description="The sweep this job is a trial of.")
@@ -441,7 +446,10 @@ class JobAttemptPublic(SQLModel):
 class JobMetric(SQLModel, table=True):
     """One reported value: (step, name, value) as rank 0 wrote it."""
 
-    __table_args__ = (Index("ix_jobmetric_job_step", "job_id", "step"),)
+    __table_args__ = (
+        Index("ix_jobmetric_job_step", "job_id", "step"),
+        Index("ix_jobmetric_series", "job_id", "name", "attempt", "step"),  # one series, by step
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id")
@@ -470,6 +478,51 @@ class CheckpointPublic(SQLModel):
     metrics: dict[str, float | None] = Field(
         default_factory=dict, description="The metrics last reported before it was saved."
     )
+
+
+class JobMetricRollup(SQLModel, table=True):
+    """One bucket of one series (a metric of one attempt) at one zoom level: its first, last, lowest
+    and highest point. Level k buckets span 8**k steps (service.domain.metric_series)."""
+
+    __table_args__ = (
+        Index("ix_jobmetricrollup_bucket", "job_id", "level", "name", "attempt", "bucket", unique=True),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    level: int
+    name: str = Field(max_length=100)
+    attempt: int
+    bucket: int  # first step // 8**level
+    count: int
+    first_step: int
+    first_value: float
+    last_step: int
+    last_value: float
+    min_step: int
+    min_value: float
+    max_step: int
+    max_value: float
+
+
+class MetricSeries(SQLModel):
+    name: str
+    attempt: int
+    steps: list[int]
+    values: list[float]
+    downsampled: bool = Field(
+        description="True when the points are each bucket's first, lowest, highest and last point "
+        "rather than every reported one."
+    )
+
+
+class MetricSeriesPage(SQLModel):
+    """GET /jobs/{id}/metrics?points=N: every series in at most N points, spikes kept."""
+
+    points: int = Field(description="The most points per series that were asked for.")
+    from_step: int | None
+    to_step: int | None
+    series: list[MetricSeries]
 
 
 # ---------------------------------------------------------------- access: tokens and the audit log

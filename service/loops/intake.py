@@ -327,6 +327,7 @@ def _job_values(row: NewJob, sweep_id: int | None) -> dict[str, Any]:
         "nodes": None,
         "placement": None,
         "attempt_started_at": None,
+        "expected_start_at": None,
         "result": None,
         "progress": None,
         "progress_offset": 0,

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import select
@@ -33,7 +34,17 @@ from worker.spec import JobFiles
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0  # the scheduler is down: ask it rarely
-WATCHED_COLUMNS = (col(Job.id), col(Job.external_id), col(Job.state), col(Job.reason), col(Job.folder))
+WATCHED_COLUMNS = (
+    col(Job.id),
+    col(Job.external_id),
+    col(Job.state),
+    col(Job.reason),
+    col(Job.folder),
+    col(Job.expected_start_at),
+)
+# SLURM's backfill pass moves a waiting job's estimate by seconds; writing each move would restamp
+# (and so re-send to every follower) a long queue every pass.
+ESTIMATE_SLACK = timedelta(seconds=60)
 RESULT_CHECK_S = 0.25  # between ticks, rank 0's result is looked for this often
 RESULT_CHECKS_PER_PASS = 500  # above this many watched jobs, the passes space out to keep the stats bounded
 REAP_GRACE_S = 60.0  # a job ended by its result may take this long to exit before it is stopped
@@ -158,7 +169,7 @@ class Reconciler:
         started = time.perf_counter()
         backend = self._backends[backend_name]
         with session_scope(self._engine) as session:
-            watched = session.execute(  # five columns: more than sqlmodel's select() is typed for
+            watched = session.execute(  # six columns: more than sqlmodel's select() is typed for
                 select(*WATCHED_COLUMNS).where(
                     col(Job.backend) == backend_name,
                     col(Job.state).in_([s.value for s in WATCHED_STATES]),
@@ -167,11 +178,11 @@ class Reconciler:
             ).all()
         self._watched[backend_name] = {
             job_id: (str(external_id), JobFiles(Path(folder)).result)
-            for job_id, external_id, _, _, folder in watched
+            for job_id, external_id, _, _, folder, _ in watched
             if job_id and folder
         }
         reaps = self._reaps[backend_name]
-        asked = [str(external_id) for _, external_id, _, _, _ in watched] + list(reaps)
+        asked = [str(external_id) for _, external_id, *_ in watched] + list(reaps)
         if not asked:
             self._cancel_pending(backend_name)
             return 0
@@ -189,11 +200,11 @@ class Reconciler:
         to_cancel = self._cancels[backend_name]
         newly_queued: dict[int, str | None] = {}  # submitted -> pending, written together below
         with write_scope(self._engine) as session:
-            for job_id, external_id, state, reason, _ in watched:
+            for job_id, external_id, state, reason, _, expected_start in watched:
                 if self._stop.is_set():
                     break  # stopping: what is done so far commits, the rest waits for the next start
                 status = statuses.get(str(external_id))
-                if _still_waiting(state, reason, status):
+                if _still_waiting(state, reason, expected_start, status):
                     continue  # most of a long queue, most ticks: nothing to lock, read or write
                 if status is not None and state == JobState.submitted and status.state is JobState.pending:
                     assert job_id is not None  # a primary key, typed optional by the model
@@ -221,6 +232,9 @@ class Reconciler:
             return False  # the scheduler does not list it (yet): ask again next tick
         if status.nodes and status.nodes != job.nodes:
             job.nodes = status.nodes
+            session.add(job)
+        if _estimate_moved(job.expected_start_at, status.expected_start):
+            job.expected_start_at = status.expected_start
             session.add(job)
         target = JobState(status.state)
         if target is JobState.running:
@@ -267,8 +281,11 @@ def _still_the_run(job: Job, external_id: str) -> bool:
     return JobState(job.state) in WATCHED_STATES and job.external_id == external_id
 
 
-def _still_waiting(state: str, reason: str | None, status: BackendStatus | None) -> bool:
-    """Pending in the ledger and still pending, for the same reason, in the scheduler: no change.
+def _still_waiting(
+    state: str, reason: str | None, expected_start: datetime | None, status: BackendStatus | None
+) -> bool:
+    """Pending in the ledger and still pending, for the same reason and about the same expected
+    start, in the scheduler: no change.
 
     Its ranks have not started, so it has no progress, result or error file to read either."""
     return (
@@ -276,4 +293,11 @@ def _still_waiting(state: str, reason: str | None, status: BackendStatus | None)
         and state == JobState.pending
         and status.state is JobState.pending
         and status.reason in (None, reason)
+        and not _estimate_moved(expected_start, status.expected_start)
     )
+
+
+def _estimate_moved(known: datetime | None, new: datetime | None) -> bool:
+    if known is None or new is None:
+        return known is not new
+    return abs(new - known) >= ESTIMATE_SLACK

@@ -7,14 +7,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
-from sqlmodel import SQLModel
+from sqlmodel import Session, SQLModel
 
+from service.domain.auth import Principal
+from service.domain.metric_series import read_series
 from service.ledger.db import alembic_config, make_engine, migrate
+from service.ledger.models import utcnow
 from tests.support import PostgresServer
 
 
@@ -56,3 +60,24 @@ def test_the_migrated_schema_matches_the_models(empty_engine: Engine) -> None:
         differences = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
 
     assert differences == []
+
+
+def test_metrics_older_than_the_rollup_are_downsampled_after_the_migration(empty_engine: Engine) -> None:
+    command.upgrade(alembic_config(empty_engine), "0005")
+    with empty_engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO job (id, name, owner, spec, backend, state, attempt, progress_offset, "
+            "cancel_requested, created_at, updated_at) VALUES (1, 'old', 'alice', '{}', 'local', "
+            "'succeeded', 1, 0, false, :now, :now)"), {"now": utcnow()})  # fmt: skip
+        rows = [{"step": s, "value": float(s % 97), "now": utcnow()} for s in range(5000)]
+        connection.execute(text(
+            "INSERT INTO jobmetric (job_id, step, name, value, attempt, time) "
+            "VALUES (1, :step, 'loss', :value, 1, :now)"), rows)  # fmt: skip
+
+    migrate(empty_engine)
+
+    with Session(empty_engine) as session:
+        page = read_series(session, 1, Principal(user="alice", admin=False), points=400)
+    (series,) = page.series
+    assert series.downsampled and 0 < len(series.steps) <= 400
+    assert (series.steps[0], series.steps[-1]) == (0, 4999) and max(series.values) == 96.0

@@ -143,6 +143,11 @@ def test_train_loss_falls_and_a_second_launch_resumes(tmp_path: Path,
     submit(second).results()
     value = result_of(second)
     assert value["resumed_from_epoch"] == 1 and value["epochs_run"] == 2
+    # Where the epochs' time went (bench.train's numbers): this attempt's steps only.
+    timing, whole = value["timing"], uninterrupted_train["timing"]
+    assert timing["steps"] == whole["steps"] // 2 == value["steps"] - 8
+    assert timing["samples"] == timing["steps"] * TRAIN_KWARGS["batch_size"] * 2
+    assert 0 < timing["report_s"] + timing["checkpoint_s"] < timing["epochs_s"]
     assert value["first_loss"] == uninterrupted_train["first_loss"]
     assert value["param_checksum"] == uninterrupted_train["param_checksum"]
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -32,14 +33,16 @@ FEATURES = 8
 
 def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int = 32, lr: float = 0.05,
           seed: int = 0, report_every: int = 5, sleep_per_step: float = 0.0,
-          fail_on_attempts: Sequence[int] = ()) -> dict[str, Any]:
+          fail_on_attempts: Sequence[int] = (), width: int = 16, depth: int = 1) -> dict[str, Any]:
     """Train for `epochs` (resuming after the last checkpointed epoch); checked result on every rank.
 
     `fail_on_attempts`: raise on every rank right after this attempt's first checkpoint, as a job
-    that breaks mid-run does (what retry policies are tested with)."""
+    that breaks mid-run does (what retry policies are tested with). `width` and `depth`: the hidden
+    layers (bench.train makes the step dominate with a bigger model). The result's `timing` says
+    where this attempt's epochs spent their time: all of it, report() and checkpointing."""
     dataset = make_dataset(samples, seed)
     torch.manual_seed(seed)  # the same start on every rank (DDP would broadcast rank 0's anyway)
-    model = make_model().to(ctx.device)
+    model = make_model(width, depth).to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     start_epoch, step, first_loss, resumed_from = 0, 0, None, None
     state = ctx.load_checkpoint()
@@ -57,13 +60,18 @@ def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int 
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     total = epochs * len(loader)
     final_loss = first_loss
+    timing = Timing()
+    began, first_step = time.perf_counter(), step
     for epoch in range(start_epoch, epochs):
         sampler.set_epoch(epoch)  # a new, agreed shuffle every epoch
-        step = _train_epoch(ctx, ddp, optimizer, loader, epoch, step, total, report_every, sleep_per_step)
+        step = _train_epoch(ctx, ddp, optimizer, loader, epoch, step, total, report_every, sleep_per_step,
+                            timing)
         final_loss = evaluate(model, dataset, ctx.device)
-        ctx.report(step, total=total, loss=final_loss, epoch=epoch)
-        ctx.save_checkpoint({"model": _cpu(model.state_dict()), "optimizer": optimizer.state_dict(),
-                             "epoch": epoch, "step": step, "first_loss": first_loss}, step)
+        with timing.measure("report_s"):
+            ctx.report(step, total=total, loss=final_loss, epoch=epoch)
+        with timing.measure("checkpoint_s"):
+            ctx.save_checkpoint({"model": _cpu(model.state_dict()), "optimizer": optimizer.state_dict(),
+                                 "epoch": epoch, "step": step, "first_loss": first_loss}, step)
         if ctx.attempt in fail_on_attempts:
             raise RuntimeError(f"failing on purpose after epoch {epoch}'s checkpoint (attempt {ctx.attempt})")
     if start_epoch >= epochs:  # nothing left to train: the loss of the checkpointed model
@@ -77,11 +85,29 @@ def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int 
         "steps": step,
         "world_size": ctx.world_size,
         "param_checksum": param_checksum(model),
+        "timing": {"epochs_s": time.perf_counter() - began, "steps": step - first_step,
+                   "samples": (step - first_step) * batch_size * ctx.world_size, **timing.seconds},
     }
 
 
+class Timing:
+    """Seconds spent per kind of work, summed (rank 0's report() and checkpoints, for bench.train)."""
+
+    def __init__(self) -> None:
+        self.seconds = {"report_s": 0.0, "checkpoint_s": 0.0}
+
+    @contextmanager
+    def measure(self, kind: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[kind] += time.perf_counter() - began
+
+
 def _train_epoch(ctx: JobContext, ddp: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader[Any],
-                 epoch: int, step: int, total: int, report_every: int, sleep_per_step: float) -> int:
+                 epoch: int, step: int, total: int, report_every: int, sleep_per_step: float,
+                 timing: Timing) -> int:
     for inputs, targets in loader:
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(ddp(inputs.to(ctx.device)), targets.to(ctx.device))
@@ -89,7 +115,9 @@ def _train_epoch(ctx: JobContext, ddp: nn.Module, optimizer: torch.optim.Optimiz
         optimizer.step()
         step += 1
         if report_every > 0 and step % report_every == 0:
-            ctx.report(step, total=total, loss=float(loss.item()), epoch=epoch)
+            value = float(loss.item())
+            with timing.measure("report_s"):
+                ctx.report(step, total=total, loss=value, epoch=epoch)
         if sleep_per_step > 0:
             time.sleep(sleep_per_step)  # lets tests watch, cancel or preempt a run mid-epoch
     return step
@@ -105,8 +133,12 @@ def make_dataset(samples: int, seed: int) -> TensorDataset:
     return TensorDataset(inputs, targets)
 
 
-def make_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+def make_model(width: int = 16, depth: int = 1) -> nn.Module:
+    """`depth` hidden layers of `width` (the default is the small model every test trains)."""
+    layers: list[nn.Module] = [nn.Linear(FEATURES, width), nn.Tanh()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(width, 1))
 
 
 @torch.no_grad()

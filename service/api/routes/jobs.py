@@ -17,8 +17,10 @@ from service.api import etag
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
 from service.api.metrics import HELD_S
-from service.domain import checkpoints, jobs, logs
+from service.domain import checkpoints, jobs, logs, metric_series
 from service.domain.auth import Principal
+from service.domain.metric_series import MAX_POINTS, POINTS_PER_BUCKET
+from service.errors import InvalidRequest
 from service.ledger.clock import LedgerVersion
 from service.ledger.db import session_scope
 from service.ledger.models import (
@@ -29,9 +31,11 @@ from service.ledger.models import (
     JobMetricPublic,
     JobPage,
     JobPublic,
+    MetricSeriesPage,
 )
 from service.runtime import Runtime
 from service.states import JobState
+from worker.spec import MAX_COUNT
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -272,8 +276,8 @@ def get_attempts(
 
 @router.get(
     "/{job_id}/metrics",
-    response_model=list[JobMetricPublic],
-    summary="Reported metrics",
+    response_model=list[JobMetricPublic] | MetricSeriesPage,
+    summary="Reported metrics: every row, or each series downsampled",
     responses=READ_RESPONSES,
 )
 def get_metrics(
@@ -282,16 +286,40 @@ def get_metrics(
     user: CurrentUser,
     name: Annotated[str | None, Query(max_length=100, pattern=NO_NUL)] = None,
     after_step: Annotated[
-        int | None, Query(ge=-1, le=2**31 - 1, description="Only steps after this one.")
+        int | None, Query(ge=-1, le=MAX_COUNT, description="Only steps after this one.")
+    ] = None,
+    points: Annotated[
+        int | None,
+        Query(
+            ge=POINTS_PER_BUCKET,
+            le=MAX_POINTS,
+            description="Instead of every row: each series (metric and attempt) in at most this many "
+            "points, the first, lowest, highest and last of each slice of steps (a chart asks for about "
+            "its width in pixels).",
+        ),
+    ] = None,
+    from_step: Annotated[
+        int | None, Query(ge=0, le=MAX_COUNT, description="With points: the first step to show.")
+    ] = None,
+    to_step: Annotated[
+        int | None, Query(ge=0, le=MAX_COUNT, description="With points: the last step to show.")
     ] = None,
     if_none_match: IfNoneMatch = None,
 ) -> Response:
+    if points is None and (from_step is not None or to_step is not None):
+        raise InvalidRequest("from_step and to_step need points", field="points")
     tag = _job_tag(session, job_id, user)
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
+    headers = {**etag.headers(tag), **VARY}
+    if points is not None:
+        page = metric_series.read_series(
+            session, job_id, user, points=points, from_step=from_step, to_step=to_step
+        )
+        return Response(page.model_dump_json(), media_type=JSON, headers=headers)
     rows = jobs.list_metrics(session, job_id, user, name=name, after_step=after_step)
     metrics = [JobMetricPublic.model_validate(row, from_attributes=True) for row in rows]
-    return Response(_dump(metrics), media_type=JSON, headers={**etag.headers(tag), **VARY})
+    return Response(_dump(metrics), media_type=JSON, headers=headers)
 
 
 def _dump(items: Sequence[SQLModel]) -> bytes:

@@ -6,7 +6,7 @@
 #   tests/data/slurm/capture.sh
 set -euo pipefail
 cd "$(dirname "$0")"
-SQUEUE_FMT='JobArrayID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,NodeList:'  # as the backend asks
+SQUEUE_FMT='JobArrayID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,NodeList:|,StartTime:'  # as the backend asks
 SACCT_FMT='JobID,State,ExitCode,Reason,NodeList'  # as the backend asks
 submit() { sbatch --parsable -o /dev/null -e /dev/null "$@"; }
 state_of() { sacct -n -P -X -j "$1" -o State | head -n1; }
@@ -29,7 +29,7 @@ scancel "$killed"
 
 # Fill both nodes (8 CPUs), so that what follows must wait.
 sleep 2
-full=$(submit -N2 --ntasks-per-node=3 --wrap 'sleep 300')
+full=$(submit -N2 --ntasks-per-node=3 -t 5 --wrap 'sleep 300')  # -t: the waiting jobs get an estimate
 wait_state "$full" RUNNING
 resources=$(submit -N2 --ntasks-per-node=2 --wrap 'sleep 1')
 priority=$(submit -N2 --ntasks-per-node=2 --wrap 'sleep 1')
@@ -39,6 +39,9 @@ array_pending=$(submit -N2 --ntasks-per-node=2 --array=0-3 --wrap 'sleep 1')
 cancelled_pending=$(submit -n1 --hold --wrap 'sleep 1')
 scancel "$cancelled_pending"
 sleep 4  # one scheduler pass (sched_interval=2) to set the pending reasons
+
+# The scheduler's start estimate for jobs waiting behind the one that fills the cluster.
+squeue -h -t all -r -O "$SQUEUE_FMT" -j "$full,$resources,$priority,$held" >squeue_start_estimate.txt
 
 ids="$done_ok,$failed,$killed,$array_done,$timeout,$full,$resources,$priority,$held,$dependent,$array_pending,$cancelled_pending"
 squeue -h -t all -O "$SQUEUE_FMT" -j "$ids" >squeue_mixed.txt

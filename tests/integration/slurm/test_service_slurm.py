@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from sqlmodel import Session, col, select
 
 from service.app import create_app
 from service.backends.slurm import SlurmBackend
+from service.cli.render import parse_time, start_estimate
 from service.config import Settings
 from service.ledger.models import Job
 from service.states import JobState
@@ -297,3 +299,31 @@ def test_preempted_and_requeued_training_resumes_from_its_checkpoint_bit_for_bit
         listed = api.get(f"/api/v1/jobs/{one['id']}/checkpoints").raise_for_status().json()
         last_two = ["ckpt-00000020.pt", "ckpt-00000024.pt"]  # epochs 5 and 6, 4 steps each
         assert [c["name"] for c in listed] == last_two, one["name"]
+
+
+def test_a_job_behind_a_blocker_shows_the_schedulers_start_estimate(api: Api) -> None:
+    # Two ranks holding all 8 CPUs each time (cheaper than eight ranks): the waiter can start only
+    # when the blocker ends, at the latest at the end of its two-minute limit, as SLURM estimates.
+    cluster = {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 4, "timeout_min": 2}
+    blocker = api.submit(name="blocker", entrypoint="worker.tasks.faults:sleep",
+                         kwargs={"seconds": 110}, resources=cluster)
+    try:
+        wait_for(lambda: api.job(blocker["id"])["state"] == "running", 90, "the blocker running")
+        waiter = api.submit(name="waiter", entrypoint="worker.tasks.faults:sleep",
+                            kwargs={"seconds": 1}, resources=cluster)
+
+        def estimated() -> dict[str, Any] | None:
+            job = api.job(waiter["id"])
+            return job if job["state"] == "pending" and job["expected_start_at"] else None
+
+        waiting = wait_for(estimated, 60, "a start estimate for the waiting job")
+        expected = parse_time(waiting["expected_start_at"])
+        started = parse_time(api.job(blocker["id"])["started_at"])
+        assert expected is not None and started is not None
+        assert datetime.now(timezone.utc) < expected <= started + timedelta(minutes=2, seconds=30), waiting
+        assert "Resources" in (waiting["reason"] or "") or "Priority" in (waiting["reason"] or ""), waiting
+        shown = start_estimate(waiting)
+        assert shown.startswith("starts in about ") and "reason: " in shown, shown
+    finally:
+        for one in api.all_jobs():
+            api.post(f"/api/v1/jobs/{one['id']}/cancel")

@@ -3,6 +3,8 @@ cluster). The tests look records up by what they show, not by job id, so a new r
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from service.backends import slurm_parse as parse
@@ -220,3 +222,23 @@ def test_the_endings_slurm_names_carry_their_kind(
     assert (status.state, status.kind) == (state, kind)
     if word == "PREEMPTED" and left_queue:
         assert status.reason == "preempted, not requeued"
+
+
+def test_squeue_brings_the_start_estimate_of_a_job_waiting_for_resources() -> None:
+    # A job filling the cluster with a 5-minute limit, and three behind it (capture.sh).
+    records = parse.parse_squeue(recorded("squeue_start_estimate.txt"))
+    statuses = {key: parse.to_status(record) for key, record in records.items()}
+    (blocker,) = (records[key] for key, s in statuses.items() if s.state is JobState.running)
+    waiting = {s.reason: s for s in in_state(statuses, JobState.pending).values()}
+
+    estimate = waiting["Resources"].expected_start
+    assert blocker.start is not None and estimate is not None and estimate.tzinfo is not None
+    assert estimate - blocker.start == timedelta(minutes=5)  # when the blocker's limit runs out
+    # Behind the first in line, or held: SLURM has no estimate (N/A). A running job has none either.
+    assert waiting["Priority"].expected_start is None and waiting["JobHeldUser"].expected_start is None
+    assert all(s.expected_start is None for s in statuses.values() if s.state is JobState.running)
+
+
+def test_squeue_recorded_before_start_times_parses_without_estimates() -> None:
+    statuses = squeue("squeue_mixed.txt")  # six fields: recorded before StartTime was asked for
+    assert in_state(statuses, JobState.pending) and all(s.expected_start is None for s in statuses.values())

@@ -145,6 +145,16 @@ def test_logs_events_metrics_cancel_health() -> None:
     assert client.health() == {"status": "degraded"}  # a degraded service still answers
 
 
+def test_metric_series_asks_for_points_and_a_range() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        params = dict(request.url.params)
+        assert request.url.path == "/api/v1/jobs/2/metrics"
+        assert params == {"points": "800", "from_step": "100", "to_step": "900"}
+        return httpx.Response(200, json={"points": 800, "from_step": 100, "to_step": 900, "series": []})
+
+    assert client_with(handler).metric_series(2, 800, from_step=100, to_step=900)["points"] == 800
+
+
 # ---------------------------------------------------------------- errors
 
 
