@@ -25,7 +25,7 @@ from service.cli.logs import LogFollower, new_part
 from service.cli.progress import bar_position, carry_progress, watch_jobs
 from service.cli.render import job_details, jobs_table, progress_text
 from service.client import TorchyardClient
-from service.ledger.models import JobCreate
+from service.ledger.models import JobCreate, SweepCreate
 from service.states import TERMINAL_STATE_NAMES
 from tests.support import ROOT
 
@@ -84,8 +84,9 @@ def test_load_spec_refuses_what_is_not_one_mapping(tmp_path: Path, text: str) ->
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_example_is_a_valid_job_spec(path: Path) -> None:
-    spec = JobCreate.model_validate(cli.load_spec(path))
+def test_every_example_is_a_valid_job_or_sweep_spec(path: Path) -> None:
+    loaded = cli.load_spec(path)
+    spec = SweepCreate.model_validate(loaded).job if "grid" in loaded else JobCreate.model_validate(loaded)
     if spec.script is not None:
         assert Path(spec.script).is_file(), spec.script
 
