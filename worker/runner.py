@@ -86,9 +86,7 @@ def _run_function(spec: RunSpec, env: RankEnv, contexts: list[JobContext]) -> An
 def _run_script(spec: RunSpec, env: RankEnv) -> Any:
     """Run a torchrun-style script as `python script args...` would, with torchrun's variables set."""
     assert spec.script is not None
-    script = Path(spec.script).resolve()
-    if not script.is_file():
-        raise FileNotFoundError(f"script {script} does not exist")
+    script = script_path(spec)
     path = spec.files.rendezvous(rendezvous_key(env, spec.attempt))
     env = rendezvous_port(env, path, timeout_s=spec.rendezvous_timeout_s)
     os.environ.update(env.torchrun_vars())  # the script calls init_process_group("env://") itself
@@ -105,6 +103,21 @@ def _run_script(spec: RunSpec, env: RankEnv) -> Any:
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return None  # a script has no return value; result.json records that it finished
+
+
+def script_path(spec: RunSpec) -> Path:
+    """The script to run: an absolute path as the service resolved it, or a file of the job's code."""
+    assert spec.script is not None
+    if Path(spec.script).is_absolute() or spec.code is None:
+        script = Path(spec.script).resolve()
+    else:
+        code = spec.files.code.resolve()
+        script = (code / spec.script).resolve()
+        if not script.is_relative_to(code):
+            raise ValueError(f"script {spec.script} lies outside the job's code")
+    if not script.is_file():
+        raise FileNotFoundError(f"script {script} does not exist")
+    return script
 
 
 def _on_failure(spec: RunSpec, env: RankEnv, error: BaseException, preempted: bool) -> None:

@@ -396,7 +396,7 @@ class SlurmBackend:
     def _submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         outcomes: list[SubmitOutcome | None] = [None] * len(specs)
         # One sbatch is one account's: jobs go together when their parameters and account agree.
-        groups: dict[tuple[str | None, tuple[tuple[str, Any], ...]], list[int]] = {}
+        groups: dict[tuple[str | None, str | None, tuple[tuple[str, Any], ...]], list[int]] = {}
         for index, spec in enumerate(specs):
             try:
                 params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
@@ -405,15 +405,15 @@ class SlurmBackend:
             except (OSError, ValueError) as error:
                 outcomes[index] = SubmitOutcome(spec.job_id, error=f"cannot prepare the job: {error}")
                 continue
-            groups.setdefault((spec.run_as, group_key(params)), []).append(index)
+            groups.setdefault((spec.run_as, spec.python, group_key(params)), []).append(index)
         size = self.max_array_size()
         unreachable: str | None = None
-        for (run_as, key), members in groups.items():
+        for (run_as, python, key), members in groups.items():
             for start in range(0, len(members), size):
                 chunk = members[start : start + size]
                 if unreachable is None:
                     try:
-                        results = self._submit_chunk([specs[i] for i in chunk], dict(key), run_as)
+                        results = self._submit_chunk([specs[i] for i in chunk], dict(key), run_as, python)
                     except _Refused as error:
                         if not any(o is not None and o.accepted for o in outcomes):
                             raise BackendError(f"SLURM is unreachable: {error.message}") from error
@@ -427,12 +427,12 @@ class SlurmBackend:
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _submit_chunk(
-        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None
+        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None, python: str | None
     ) -> list[SubmitOutcome]:
-        """Outcomes for jobs sharing params and account; raises _Refused only when SLURM cannot be
-        reached."""
+        """Outcomes for jobs sharing params, account and interpreter; raises _Refused only when SLURM
+        cannot be reached."""
         try:
-            ids = self._sbatch_group(specs, params, run_as)
+            ids = self._sbatch_group(specs, params, run_as, python)
             return [SubmitOutcome(spec.job_id, external_id=one) for spec, one in zip(specs, ids, strict=True)]
         except _Refused as refusal:
             if refusal.transient:
@@ -440,23 +440,26 @@ class SlurmBackend:
             if len(specs) == 1:
                 return [SubmitOutcome(specs[0].job_id, error=refusal.message)]
             log.info("an array of %d was refused (%s); submitting them one by one", len(specs), refusal)
-            first = self._submit_chunk(specs[:1], params, run_as)
+            first = self._submit_chunk(specs[:1], params, run_as, python)
             if first[0].error == refusal.message:  # same parameters, same verdict: spare the calls
                 return first + [SubmitOutcome(spec.job_id, error=refusal.message) for spec in specs[1:]]
-            return first + [self._submit_chunk([spec], params, run_as)[0] for spec in specs[1:]]
+            return first + [self._submit_chunk([spec], params, run_as, python)[0] for spec in specs[1:]]
         except Exception as error:  # submitit or the filesystem, not the scheduler
             log.exception("submitting %d job(s) failed", len(specs))
             return [SubmitOutcome(spec.job_id, error=f"submission failed: {error}") for spec in specs]
 
-    def _sbatch_group(self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None) -> list[str]:
+    def _sbatch_group(
+        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None, python: str | None
+    ) -> list[str]:
         account = Account.of_job(run_as)
-        environment = {**self._job_environment.variables(account), **slurm_conf()}
+        job_environment = self._job_environment.with_python(python)
+        environment = {**job_environment.variables(account), **slurm_conf()}
         return submit_group(
             specs,
             params,
             arrays_dir=self._settings.data_dir / "slurm-arrays",
             sbatch=functools.partial(self._sbatch, account=account, environment=environment),
-            python=self._job_environment.python,
+            python=job_environment.python,
         )
 
     @functools.cached_property
@@ -464,5 +467,5 @@ class SlurmBackend:
         """Built at the first submission (it stages the worker), not when the backend is made."""
         settings = self._settings
         return JobEnvironment.build(
-            settings.data_dir, settings.job_python, settings.job_pythonpath, tools=("srun",)
+            settings.data_dir, settings.job_interpreter(), settings.job_pythonpath, tools=("srun",)
         )
