@@ -104,4 +104,5 @@ export const api = {
   logs: (id, rank, stream, tail) =>
     request(`/jobs/${id}/logs?rank=${rank}&stream=${stream}${tail ? `&tail=${tail}` : ""}`, { text: true }),
   cancel: (id) => request(`/jobs/${id}/cancel`, { method: "POST" }),
+  code: (codeId) => request(`/code/${codeId}`),
 };
