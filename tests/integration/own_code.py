@@ -20,6 +20,7 @@ from tests.support import ROOT
 TRAIN = """\
 import importlib.util
 import os
+import sys
 
 import torch
 import torch.distributed as dist
