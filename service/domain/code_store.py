@@ -66,19 +66,13 @@ def check_archive(data: bytes, max_bytes: int) -> list[Member]:
     problem. Nothing is written."""
     if len(data) > max_bytes:
         raise TooLarge(f"the archive is {len(data)} bytes, over TORCHYARD_MAX_CODE_BYTES ({max_bytes})")
+    budget = _Budget(UNPACKED_FACTOR * max_bytes)
     if data[:4] == b"PK\x03\x04" or data[:4] == b"PK\x05\x06":
-        members = _zip_members(data)
+        members = _zip_members(data, budget)
     else:
-        members = _tar_members(data)
-    limit = UNPACKED_FACTOR * max_bytes
-    total, seen = 0, set()
+        members = _tar_members(data, budget)
+    seen = set()
     for member in members:
-        total += member.size
-        if total > limit:
-            raise InvalidRequest(
-                f"its files unpack to more than {limit} bytes ({UNPACKED_FACTOR} x TORCHYARD_MAX_CODE_BYTES)",
-                field=FIELD,
-            )
         if member.path in seen and member.kind != "dir":
             raise InvalidRequest(f"'{member.path}' is in the archive twice", field=FIELD)
         seen.add(member.path)
@@ -87,7 +81,30 @@ def check_archive(data: bytes, max_bytes: int) -> list[Member]:
     return members
 
 
-def _tar_members(data: bytes) -> list[Member]:
+class _Budget:
+    """The unpacked bytes and entries an archive may hold, counted as its headers are read: a bomb is
+    refused at the first member over the limit, before its content is decompressed to reach the next."""
+
+    def __init__(self, most_bytes: int) -> None:
+        self.most_bytes = most_bytes
+        self.bytes = 0
+        self.entries = 0
+
+    def take(self, member: Member) -> Member:
+        self.bytes += member.size
+        self.entries += 1
+        if self.bytes > self.most_bytes:
+            raise InvalidRequest(
+                f"its files unpack to more than {self.most_bytes} bytes "
+                f"({UNPACKED_FACTOR} x TORCHYARD_MAX_CODE_BYTES)",
+                field=FIELD,
+            )
+        if self.entries > MAX_FILES:
+            raise InvalidRequest(f"holds more than {MAX_FILES} entries", field=FIELD)
+        return member
+
+
+def _tar_members(data: bytes, budget: _Budget) -> list[Member]:
     try:
         archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")  # noqa: SIM115 - closed below
     except (tarfile.TarError, EOFError, OSError, zlib.error):
@@ -97,10 +114,8 @@ def _tar_members(data: bytes) -> list[Member]:
     members: list[Member] = []
     try:
         with archive:
-            for info in archive:  # one header at a time: a bomb stops at the first member over the limit
-                members.append(_tar_member(info))
-                if len(members) > MAX_FILES:
-                    raise InvalidRequest(f"holds more than {MAX_FILES} entries", field=FIELD)
+            for info in archive:  # one header at a time
+                members.append(budget.take(_tar_member(info)))
     except (tarfile.TarError, EOFError, OSError, zlib.error):  # zlib's: a damaged gzip stream
         raise InvalidRequest("the archive is damaged or cut short", field=FIELD) from None
     return members
@@ -119,28 +134,44 @@ def _tar_member(info: tarfile.TarInfo) -> Member:
     return Member(path, "file", size=info.size, mode=info.mode & 0o777)
 
 
-def _zip_members(data: bytes) -> list[Member]:
+def _zip_members(data: bytes, budget: _Budget) -> list[Member]:
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
         infos = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError):
         raise InvalidRequest("is not a .tar.gz, .tar or zip archive", field=FIELD) from None
-    if len(infos) > MAX_FILES:
-        raise InvalidRequest(f"holds more than {MAX_FILES} entries", field=FIELD)
     members = []
     for info in infos:
         path = _inside_path(info.filename)
         mode = info.external_attr >> 16
         if info.is_dir():
-            members.append(Member(path, "dir"))
+            members.append(budget.take(Member(path, "dir")))
         elif stat.S_ISLNK(mode):
-            target = archive.read(info)[:4096].decode("utf-8", "replace")
-            members.append(Member(path, "link", target=_inside_target(path, target)))
+            members.append(
+                budget.take(Member(path, "link", target=_inside_target(path, _zip_link(archive, info))))
+            )
         elif stat.S_IFMT(mode) and not stat.S_ISREG(mode):  # no type bits: a plain file
             raise InvalidRequest(f"'{path}' is a device, FIFO or other special file", field=FIELD)
         else:
-            members.append(Member(path, "file", size=info.file_size, mode=(mode & 0o777) or 0o644))
+            members.append(
+                budget.take(Member(path, "file", size=info.file_size, mode=(mode & 0o777) or 0o644))
+            )
+    try:  # every member's content against its CRC, now that their sizes are known to be bounded
+        damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, zlib.error):
+        damaged = "?"
+    if damaged is not None:
+        raise InvalidRequest("the archive is damaged or cut short", field=FIELD)
     return members
+
+
+def _zip_link(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> str:
+    """A zip symlink's target: its content, of which no more than a path's worth is read."""
+    try:
+        with archive.open(info) as content:
+            return content.read(4096).decode("utf-8", "replace")
+    except (zipfile.BadZipFile, OSError, ValueError, zlib.error):
+        raise InvalidRequest(f"link '{info.filename}' cannot be read", field=FIELD) from None
 
 
 def _inside_path(name: str) -> str:
@@ -263,7 +294,7 @@ def _zip_as_tar_gz(data: bytes) -> bytes:
                 member.type, member.mode = tarfile.DIRTYPE, 0o755
                 tar.addfile(member)
             elif stat.S_ISLNK(mode):
-                member.type, member.linkname = tarfile.SYMTYPE, archive.read(info).decode("utf-8", "replace")
+                member.type, member.linkname = tarfile.SYMTYPE, _zip_link(archive, info)
                 tar.addfile(member)
             else:
                 content = archive.read(info)

@@ -47,6 +47,15 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.
     return info
 
 
+def a_zip(name: str, content: bytes, mode: int = 0o100644) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        info = zipfile.ZipInfo(name)
+        info.external_attr = mode << 16
+        archive.writestr(info, content)
+    return out.getvalue()
+
+
 def project() -> bytes:
     return tar_gz(
         (member("train.py"), b"def main(ctx):\n    return 1\n"),
@@ -113,6 +122,10 @@ BAD_ARCHIVES = {
     "not an archive": (b"just some text, not an archive at all", "is not a .tar.gz, .tar or zip"),
     "cut short": (project()[:60], "damaged or cut short"),
     "empty": (tar_gz(), "holds no files"),
+    "zip traversal": (a_zip("../escaped.py", b"x"), "leads out of the project"),
+    "zip link out": (a_zip("out", b"../../etc/passwd", stat.S_IFLNK | 0o777), "leads out"),
+    "zip fifo": (a_zip("pipe", b"", stat.S_IFIFO | 0o644), "device, FIFO"),
+    "zip damaged": (a_zip("a.py", b"x" * 100).replace(b"x" * 100, b"y" * 100), "damaged"),
 }
 
 
