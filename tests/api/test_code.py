@@ -3,6 +3,7 @@ store), dedupe, ownership, the allow-code permission, allowed interpreters. Real
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
@@ -32,13 +33,14 @@ GZIP = {"Content-Type": "application/gzip"}
 
 
 def tar_gz(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
+    """The same bytes for the same members (no time in the gzip header): the same snapshot id."""
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+    with tarfile.open(fileobj=out, mode="w") as tar:
         for info, content in members:
             if content is not None:
                 info.size = len(content)
             tar.addfile(info, io.BytesIO(content) if content is not None else None)
-    return out.getvalue()
+    return gzip.compress(out.getvalue(), mtime=0)
 
 
 def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:

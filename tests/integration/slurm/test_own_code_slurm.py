@@ -3,6 +3,7 @@ its owner, from the job's own copy; editing the project after submitting changes
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,5 +41,6 @@ def test_a_project_uploaded_by_the_cli_runs_on_two_slurm_nodes(shared_root: Path
     assert result["cwd"] == result["path0"] == str(folder / "code")
     assert result["code_writable"] is False
     assert result["executable"] == job_python()
-    assert len({placement["host"] for placement in job["placement"]}) == 2  # one rank on each node
+    hosts = {json.loads((folder / "placement" / f"rank{rank}.json").read_text())["host"] for rank in (0, 1)}
+    assert hosts == {"n1", "n2"}  # one rank on each node
     assert job["run_as"] == "alice" and accounted_as(job["external_id"], "alice") == "alice"
