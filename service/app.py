@@ -13,7 +13,7 @@ from service.api.errors import install_error_handlers
 from service.api.gate import RequestGate
 from service.api.loopback import is_loopback
 from service.api.metrics import LatencyMiddleware, ServiceMetrics
-from service.api.routes import access, dashboard, health, jobs, sweeps
+from service.api.routes import access, code, dashboard, health, jobs, sweeps
 from service.api.routes import metrics as metrics_routes
 from service.backends.base import Backend
 from service.config import Settings, get_settings
@@ -60,6 +60,7 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
     app.include_router(jobs.router)
     app.include_router(sweeps.router)
     app.include_router(access.router)
+    app.include_router(code.router)
     app.include_router(metrics_routes.router)
     dashboard.mount(app)
     return app

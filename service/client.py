@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from service.code_pack import pack
 from service.states import TERMINAL_STATE_NAMES
 
 DEFAULT_URL = "http://127.0.0.1:8321"
@@ -104,6 +105,16 @@ def _one_problem(item: Any) -> str:
     if not field or msg.startswith(field):  # the service's own errors already name the field
         return msg
     return f"{field}: {msg}"
+
+
+UPLOAD_CHUNK = 256 * 1024
+
+
+def _chunks(data: bytes, progress: Callable[[int, int], None] | None) -> Iterator[bytes]:
+    for start in range(0, len(data), UPLOAD_CHUNK):
+        yield data[start : start + UPLOAD_CHUNK]
+        if progress is not None:
+            progress(min(start + UPLOAD_CHUNK, len(data)), len(data))
 
 
 def _spec_body(spec: Spec) -> dict[str, Any]:
@@ -360,6 +371,30 @@ class TorchyardClient:
             message, detail = error_message(response)
             raise TorchyardError(message, response.status_code, detail)
         return _as_object(response)
+
+    # ---------------------------------------------------------------- code snapshots
+
+    def upload_code(self, path: str | Path, progress: Callable[[int, int], None] | None = None) -> str:
+        """Pack the project folder `path` (service.code_pack) and upload it unless the service has it
+        already; its id, `sha256:<hex>`, for a spec's `code`. `progress(sent, total)` follows a
+        large upload."""
+        packed = pack(Path(path))
+        try:
+            self._object("GET", f"/api/v1/code/{packed.id}")
+            return packed.id  # this user uploaded the same files before
+        except TorchyardError as error:
+            if error.status != 404:
+                raise
+        body = _chunks(packed.data, progress)
+        headers = {"Content-Type": "application/gzip", "Content-Length": str(len(packed.data))}
+        answer = self._object("POST", "/api/v1/code", content=body, headers=headers)
+        if answer.get("id") != packed.id:
+            raise TorchyardError(f"the service stored the code as {answer.get('id')}, not {packed.id}")
+        return packed.id
+
+    def code(self, code_id: str) -> dict[str, Any]:
+        """GET /api/v1/code/{id}: one of your snapshots, with its file list."""
+        return self._object("GET", f"/api/v1/code/{code_id}")
 
     # ---------------------------------------------------------------- plumbing
 

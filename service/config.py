@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -93,6 +94,17 @@ class Settings(BaseSettings):
     job_pythonpath: CommaList = Field(
         default_factory=list, description="Folders on every rank's import path after the worker."
     )
+    allowed_pythons: CommaList = Field(
+        default_factory=list,
+        description="Interpreters a spec may name in `python` (paths, or folders they lie in); default: "
+        "the job Python alone.",
+    )
+    max_code_bytes: int = Field(
+        64 * 2**20, ge=1024, description="Largest code snapshot upload (its unpacked files: 4 times this)."
+    )
+    code_keep_h: float = Field(
+        24.0 * 7, ge=0, description="Hours a snapshot no unfinished job uses is kept before it is collected."
+    )
 
     slurm_partition: str | None = None
 
@@ -102,6 +114,7 @@ class Settings(BaseSettings):
         "allowed_script_dirs",
         "allowed_env_keys",
         "job_pythonpath",
+        "allowed_pythons",
         "trusted_proxies",
         mode="before",
     )
@@ -118,6 +131,10 @@ class Settings(BaseSettings):
                 f"default_backend {self.default_backend!r} is not among the backends run ({self.backends})"
             )
         return self
+
+    def job_interpreter(self) -> str:
+        """The Python jobs run when their spec names none."""
+        return self.job_python or sys.executable
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -13,6 +13,7 @@ from service.backends import make_backends
 from service.backends.base import Backend
 from service.config import Settings
 from service.domain.auth import TokenCheck
+from service.domain.code_store import CodeStore
 from service.domain.quotas import QuotaBook
 from service.domain.storage import RoomCheck, jobs_root, prepare_data_dir
 from service.domain.submit import Admission
@@ -38,6 +39,7 @@ class Runtime:
     admission: Admission
     job_watch: JobWatch  # long polls on one job (GET ?wait_s=)
     housekeeper: Housekeeper  # retention passes and folder sizes
+    code: CodeStore
     pages: PageCache = field(default_factory=PageCache)
 
     @classmethod
@@ -53,7 +55,8 @@ class Runtime:
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)
         clock = ClockReader(engine)
-        admission = Admission(settings, engine, backends, quotas, RoomCheck(settings), intake)
+        code = CodeStore(settings)
+        admission = Admission(settings, engine, backends, quotas, RoomCheck(settings), intake, code)
         job_watch = JobWatch(settings.max_long_polls, settings.max_long_polls_per_user)
         runtime = cls(
             settings,
@@ -68,6 +71,7 @@ class Runtime:
             admission,
             job_watch,
             Housekeeper(engine, settings),
+            code,
         )
         on_stamped_commit(engine, runtime.job_watch.changed)
         return runtime

@@ -175,13 +175,17 @@ def wait_state(
     return wait_for(probe, timeout, f"job {job_id} to be {state}")
 
 
-def issue_token(engine: sa.Engine, user: str, admin: bool = False, unix_user: str | None = None) -> str:
+def issue_token(
+    engine: sa.Engine, user: str, admin: bool = False, unix_user: str | None = None, allow_code: bool = False
+) -> str:
     """A real API token for `user`, made as `torchyard token create` makes one."""
     from service.domain import auth
     from service.ledger.db import session_scope
 
     with session_scope(engine) as session:
-        return auth.create_token(session, user, admin=admin, unix_user=unix_user, actor="test")
+        return auth.create_token(
+            session, user, admin=admin, unix_user=unix_user, allow_code=allow_code, actor="test"
+        )
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -1,7 +1,17 @@
 """JobContext: what a function entrypoint receives as its first argument, on every rank.
 
 It carries the rank's place in the job and the device, and the only ways a task talks to the
-service: progress lines (report), checkpoints (save_checkpoint) and the return value.
+service: progress lines (report), checkpoints (save_checkpoint) and the return value. A torchrun-style
+script, which is handed nothing, asks for the same with `current()`:
+
+    from worker.context import current
+
+    ctx = current()             # after init_process_group, which the script calls itself
+    ctx.report(step, total=steps, loss=loss.item())
+    ctx.save_checkpoint(state, epoch)   # into TORCHYARD_CHECKPOINT_DIR
+
+(`TORCHYARD_JOB_DIR` and `TORCHYARD_CHECKPOINT_DIR` are in every rank's environment too, for code
+that does not import the worker.)
 Rank 0 alone writes files; on the other ranks the writing methods do nothing, so a task may call
 them unconditionally.
 """
@@ -14,6 +24,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +200,26 @@ def checkpoints_to_remove(saved: list[Path], metrics: dict[Path, dict[str, float
         if scored:
             kept.add(min(scored)[2])  # a tie: the older one, which reached that value first
     return [path for path in saved if path not in kept]
+
+
+_current: JobContext | Callable[[], JobContext] | None = None  # the rank's, or how to make it
+
+
+def current() -> JobContext:
+    """The JobContext of the rank this runs in: a function entrypoint's own, or for a script one made
+    at the first call (after its init_process_group, so that it knows the backend)."""
+    global _current
+    if _current is None:
+        raise RuntimeError("worker.context.current() answers only inside a torchyard job's rank")
+    if not isinstance(_current, JobContext):
+        _current = _current()
+    return _current
+
+
+def set_current(context: JobContext | Callable[[], JobContext] | None) -> None:
+    """The runner's: what current() answers for the entrypoint about to run (None: nothing)."""
+    global _current
+    _current = context
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from worker.distributed import RANK_ENV_NAMES, derive_rank_env, guess_rank, scheduler_job_id
 from worker.files import write_error
-from worker.spec import JOB_DIR_ENV, RunSpec
+from worker.spec import CHECKPOINT_DIR_ENV, JOB_DIR_ENV, RunSpec
 
 log = logging.getLogger("worker")
 
@@ -66,8 +66,12 @@ class RankLauncher:
         apply_env(spec)
         preempted = watch_preemption()
 
-        from worker.runner import run_rank  # torch arrives here, after apply_env
-
+        try:
+            from worker.runner import run_rank  # torch arrives here, after apply_env
+        except ImportError as error:  # an interpreter without torch: every rank says so, at once
+            text = f"the job's interpreter {sys.executable} cannot run ranks: {error}\n"
+            write_error(spec.files.error(env.rank), spec.attempt, text + traceback.format_exc())
+            raise
         return run_rank(spec, env, preempted=preempted)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
@@ -116,15 +120,20 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
 def apply_env(spec: RunSpec) -> None:
     """The rank's place and environment, before torch is imported, so OMP_*/NCCL_* settings take effect.
 
-    The rank works in its job's folder (TORCHYARD_JOB_DIR), whatever folder the scheduler started it
-    in, and its temporary files go to the folder's tmp/ (TMPDIR). spec.env comes on top: the service
-    allowed each key. The rank variables are ours to set (script mode) and are refused here.
-    OMP_NUM_THREADS defaults to the cpus the job asked for per rank, as torchrun does, so ranks do
-    not fight over cores.
+    The rank works in its job's folder (TORCHYARD_JOB_DIR), or in its code snapshot (unpacked there
+    by the service, first on sys.path) when it has one, whatever folder the scheduler started it in;
+    its temporary files go to the folder's tmp/ (TMPDIR), its checkpoints to TORCHYARD_CHECKPOINT_DIR.
+    spec.env comes on top: the service allowed each key. The rank variables are ours to set (script
+    mode) and are refused here. OMP_NUM_THREADS defaults to the cpus the job asked for per rank, as
+    torchrun does, so ranks do not fight over cores.
     """
     files = spec.files
     files.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)  # the folder too, outside the service
-    os.chdir(files.folder)
+    if spec.code is not None:  # the job's snapshot: its files resolve from there, its modules first
+        os.chdir(files.code)
+        sys.path.insert(0, str(files.code))
+    else:
+        os.chdir(files.folder)
     os.environ["TMPDIR"] = str(files.tmp)
     for name, value in spec.env.items():
         if name in RANK_ENV_NAMES:
@@ -132,6 +141,7 @@ def apply_env(spec: RunSpec) -> None:
             continue
         os.environ[name] = value
     os.environ[JOB_DIR_ENV] = str(files.folder)
+    os.environ[CHECKPOINT_DIR_ENV] = str(files.checkpoints)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.resources.cpus_per_task))
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.context import JobContext
+from worker.context import JobContext, set_current
 from worker.distributed import RankEnv, init_process_group, teardown
 from worker.files import atomic_write_text, write_error, write_placement, write_result
 from worker.rendezvous import rendezvous_key, rendezvous_port, rendezvous_store
@@ -46,7 +46,10 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
         atomic_write_text(files.spec, spec.model_dump_json(indent=2))
     contexts: list[JobContext] = []
     try:
-        value = _run_function(spec, env, contexts) if spec.entrypoint is not None else _run_script(spec, env)
+        if spec.entrypoint is not None:
+            value = _run_function(spec, env, contexts)
+        else:
+            value = _run_script(spec, env, contexts)
         for ctx in contexts:
             ctx.close()  # progress lines land before the result does
         if env.is_main:
@@ -59,6 +62,7 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
     finally:
         for ctx in contexts:
             ctx.close()
+        set_current(None)
         teardown()
 
 
@@ -79,19 +83,29 @@ def _run_function(spec: RunSpec, env: RankEnv, contexts: list[JobContext]) -> An
     backend = init_process_group(env, timeout_s=spec.rendezvous_timeout_s, store=store)
     ctx = JobContext(spec, env, backend=backend)
     contexts.append(ctx)
+    set_current(ctx)
     log.info("calling %s with %s", spec.entrypoint, ctx)
     return function(ctx, **spec.kwargs)
 
 
-def _run_script(spec: RunSpec, env: RankEnv) -> Any:
-    """Run a torchrun-style script as `python script args...` would, with torchrun's variables set."""
+def _run_script(spec: RunSpec, env: RankEnv, contexts: list[JobContext]) -> Any:
+    """Run a torchrun-style script as `python script args...` would, with torchrun's variables set;
+    worker.context.current() gives it a JobContext when it asks for one."""
     assert spec.script is not None
-    script = Path(spec.script).resolve()
-    if not script.is_file():
-        raise FileNotFoundError(f"script {script} does not exist")
+    script = script_path(spec)
     path = spec.files.rendezvous(rendezvous_key(env, spec.attempt))
     env = rendezvous_port(env, path, timeout_s=spec.rendezvous_timeout_s)
     os.environ.update(env.torchrun_vars())  # the script calls init_process_group("env://") itself
+
+    def script_context() -> JobContext:
+        import torch.distributed as dist
+
+        backend = str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else "gloo"
+        ctx = JobContext(spec, env, backend=backend)
+        contexts.append(ctx)  # closed (its progress written) before the result is
+        return ctx
+
+    set_current(script_context)
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *spec.args]
     sys.path.insert(0, str(script.parent))
@@ -105,6 +119,21 @@ def _run_script(spec: RunSpec, env: RankEnv) -> Any:
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return None  # a script has no return value; result.json records that it finished
+
+
+def script_path(spec: RunSpec) -> Path:
+    """The script to run: an absolute path as the service resolved it, or a file of the job's code."""
+    assert spec.script is not None
+    if Path(spec.script).is_absolute() or spec.code is None:
+        script = Path(spec.script).resolve()
+    else:
+        code = spec.files.code.resolve()
+        script = (code / spec.script).resolve()
+        if not script.is_relative_to(code):
+            raise ValueError(f"script {spec.script} lies outside the job's code")
+    if not script.is_file():
+        raise FileNotFoundError(f"script {script} does not exist")
+    return script
 
 
 def _on_failure(spec: RunSpec, env: RankEnv, error: BaseException, preempted: bool) -> None:

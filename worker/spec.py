@@ -24,6 +24,8 @@ ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt:
 MAX_COUNT = 2**31 - 1  # steps and attempts: the ledger keeps them in 32-bit INTEGER columns
 PROGRESS_KEYS = ("step", "total", "metrics", "time", "attempt")  # a progress line, as ctx.report writes it
 JOB_DIR_ENV = "TORCHYARD_JOB_DIR"  # every rank's: its job's folder, where a job writes what it keeps
+CHECKPOINT_DIR_ENV = "TORCHYARD_CHECKPOINT_DIR"  # every rank's: where checkpoints go (JobFiles.checkpoints)
+CODE_ID_PATTERN = r"^sha256:[0-9a-f]{64}$"  # a code snapshot's id: the SHA-256 of its archive
 MAX_JSON_DEPTH = 32  # nesting of any JSON value the service stores (kwargs, results, progress)
 _SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: valid JSON text, not UTF-8
 
@@ -118,6 +120,8 @@ class RunSpec(BaseModel):
     run_as: str | None = None  # the Unix account the service starts this job's processes as
     group: ArrayGroup | None = None  # submitted with the other jobs of this group, as one array
     checkpoints: CheckpointPolicy | None = None  # None: every checkpoint is kept
+    code: str | None = Field(None, pattern=CODE_ID_PATTERN)  # unpacked in JobFiles.code by the service
+    python: str | None = None  # the interpreter the ranks run; None: the service's job Python
 
     @field_validator("entrypoint")
     @classmethod
@@ -175,6 +179,11 @@ class JobFiles:
         job never reads an earlier run's port.
         """
         return self.folder / "rendezvous" / f"{key}.json"
+
+    @property
+    def code(self) -> Path:
+        """The job's code snapshot, unpacked read-only by the service: the ranks' working directory."""
+        return self.folder / "code"
 
     @property
     def checkpoints(self) -> Path:

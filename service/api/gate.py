@@ -41,8 +41,18 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
-def too_large(limit: int) -> str:
-    return f"the request body is over this service's limit of {limit} bytes (TORCHYARD_MAX_BODY_BYTES)"
+CODE_UPLOAD_PATH = "/api/v1/code"  # takes archives up to TORCHYARD_MAX_CODE_BYTES, not JSON
+
+
+def body_limit(path: str, settings: Settings) -> tuple[int, str]:
+    """The most bytes a request to `path` may send, and the setting that says so."""
+    if path == CODE_UPLOAD_PATH:
+        return settings.max_code_bytes, "TORCHYARD_MAX_CODE_BYTES"
+    return settings.max_body_bytes, "TORCHYARD_MAX_BODY_BYTES"
+
+
+def too_large(limit: int, setting: str = "TORCHYARD_MAX_BODY_BYTES") -> str:
+    return f"the request body is over this service's limit of {limit} bytes ({setting})"
 
 
 class RequestGate:
@@ -60,14 +70,14 @@ class RequestGate:
             await self._app(scope, receive, send)
             return
         headers = _headers(scope)
-        limit = self._settings.max_body_bytes
+        limit, setting = body_limit(scope["path"], self._settings)
         try:
             declared = int(headers.get("content-length", "0"))
         except ValueError:
             declared = 0  # the HTTP parser refuses a malformed length before the app is called
         try:
             if declared > limit:
-                raise TooLarge(too_large(limit))
+                raise TooLarge(too_large(limit, setting))
             if self._settings.dev_mode:
                 _check_dev_caller(scope, headers)
                 scope[PRINCIPAL] = DEV_PRINCIPAL
@@ -83,7 +93,7 @@ class RequestGate:
             runtime = scope["app"].state.runtime
             await database_down_response(error, runtime.settings)(scope, receive, send)
             return
-        await self._app(scope, _limited(receive, limit), send)
+        await self._app(scope, _limited(receive, limit, setting), send)
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -124,7 +134,7 @@ async def _token_caller(scope: Scope, authorization: str | None) -> Principal:
     return principal
 
 
-def _limited(receive: Receive, limit: int) -> Receive:
+def _limited(receive: Receive, limit: int, setting: str) -> Receive:
     """`receive` that refuses the body once more than `limit` bytes of it have come."""
     received = 0
 
@@ -135,7 +145,7 @@ def _limited(receive: Receive, limit: int) -> Receive:
             received += len(message.get("body", b""))
             if received > limit:
                 # HTTPException: FastAPI passes it through its body reading (service.api.errors maps it)
-                raise HTTPException(413, too_large(limit))
+                raise HTTPException(413, too_large(limit, setting))
         return message
 
     return receive_limited

@@ -16,7 +16,9 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
         from service.backends.job_env import JobEnvironment
         from service.backends.local import LocalBackend
 
-        environment = JobEnvironment.build(settings.data_dir, settings.job_python, settings.job_pythonpath)
+        environment = JobEnvironment.build(
+            settings.data_dir, settings.job_interpreter(), settings.job_pythonpath
+        )
         backends["local"] = LocalBackend(environment, poll_interval_s=settings.local_reconcile_interval_s)
     if "slurm" in settings.backends:
         from service.backends.slurm import SlurmBackend

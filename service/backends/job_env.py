@@ -56,6 +56,15 @@ class JobEnvironment:
         extra = tuple(str(Path(folder).resolve()) for folder in pythonpath)
         return cls(python=python, pythonpath=(str(worker_root), *extra), path=path)
 
+    def with_python(self, python: str | None) -> JobEnvironment:
+        """The same environment for a job that names its own interpreter (`JobCreate.python`, allowed
+        at admission): that interpreter, its folder first on PATH. The staged worker stays first on
+        the import path, so the interpreter needs torch and submitit, not torchyard."""
+        if python is None or python == self.python:
+            return self
+        path = tuple(dict.fromkeys([str(Path(python).parent), *self.path[1:]]))
+        return JobEnvironment(python=python, pythonpath=self.pythonpath, path=path)
+
     def variables(self, account: Account) -> dict[str, str]:
         """The whole environment a job's processes start with, as `account`."""
         return {

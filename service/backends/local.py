@@ -102,12 +102,13 @@ class LocalBackend:
 
     def _start(self, spec: RunSpec) -> subprocess.Popen[bytes]:
         account = Account.of_job(spec.run_as)
-        executor = _session_executor_class()(folder=spec.files.submitit, python=self._environment.python)
+        environment = self._environment.with_python(spec.python)
+        executor = _session_executor_class()(folder=spec.files.submitit, python=environment.python)
         # The controller, and through it every rank, starts as the job's account, in the job's
         # folder, with the built environment and nothing of the service's.
         executor.start_as = StartAs(
             prefix=account.command_prefix(),
-            environment=self._environment.variables(account),
+            environment=environment.variables(account),
             workdir=spec.files.folder,
         )
         executor.update_parameters(

@@ -397,9 +397,9 @@ class SlurmBackend:
 
     def _submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         outcomes: list[SubmitOutcome | None] = [None] * len(specs)
-        # One sbatch is one account's: jobs go together when their parameters, account and array
-        # group (a sweep) agree; a sweep's arrays share its max_parallel.
-        groups: dict[tuple[str | None, tuple[tuple[str, Any], ...], str | None], list[int]] = {}
+        # One sbatch is one account's: jobs go together when their parameters, account, interpreter
+        # and array group (a sweep) agree; a sweep's arrays share its max_parallel.
+        groups: dict[tuple[str | None, str | None, tuple[tuple[str, Any], ...], str | None], list[int]] = {}
         throttles: dict[str | None, int | None] = {None: None}
         for index, spec in enumerate(specs):
             try:
@@ -412,16 +412,16 @@ class SlurmBackend:
             group = spec.group.key if spec.group is not None else None
             if spec.group is not None:
                 throttles[group] = spec.group.max_parallel
-            groups.setdefault((spec.run_as, group_key(params), group), []).append(index)
+            groups.setdefault((spec.run_as, spec.python, group_key(params), group), []).append(index)
         size = self.max_array_size()
         unreachable: str | None = None
-        for (run_as, key, group), members in groups.items():
+        for (run_as, python, key, group), members in groups.items():
             chunks = [members[start : start + size] for start in range(0, len(members), size)]
             for chunk, parallelism in zip(chunks, share_throttle(throttles[group], len(chunks)), strict=True):
                 if unreachable is None:
                     try:
                         results = self._submit_chunk(
-                            [specs[i] for i in chunk], dict(key), run_as, parallelism
+                            [specs[i] for i in chunk], dict(key), run_as, python, parallelism
                         )
                     except _Refused as error:
                         if not any(o is not None and o.accepted for o in outcomes):
@@ -436,12 +436,17 @@ class SlurmBackend:
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _submit_chunk(
-        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None, parallelism: int | None = None
+        self,
+        specs: list[RunSpec],
+        params: dict[str, Any],
+        run_as: str | None,
+        python: str | None,
+        parallelism: int | None = None,
     ) -> list[SubmitOutcome]:
-        """Outcomes for jobs sharing params and account; raises _Refused only when SLURM cannot be
-        reached."""
+        """Outcomes for jobs sharing params, account and interpreter; raises _Refused only when SLURM
+        cannot be reached."""
         try:
-            ids = self._sbatch_group(specs, params, run_as, parallelism)
+            ids = self._sbatch_group(specs, params, run_as, python, parallelism)
             return [SubmitOutcome(spec.job_id, external_id=one) for spec, one in zip(specs, ids, strict=True)]
         except _Refused as refusal:
             if refusal.transient:
@@ -449,25 +454,31 @@ class SlurmBackend:
             if len(specs) == 1:
                 return [SubmitOutcome(specs[0].job_id, error=refusal.message)]
             log.info("an array of %d was refused (%s); submitting them one by one", len(specs), refusal)
-            first = self._submit_chunk(specs[:1], params, run_as)
+            first = self._submit_chunk(specs[:1], params, run_as, python)
             if first[0].error == refusal.message:  # same parameters, same verdict: spare the calls
                 return first + [SubmitOutcome(spec.job_id, error=refusal.message) for spec in specs[1:]]
-            return first + [self._submit_chunk([spec], params, run_as)[0] for spec in specs[1:]]
+            return first + [self._submit_chunk([spec], params, run_as, python)[0] for spec in specs[1:]]
         except Exception as error:  # submitit or the filesystem, not the scheduler
             log.exception("submitting %d job(s) failed", len(specs))
             return [SubmitOutcome(spec.job_id, error=f"submission failed: {error}") for spec in specs]
 
     def _sbatch_group(
-        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None, parallelism: int | None
+        self,
+        specs: list[RunSpec],
+        params: dict[str, Any],
+        run_as: str | None,
+        python: str | None,
+        parallelism: int | None,
     ) -> list[str]:
         account = Account.of_job(run_as)
-        environment = {**self._job_environment.variables(account), **slurm_conf()}
+        job_environment = self._job_environment.with_python(python)
+        environment = {**job_environment.variables(account), **slurm_conf()}
         return submit_group(
             specs,
             params,
             arrays_dir=self._settings.data_dir / "slurm-arrays",
             sbatch=functools.partial(self._sbatch, account=account, environment=environment),
-            python=self._job_environment.python,
+            python=job_environment.python,
             parallelism=parallelism,
         )
 
@@ -476,5 +487,5 @@ class SlurmBackend:
         """Built at the first submission (it stages the worker), not when the backend is made."""
         settings = self._settings
         return JobEnvironment.build(
-            settings.data_dir, settings.job_python, settings.job_pythonpath, tools=("srun",)
+            settings.data_dir, settings.job_interpreter(), settings.job_pythonpath, tools=("srun",)
         )

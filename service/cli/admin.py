@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -26,6 +27,13 @@ token_app = typer.Typer(
 )
 quota_app = typer.Typer(help="Per-user limits (on the service host).", no_args_is_help=True)
 EXIT_REFUSED = 2
+
+
+class Switch(str, Enum):
+    """An explicit yes or no (a flag could not say "back to no")."""
+
+    true = "true"
+    false = "false"
 
 
 @contextmanager
@@ -65,6 +73,9 @@ def token_create(
         str | None,
         typer.Option(help="The Unix account this user's jobs run as (default: the account of their name)."),
     ] = None,
+    allow_code: Annotated[
+        bool, typer.Option("--allow-code", help="May upload and run their own code (code snapshots).")
+    ] = False,
     save: Annotated[
         bool, typer.Option("--save", help="Also write it where this machine's CLI and client look (0600).")
     ] = False,
@@ -74,7 +85,9 @@ def token_create(
     from service.domain import auth
 
     with _ledger() as session:
-        raw = auth.create_token(session, user, admin=admin, unix_user=unix_user, actor="cli")
+        raw = auth.create_token(
+            session, user, admin=admin, unix_user=unix_user, allow_code=allow_code, actor="cli"
+        )
     kind = "admin token" if admin else "token"
     if save:
         path = token_path()
@@ -94,13 +107,16 @@ def token_list(
     """Tokens by id, user and first characters; never the tokens themselves."""
     from service.domain import auth
 
-    table = Table("id", "user", "admin", "unix user", "starts with", "created", "revoked")
+    table = Table("id", "user", "admin", "unix user", "code", "starts with", "created", "revoked")
     with _ledger() as session:
         for row in auth.list_tokens(session, include_revoked=all_):
             revoked = row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else ""
             created = row.created_at.isoformat(timespec="seconds")
             admin = "yes" if row.admin else ""
-            table.add_row(str(row.id), row.username, admin, row.unix_user or "", row.prefix, created, revoked)
+            code = "yes" if row.allow_code else ""
+            table.add_row(
+                str(row.id), row.username, admin, row.unix_user or "", code, row.prefix, created, revoked
+            )
     Console(highlight=False, width=160).print(table)
 
 
@@ -126,19 +142,24 @@ def quota_set(
     keep_finished_days: Annotated[
         float | None, typer.Option(min=0, help="Days their finished jobs' folders stay (0: for ever).")
     ] = None,
+    allow_code: Annotated[
+        Switch | None,
+        typer.Option(help="May upload and run their own code, whatever their tokens say."),
+    ] = None,
     reset: Annotated[bool, typer.Option("--reset", help="Back to the service's defaults.")] = False,
 ) -> None:
     """Set some of a user's limits; the ones not given keep their value."""
     from service.domain import audit, auth
     from service.ledger.models import UserQuota
 
-    given = {
+    given: dict[str, float | bool | None] = {
         "max_active_jobs": max_active_jobs,
         "max_submissions_per_minute": max_submissions_per_minute,
         "max_nodes": max_nodes,
         "max_tasks": max_tasks,
         "max_gpus": max_gpus,
         "keep_finished_days": keep_finished_days,
+        "allow_code": None if allow_code is None else allow_code is Switch.true,
     }
     with _ledger() as session:
         auth.check_user_name(user)
@@ -187,3 +208,19 @@ def gc(
     verb = "would free" if dry_run else "freed"
     freed = total if dry_run else report.freed
     typer.echo(f"{len(report.removals)} job folder(s); {verb} {freed:,} bytes")
+
+
+code_app = typer.Typer(help="Uploaded code snapshots (on the service host).", no_args_is_help=True)
+
+
+@code_app.command("gc")
+def code_gc() -> None:
+    """Remove the code snapshots no unfinished job uses, older than TORCHYARD_CODE_KEEP_H hours."""
+    from service.config import Settings
+    from service.domain import code_store
+
+    settings = Settings()
+    with _ledger() as session:
+        removed = code_store.collect(session, settings)
+    code_store.remove_files(settings, removed)  # after the commit: a failed one leaves rows with files
+    typer.echo(f"removed {len(removed)} code snapshot(s)")

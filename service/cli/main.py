@@ -23,8 +23,9 @@ import typer
 import yaml
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress
 
-from service.cli.admin import gc, quota_app, token_app
+from service.cli.admin import code_app, gc, quota_app, token_app
 from service.cli.logs import STREAMS, print_logs
 from service.cli.progress import watch_jobs
 from service.cli.render import Job, as_json, job_details, jobs_table, state_text
@@ -46,6 +47,7 @@ app = typer.Typer(
 app.add_typer(token_app, name="token")
 app.add_typer(quota_app, name="quota")
 app.command()(gc)
+app.add_typer(code_app, name="code")
 
 
 @dataclass
@@ -163,10 +165,15 @@ def demo(
 # ---------------------------------------------------------------- jobs
 
 
-def load_spec(path: Path, what: str = "name, entrypoint or script, ...") -> dict[str, Any]:
-    """A job spec (or a sweep's, whose `job` is one) from YAML or JSON. A relative `script` is taken
-    relative to the spec file's folder, so a spec next to its script works from any directory (the
-    service needs an absolute path)."""
+def load_spec(
+    path: Path, code: Path | None = None, what: str = "name, entrypoint or script, ..."
+) -> dict[str, Any]:
+    """A job spec (or a sweep's, whose `job` is one) from YAML or JSON. A `code` that is not a
+    snapshot id is a folder, taken relative to the spec file's folder (`code: .` is the spec's own),
+    which `submit` packs and uploads; a relative `script` is then a file of that code. Without code, a
+    relative `script` is taken relative to the spec file's folder, so a spec next to its script works
+    from any directory (the service needs an absolute path). `code` (submit --code) replaces the
+    spec's own."""
     try:
         text = path.read_text()
         spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -174,11 +181,36 @@ def load_spec(path: Path, what: str = "name, entrypoint or script, ...") -> dict
         raise _fail(f"cannot read {path}: {error}", EXIT_REQUEST) from None
     if not isinstance(spec, dict):
         raise _fail(f"{path} must hold one mapping ({what})", EXIT_REQUEST)
-    for job in (spec, spec.get("job")):
-        script = job.get("script") if isinstance(job, dict) else None
-        if isinstance(job, dict) and isinstance(script, str) and script and not Path(script).is_absolute():
+    if code is not None:
+        spec["code"] = str(code.resolve())
+    for job in (spec, spec.get("job")):  # a sweep's job is a job spec too
+        if not isinstance(job, dict):
+            continue
+        code_field, script = job.get("code"), job.get("script")
+        if isinstance(code_field, str) and not code_field.startswith(CODE_ID_PREFIX):
+            job["code"] = str((path.parent / code_field).resolve())
+        elif code_field is None and isinstance(script, str) and script and not Path(script).is_absolute():
             job["script"] = str((path.parent / script).resolve())
     return spec
+
+
+CODE_ID_PREFIX = "sha256:"
+PROGRESS_FROM_BYTES = 4 * 2**20  # smaller uploads take a moment: no bar
+
+
+def upload_code(client: TorchyardClient, folder: Path) -> str:
+    """Pack and upload `folder` (only when the service lacks it), with a progress bar when it is large."""
+    if not folder.is_dir():
+        raise _fail(f"code: {folder} is not a folder", EXIT_REQUEST)
+    with Progress(transient=True, console=_console(stderr=True)) as bar:
+        task = bar.add_task(f"uploading {folder.name or folder}", total=None, visible=False)
+
+        def advance(sent: int, total: int) -> None:
+            bar.update(task, completed=sent, total=total, visible=total >= PROGRESS_FROM_BYTES)
+
+        code_id = client.upload_code(folder, progress=advance)
+    _console(stderr=True).print(f"code {folder} is {code_id}", soft_wrap=True, markup=False)
+    return code_id
 
 
 def outcome(job: Job) -> int:
@@ -208,10 +240,21 @@ def submit(
         bool, typer.Option("--wait", help="Watch it to the end; exit 0 only if it succeeds.")
     ] = False,
     poll: Annotated[float, typer.Option(help="Seconds between status reads while waiting.")] = 0.5,
+    code: Annotated[
+        Path | None,
+        typer.Option(
+            "--code",
+            file_okay=False,
+            help="A project folder the job runs in: packed (honouring .gitignore and .torchyardignore; "
+            "no .git, .venv, __pycache__), uploaded unless the service has it, named as the job's code.",
+        ),
+    ] = None,
 ) -> None:
     """Submit a job described by FILE."""
-    spec = load_spec(file)
+    spec = load_spec(file, code)
     with _client(ctx) as client:
+        if isinstance(spec.get("code"), str) and not spec["code"].startswith(CODE_ID_PREFIX):
+            spec["code"] = upload_code(client, Path(spec["code"]))
         job = client.submit(spec)
         _console().print(f"submitted job {job['id']} ({job['name']}), {job['state']}")
         if not wait:
@@ -333,7 +376,7 @@ def sweep(
                 raise _fail(
                     f"{target} is no sweep spec file (or use: sweep show ID, sweep cancel ID)", EXIT_REQUEST
                 )
-            found = client.submit_sweep(load_spec(path, "name, job, grid, ..."))
+            found = client.submit_sweep(load_spec(path, what="name, job, grid, ..."))
             if not as_json_flag:
                 console.print(f"submitted sweep {found['id']} ({found['name']}): {found['size']} trials")
         if wait:

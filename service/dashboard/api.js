@@ -109,4 +109,5 @@ export const api = {
     request(`/jobs/${id}/metrics?name=${encodeURIComponent(name)}${afterStep == null ? "" : `&after_step=${afterStep}`}`),
   sweeps: () => request("/sweeps?limit=100"),
   sweep: (id) => request(`/sweeps/${id}`),
+  code: (codeId) => request(`/code/${codeId}`),
 };

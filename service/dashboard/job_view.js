@@ -148,6 +148,9 @@ export class JobView {
       ["Nodes × tasks", resources(job)], ["Runs on", job.nodes || "—"], ["Ranks", placementText(job.placement)],
       ["Attempt", attemptText(job)],
       ["Target", el("code", {}, target)],
+      // One element for the view's life: the facts are redrawn on every change, an open list stays open.
+      ["Code", job.spec.code ? (this.codeBox ??= this.codeFiles(job.spec.code)) : "—"],
+      ["Interpreter", job.spec.python ? el("code", {}, job.spec.python) : "the service's job Python"],
       ["Created", localTime(job.created_at)], ["Submitted", localTime(job.submitted_at)],
       ["Started", localTime(job.started_at)], ["Finished", localTime(job.finished_at)],
       ["Run time", el("span", { class: "run-time" }, duration(runTime(job)))],
@@ -160,6 +163,24 @@ export class JobView {
       rows.splice(3, 0, ["Sweep", el("span", {}, el("a", { href: `#/sweeps/${job.sweep_id}` }, `#${job.sweep_id}`), ` ${params}`)]);
     }
     this.facts.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  }
+
+  // The snapshot's id, and its files once opened (read once: a snapshot never changes).
+  codeFiles(codeId) {
+    const list = el("ul", { class: "code-files" });
+    const box = el("details", { class: "code", dataset: { code: codeId } },
+      el("summary", { title: codeId }, el("code", {}, `${codeId.slice(0, 19)}…`)), list);
+    box.addEventListener("toggle", async () => {
+      if (!box.open || list.children.length) return;
+      try {
+        const { data } = await api.code(codeId);
+        list.replaceChildren(...data.paths.map((path) => el("li", {}, el("code", {}, path))),
+          ...(data.files > data.paths.length ? [el("li", { class: "muted" }, `… ${data.files - data.paths.length} more`)] : []));
+      } catch (error) {
+        list.replaceChildren(el("li", { class: "muted" }, error.status === 404 ? "no longer stored" : error.message));
+      }
+    });
+    return box;
   }
 
   renderDuration(job) {

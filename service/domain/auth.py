@@ -21,7 +21,7 @@ from sqlmodel import Session, col, select
 
 from service.domain import audit
 from service.errors import InvalidRequest, NotFound, Unauthenticated
-from service.ledger.models import ApiToken, utcnow
+from service.ledger.models import ApiToken, UserQuota, utcnow
 
 TOKEN_PREFIX = "ty_"
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
@@ -36,6 +36,7 @@ class Principal:
     user: str
     admin: bool = False
     unix_user: str | None = None  # the account the token maps its user to (service.accounts)
+    allow_code: bool = False  # may run uploaded code (the quota row's word, else the token's)
 
     def may_see(self, owner: str) -> bool:
         return self.admin or owner == self.user
@@ -69,6 +70,7 @@ def create_token(
     *,
     admin: bool = False,
     unix_user: str | None = None,
+    allow_code: bool = False,
     actor: str = "operator",
 ) -> str:
     """A new token for `user`, whose jobs run as `unix_user` when given (else the account of the user's
@@ -80,12 +82,14 @@ def create_token(
         username=check_user_name(user),
         admin=admin,
         unix_user=unix_user,
+        allow_code=allow_code,
         token_hash=hash_token(raw),
         prefix=raw[:10],
     )
     session.add(row)
     session.flush()
     detail = f"user={user} admin={admin}" + (f" unix_user={unix_user}" if unix_user else "")
+    detail += " allow_code=True" if allow_code else ""
     audit.record(session, actor, "token.create", f"token {row.id}", detail)
     return raw
 
@@ -121,6 +125,14 @@ def bearer_token(authorization: str | None) -> str:
     return value.strip()
 
 
+def may_run_code(session: Session, token: ApiToken) -> bool:
+    """`torchyard quota set --allow-code` where the operator said so, else the token's --allow-code."""
+    quota = session.get(UserQuota, token.username)
+    if quota is not None and quota.allow_code is not None:
+        return quota.allow_code
+    return token.allow_code
+
+
 class TokenCheck:
     """Token -> Principal, remembered for `ttl_s` seconds so a polling dashboard costs no query.
 
@@ -147,11 +159,11 @@ class TokenCheck:
         with Session(self._engine) as session:
             row = session.exec(select(ApiToken).where(ApiToken.token_hash == digest)).first()
             any_token = row is not None or session.exec(select(ApiToken.id).limit(1)).first() is not None
-        principal = (
-            Principal(row.username, row.admin, row.unix_user)
-            if row is not None and row.revoked_at is None
-            else None
-        )
+            principal = (
+                Principal(row.username, row.admin, row.unix_user, may_run_code(session, row))
+                if row is not None and row.revoked_at is None
+                else None
+            )
         with self._lock:
             if len(self._known) > 10_000:  # a flood of made-up tokens must not grow memory
                 self._known.clear()

@@ -6,7 +6,11 @@ operator's (Settings.allowed_*); the worker trusts the spec it is handed.
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
+import subprocess
+from collections.abc import Collection
 from pathlib import Path
 
 from service.config import Settings
@@ -111,3 +115,84 @@ def check_env(env: dict[str, str], settings: Settings) -> None:
                 "TORCHYARD_ALLOWED_ENV_KEYS)",
                 field=field,
             )
+
+
+# ---------------------------------------------------------------- interpreters and uploaded code
+
+JOB_MODULES = ("torch", "submitit", "pydantic")  # what the worker imports on every rank
+_INTERPRETER_CHECK_S = 30.0
+_CHECKED_INTERPRETERS: dict[tuple[str, float], str] = {}  # (path, mtime) -> the modules it lacks
+
+
+def check_python_allowed(python: str, settings: Settings) -> str:
+    """`python`, which must be an allowed interpreter: one named in TORCHYARD_ALLOWED_PYTHONS or inside
+    a folder named there (default: the job Python alone). Not resolved: a venv's python is a link
+    whose target would lose the venv."""
+    path = Path(python)
+    if not path.is_absolute():
+        raise InvalidRequest("must be an absolute path", field="python")
+    if ".." in path.parts:
+        raise InvalidRequest("must not contain '..'", field="python")
+    allowed = settings.allowed_pythons or [settings.job_interpreter()]
+    if not any(path == Path(entry) or path.is_relative_to(entry) for entry in allowed):
+        raise Forbidden(
+            f"'{python}' is not an interpreter jobs may use here (allowed: {', '.join(allowed)}; the "
+            "operator sets TORCHYARD_ALLOWED_PYTHONS)",
+            field="python",
+        )
+    return python
+
+
+def check_python_runs_jobs(python: str) -> None:
+    """The interpreter exists and has what every rank imports; asked once per interpreter (and again
+    when it changes), in a subprocess isolated from the service's environment."""
+    try:
+        mtime = os.stat(python).st_mtime
+    except OSError:
+        raise InvalidRequest(f"no interpreter at {python}", field="python") from None
+    lacking = _CHECKED_INTERPRETERS.get((python, mtime))
+    if lacking is None:
+        lacking = _modules_lacking(python)
+        _CHECKED_INTERPRETERS[(python, mtime)] = lacking
+    if lacking:
+        raise InvalidRequest(
+            f"the interpreter {python} lacks {lacking}: a job's interpreter needs "
+            f"{', '.join(JOB_MODULES)} (the worker itself comes from the service)",
+            field="python",
+        )
+
+
+def _modules_lacking(python: str) -> str:
+    probe = (
+        "import importlib.util as u\n"
+        f"print(', '.join(m for m in {JOB_MODULES!r} if u.find_spec(m) is None))"
+    )
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=_INTERPRETER_CHECK_S,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise InvalidRequest(f"cannot run {python}: {error}", field="python") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InvalidRequest(f"{python} does not run Python code: {last}", field="python")
+    return done.stdout.strip()
+
+
+def check_code_target(entrypoint: str | None, script: str | None, paths: Collection[str],
+                      settings: Settings) -> None:  # fmt: skip
+    """With a snapshot, an entrypoint whose top package is in it needs no allow-list, and a relative
+    script must be one of its files; anything else is judged as without one."""
+    if entrypoint is not None:
+        top = entrypoint.partition(":")[0].split(".")[0]
+        if f"{top}.py" not in paths and not any(path.startswith(f"{top}/") for path in paths):
+            check_entrypoint_allowed(entrypoint, settings)
+    if script is not None and not Path(script).is_absolute():
+        name = posixpath.normpath(script)
+        if name.startswith("../") or name == ".." or name not in paths:
+            raise InvalidRequest(f"'{script}' is not a file of the job's code snapshot", field="script")

@@ -2,8 +2,9 @@
 
 In order, each step cheaper than the next and none of them counted before it is needed:
 1. the request's shape against this service's limits, and the backend it goes to;
-2. the operator's policy (entrypoints, scripts, environment) and the Unix account the job will run
-   as (service.accounts); a script path is resolved once, here;
+2. the operator's policy (entrypoints, scripts, environment, interpreter), the job's code snapshot
+   (the user's own, and the user allowed to run code), and the Unix account the job will run as
+   (service.accounts); a script path is resolved once, here;
 3. an `Idempotency-Key` retry is answered with the job its first request made, before anything is
    counted: a retry by a user at their active-job limit still gets its job;
 4. the user's quotas (counted, and given back if the job is not stored after all);
@@ -24,8 +25,9 @@ from sqlmodel import Session, col, select
 from service.accounts import job_account
 from service.backends.base import Backend
 from service.config import Settings
-from service.domain import policy, sweeps
+from service.domain import code_store, policy, sweeps
 from service.domain.auth import Principal
+from service.domain.code_store import CodeStore
 from service.domain.jobs import require_backend
 from service.domain.quotas import QuotaBook
 from service.domain.storage import RoomCheck
@@ -46,12 +48,13 @@ class Admission:
     quotas: QuotaBook
     room: RoomCheck
     intake: JobIntake
+    code: CodeStore
 
     async def submit(self, payload: JobCreate, user: Principal, idempotency_key: str | None) -> Accepted:
         """Admit and store one job; `replayed` when an earlier request with this key made it."""
         backend_name = check_request(payload, self.settings, self.backends)
         backend = require_backend(self.backends, backend_name)
-        payload = await self._apply_policy(payload)
+        payload = await self._apply_policy(payload, user)
         run_as = job_account(user.user, user.unix_user, self.settings)
         row = new_job_row(payload, user.user, backend_name, idempotency_key, run_as=run_as)
         if idempotency_key is not None:
@@ -81,7 +84,7 @@ class Admission:
         """Admit and store a sweep with all its trials, as one job's admission does for each of them,
         but with one policy check, one backend validation and one commit; trials count as jobs."""
         check_sweep(payload, self.settings.max_sweep_trials)
-        job = await self._apply_policy(payload.job)
+        job = await self._apply_policy(payload.job, user)
         assert isinstance(job, JobTemplate)
         payload = payload.model_copy(update={"job": job})
         params = trial_params(payload)
@@ -126,14 +129,29 @@ class Admission:
             self.quotas.stored(user.user, jobs=count)
         return accepted
 
-    async def _apply_policy(self, payload: JobCreate) -> JobCreate:
-        if payload.entrypoint is not None:
-            policy.check_entrypoint_allowed(payload.entrypoint, self.settings)
+    async def _apply_policy(self, payload: JobCreate, user: Principal) -> JobCreate:
         policy.check_env(payload.env, self.settings)
+        if payload.python is not None:
+            policy.check_python_allowed(payload.python, self.settings)
+            await asyncio.to_thread(policy.check_python_runs_jobs, payload.python)
+        if payload.code is not None:
+            paths = await asyncio.to_thread(self._code_paths, payload.code, user)
+            policy.check_code_target(payload.entrypoint, payload.script, paths, self.settings)
+            if payload.script is None or not payload.script.startswith("/"):
+                return payload  # a relative script is the snapshot's, found in it by the ranks
+        elif payload.entrypoint is not None:
+            policy.check_entrypoint_allowed(payload.entrypoint, self.settings)
         if payload.script is None:
             return payload
         script = await asyncio.to_thread(policy.resolve_allowed_script, payload.script, self.settings)
         return payload.model_copy(update={"script": script})  # the real path: no symlink swap later
+
+    def _code_paths(self, code_id: str, user: Principal) -> frozenset[str]:
+        """The files of the user's snapshot `code_id` (403 without the permission, 404 not theirs)."""
+        code_store.require_code_permission(user)
+        with Session(self.engine) as session:
+            row = code_store.find(session, user, code_id)
+        return frozenset(self.code.paths(row.digest))
 
     @staticmethod
     async def _validate(backend: Backend, probe: RunSpec) -> None:
@@ -175,6 +193,9 @@ def new_job_row(
     run_as: str | None = None,
 ) -> NewJob:
     spec = payload.model_dump(exclude={"name", "backend", "retries"}, mode="json")  # what the ranks get
+    for optional in ("code", "python"):  # absent rather than null: a job without them reads as before
+        if spec[optional] is None:
+            del spec[optional]
     return NewJob(
         name=payload.name,
         owner=owner,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import datetime, timezone
@@ -26,6 +27,7 @@ from sqlmodel import Field, SQLModel
 
 from service.states import EndingKind, JobState
 from worker.spec import (
+    CODE_ID_PATTERN,
     CheckpointPolicy,
     RankPlacement,
     Resources,
@@ -121,13 +123,31 @@ class JobCreate(JobBase):
         description="Which of rank 0's checkpoints are kept as the job runs, e.g. {\"keep_last\": 2, "
         "\"keep_best\": {\"metric\": \"loss\", \"goal\": \"min\"}}; none: every one.",
     )
+    code: str | None = Field(
+        default=None,
+        max_length=71,
+        description="A code snapshot (POST /api/v1/code) the ranks run in: their working directory and "
+        "first on their import path.",
+    )
+    python: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="The interpreter the ranks run (absolute; from TORCHYARD_ALLOWED_PYTHONS).",
+    )
 
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint_shape(cls, value: str | None) -> str | None:
         return check_entrypoint(value)
 
-    @field_validator("name", "script", "args", "env", "kwargs")
+    @field_validator("code")
+    @classmethod
+    def _code_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(CODE_ID_PATTERN, value):
+            raise ValueError("must be a code snapshot id, 'sha256:<64 hex digits>' (POST /api/v1/code)")
+        return value
+
+    @field_validator("name", "script", "args", "env", "kwargs", "python")
     @classmethod
     def _servable(cls, value: Any, info: ValidationInfo) -> Any:
         """Nothing a response or the ledger cannot hold: a lone surrogate or a NaN parses, and the row
@@ -535,6 +555,7 @@ class ApiToken(SQLModel, table=True):
     username: str = Field(max_length=100, index=True)
     admin: bool = False
     unix_user: str | None = Field(default=None, max_length=64, description="The account jobs run as.")
+    allow_code: bool = Field(default=False, description="May run uploaded code (code snapshots).")
     token_hash: str = Field(max_length=64, unique=True)
     prefix: str = Field(max_length=16, description="The token's first characters, to tell tokens apart.")
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
@@ -571,3 +592,33 @@ class UserQuota(SQLModel, table=True):
     max_tasks: int | None = None
     max_gpus: int | None = None
     keep_finished_days: float | None = None  # 0: for ever (TORCHYARD_KEEP_FINISHED_DAYS)
+    allow_code: bool | None = None  # may run uploaded code; None: as the user's token says
+
+
+# ---------------------------------------------------------------- code snapshots
+
+
+class CodeSnapshot(SQLModel, table=True):
+    """One user's claim on one stored snapshot: the files are stored once, by content, however many
+    users upload them (service.domain.code_store)."""
+
+    digest: str = Field(primary_key=True, max_length=64)  # SHA-256 of the archive, hex
+    owner: str = Field(primary_key=True, max_length=100)
+    bytes: int = Field(sa_type=BigInteger)
+    files: int
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class CodeSnapshotPublic(BaseModel):
+    """The answer to an upload."""
+
+    id: str = pydantic.Field(description="`sha256:<hex>`: what a job's `code` names.")
+    bytes: int = pydantic.Field(description="The archive's size.")
+    files: int = pydantic.Field(description="Files in it (links included, folders not).")
+    created_at: datetime
+
+
+class CodeSnapshotDetail(CodeSnapshotPublic):
+    """One snapshot with its file list."""
+
+    paths: list[str] = pydantic.Field(description="Its files, sorted (at most 10000 shown).")

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import stat
+import tarfile
 import threading
 import time
 from collections import defaultdict
@@ -30,6 +31,7 @@ from sqlmodel import Session, col, select
 from service.accounts import Account
 from service.backends.base import Backend, SubmitOutcome
 from service.config import Settings
+from service.domain.code_store import store_root, unpack_into
 from service.domain.job_files import submitted_external_id
 from service.domain.storage import DATA_DIR_MODE
 from service.errors import BackendError
@@ -142,7 +144,7 @@ class Dispatcher:
                     continue
                 try:
                     spec = self._prepare(row, groups.get(row["sweep_id"]))
-                except OSError as error:
+                except (OSError, tarfile.TarError) as error:  # tarfile's: the job's code snapshot
                     unfit.append((row["id"], f"cannot write the job folder: {error}"))
                     continue
                 except KeyError:  # pwd or grp: the account or group is gone since admission
@@ -186,6 +188,8 @@ class Dispatcher:
         if spec.attempt > 1:
             archive_attempt(spec.files, spec.attempt - 1)
         make_job_folder(spec.files, Account.of_job(spec.run_as), self._settings.job_folder_group)
+        if spec.code is not None:  # the job's own copy: what it runs cannot change under it
+            unpack_into(store_root(self._settings), spec.code, spec.files.folder)
         return spec
 
     def _recover_stale_claims(self, session: Session) -> None:

@@ -15,7 +15,7 @@ import pytest
 from service.app import create_app
 from service.config import Settings
 from service.states import JobState
-from tests.browser.conftest import TIMEZONE, job, open_page, shot, submit, token
+from tests.browser.conftest import ADMIN, TIMEZONE, job, open_page, shot, submit, token
 from tests.fakes import FakeBackend
 from tests.serving import LiveServer, serve
 from tests.support import bearer, wait_for
@@ -265,3 +265,40 @@ def test_a_retried_job_lists_its_attempts(browser: Browser, tmp_path: Path) -> N
             expect(rows.nth(1).locator(".badge")).to_have_text("succeeded")
             expect(rows.nth(1)).to_contain_text("n[3-4]")
             shot(page, tmp_path, "job-retried")
+
+
+def test_a_job_page_shows_its_code_with_its_files_and_its_interpreter(
+    browser: Browser, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    from service.code_pack import pack
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        data_dir=tmp_path / "data",
+        job_accounts="service",
+        dispatch_interval_s=0.1,
+    )
+    proj = tmp_path / "proj"
+    (proj / "model").mkdir(parents=True)
+    (proj / "train.py").write_text("def main(ctx):\n    return 1\n")
+    (proj / "model" / "net.py").write_text("X = 1\n")
+    packed = pack(proj)
+    with serve(create_app(settings, backends={"local": FakeBackend("local")})) as fresh:
+        headers = bearer(token(fresh, ADMIN, admin=True))  # admins may run code
+        upload = httpx.post(f"{fresh.url}/api/v1/code", content=packed.data,
+                            headers={**headers, "Content-Type": "application/gzip"})  # fmt: skip
+        assert upload.status_code == 201, upload.text
+        python = settings.job_interpreter()
+        body = {"name": "own", "code": packed.id, "entrypoint": "train:main", "python": python}
+        response = httpx.post(f"{fresh.url}/api/v1/jobs", json=body, headers=headers, timeout=30)
+        assert response.status_code == 201, response.text
+        with open_page(browser, fresh.url, token(fresh, ADMIN, admin=True)) as page:
+            page.goto(f"/#/jobs/{response.json()['id']}")
+            expect(page.locator(".facts dt:text-is('Interpreter') + dd")).to_have_text(python)
+            code = page.locator(".facts details.code")
+            expect(code.locator("summary")).to_have_text(f"{packed.id[:19]}…")
+            code.locator("summary").click()
+            expect(code.locator(".code-files li")).to_have_text(["model/net.py", "train.py"])
+            shot(page, tmp_path, "job-own-code")

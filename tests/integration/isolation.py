@@ -41,7 +41,7 @@ SECRET = "canary-secret-of-the-service"
 # (service.backends.job_env), what the worker sets, and the rank variables torchrun would set.
 BASE_KEYS = {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "PYTHONPATH", "PYTHONSAFEPATH", "PYTHONNOUSERSITE",
-    "TMPDIR", "TORCHYARD_JOB_DIR", "OMP_NUM_THREADS",
+    "TMPDIR", "TORCHYARD_JOB_DIR", "TORCHYARD_CHECKPOINT_DIR", "OMP_NUM_THREADS",
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
 }  # fmt: skip
 # What the scheduler adds: submitit's local controller, or SLURM (SLURM_*, SLURMD_NODENAME, SRUN_DEBUG).

@@ -57,7 +57,7 @@ def test_service_app_does_not_import_torch() -> None:
 WEB_FRAMEWORK = ("fastapi", "starlette")
 SERVER_STACK = ("fastapi", "starlette", "sqlmodel", "sqlalchemy", "uvicorn", "alembic", "torch")
 # What the CLI and the client may import from the service at module level: each other and the states.
-CLIENT_SIDE = ("service.client", "service.cli", "service.states")
+CLIENT_SIDE = ("service.client", "service.cli", "service.states", "service.code_pack")
 
 
 def imports(path: Path, *, module_level_only: bool) -> list[tuple[int, str]]:

@@ -127,3 +127,21 @@ def test_quota_set_keeps_a_users_finished_jobs_longer(ledger: str) -> None:
     shown = run("quota", "show", "--user", "alice")
     assert "keep_finished_days: 90.0" in shown
     assert "keep_finished_days: 30.0" in run("quota", "show", "--user", "bob")
+
+
+def test_allow_code_on_tokens_and_quotas_and_code_gc(ledger: str, tmp_path: Path) -> None:
+    run("token", "create", "--user", "carol", "--allow-code")
+    run("token", "create", "--user", "dave")
+    assert "allow_code=False" in run("quota", "set", "--user", "carol", "--allow-code", "false")
+    refused = CliRunner().invoke(app, ["quota", "set", "--user", "carol", "--allow-code", "maybe"])
+    assert refused.exit_code != 0
+
+    engine = make_engine(ledger)
+    with Session(engine) as session:
+        tokens = {row.username: row.allow_code for row in session.exec(select(ApiToken))}
+        carol = session.get(UserQuota, "carol")
+        assert carol is not None
+        carol_token = session.exec(select(ApiToken).where(ApiToken.username == "carol")).one()
+        assert auth.may_run_code(session, carol_token) is False  # the quota row wins over the token
+    assert tokens == {"carol": True, "dave": False} and carol.allow_code is False
+    assert "removed 0 code snapshot(s)" in run("code", "gc")

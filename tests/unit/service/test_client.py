@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -287,3 +288,31 @@ def test_whoami_and_audit_call_their_endpoints() -> None:
 
     assert me == {"user": "alice", "admin": False} and entries[0]["action"] == "job.submit"
     assert seen == [("/api/v1/whoami", ""), ("/api/v1/audit", "limit=5&actor=alice")]
+
+
+# ---------------------------------------------------------------- code snapshots
+
+
+def test_upload_code_sends_the_archive_only_when_the_service_lacks_it(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("def main(ctx):\n    return 1\n")
+    stored: dict[str, bytes] = {}
+    seen: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path))
+        code_id = request.url.path.rsplit("/", 1)[-1]
+        if request.method == "GET":
+            return httpx.Response(200 if code_id in stored else 404, json={"id": code_id, "detail": []})
+        body = request.read()
+        made = "sha256:" + hashlib.sha256(body).hexdigest()
+        stored[made] = body
+        return httpx.Response(201, json={"id": made, "bytes": len(body), "files": 1})
+
+    progress: list[tuple[int, int]] = []
+    with client_with(handler) as client:
+        first = client.upload_code(tmp_path, progress=lambda sent, total: progress.append((sent, total)))
+        again = client.upload_code(tmp_path)
+
+    assert first == again and first.startswith("sha256:")
+    assert [method for method, _ in seen] == ["GET", "POST", "GET"]  # the second found it there
+    assert progress and progress[-1][0] == progress[-1][1] == len(stored[first])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from worker.context import JobContext, checkpoints_to_remove
@@ -126,3 +128,36 @@ def test_the_policy_alone_decides_what_goes() -> None:
     assert checkpoints_to_remove(saved, losses, best) == saved[:2]  # 0.1 is kept with the newest two
     unknown = CheckpointPolicy.model_validate({"keep_best": {"metric": "accuracy", "goal": "max"}})
     assert checkpoints_to_remove(saved, losses, unknown) == saved[:4]  # no scores: only the newest
+
+
+def test_a_script_asks_for_its_context_and_reports_through_it(tmp_path: Path) -> None:
+    """Script mode in this process, one rank: the script calls current() and reports; the runner
+    writes its progress before the result, and current() answers nothing once the rank is done."""
+    from worker import context
+    from worker.runner import run_rank
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "report.py").write_text(
+        "import os\n"
+        "from worker.context import current\n"
+        "ctx = current()\n"
+        "ctx.report(3, total=3, loss=0.125)\n"
+        "assert os.environ['TORCHYARD_CHECKPOINT_DIR'] == str(ctx.checkpoint_dir)\n"
+    )
+    spec = RunSpec.model_validate({"job_id": 7, "name": "s", "script": "report.py", "folder": str(tmp_path),
+                                   "code": "sha256:" + "0" * 64, "rendezvous_timeout_s": 10})  # fmt: skip
+    env = RankEnv(0, 1, 0, 1, 0, "127.0.0.1", 0, "local", "4242")
+    saved = dict(os.environ)  # the runner sets torchrun's variables, as on a real rank
+    os.environ["TORCHYARD_CHECKPOINT_DIR"] = str(spec.files.checkpoints)
+    try:
+        run_rank(spec, env)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+    lines = [parse_progress_line(line) for line in spec.files.progress.read_text().splitlines()]
+    assert [(record.step, record.metrics) for record in lines] == [(3, {"loss": 0.125})]  # type: ignore[union-attr]
+    assert json.loads(spec.files.result.read_text())["value"] is None
+    with pytest.raises(RuntimeError, match="only inside a torchyard job's rank"):
+        context.current()

@@ -1,0 +1,369 @@
+"""Code snapshots: a user's project, uploaded as a .tar.gz or zip, stored once by its SHA-256.
+
+The archive is untrusted. It is checked whole, in memory, before anything is written: a path that is
+absolute or climbs out with `..`, a link that leads out of the project, a hard link, a device or FIFO,
+more unpacked bytes than 4 x TORCHYARD_MAX_CODE_BYTES or more than MAX_FILES members are refused with
+a 422 naming the problem. Only then is it stored, in `<data dir>/code/` (the service's alone):
+`<hex>.tar.gz` (a zip is stored re-packed as one, so the ranks' side has one format) and `<hex>.json`,
+its file list. The id is the SHA-256 of the bytes uploaded, so a client can tell before uploading
+whether the service has them (`torchyard submit --code` packs deterministically to make that pay).
+
+A snapshot belongs to every user who uploaded it (one `CodeSnapshot` row each); another user's id is
+a 404. The dispatcher unpacks it read-only into each job's folder (`unpack_into`), with tarfile's
+`data` filter as a second guard; the ranks never read the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import shutil
+import stat
+import tarfile
+import uuid
+import zipfile
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from sqlmodel import Session, col, select
+
+from service.config import Settings
+from service.domain.auth import Principal
+from service.errors import Forbidden, InvalidRequest, NotFound, TooLarge
+from service.ledger.models import CodeSnapshot, CodeSnapshotDetail, CodeSnapshotPublic, Job, utcnow
+from service.states import JobState, is_terminal
+
+MAX_FILES = 100_000
+UNPACKED_FACTOR = 4  # unpacked files may hold this many times TORCHYARD_MAX_CODE_BYTES
+SHOWN_PATHS = 10_000
+ID_PREFIX = "sha256:"
+STORE_MODE = 0o700  # the service's alone: jobs get their copy unpacked in their folder
+FIELD = "archive"
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One checked entry of an archive: a file, folder or link inside the project."""
+
+    path: str  # normalized, relative, '/'-separated
+    kind: str  # "file", "dir" or "link"
+    size: int = 0
+    mode: int = 0o644
+    target: str = ""  # a link's target, relative
+
+
+# ---------------------------------------------------------------- checking an archive
+
+
+def check_archive(data: bytes, max_bytes: int) -> list[Member]:
+    """Every member of a .tar.gz / .tar / zip, checked; InvalidRequest (field `archive`) for the first
+    problem. Nothing is written."""
+    if len(data) > max_bytes:
+        raise TooLarge(f"the archive is {len(data)} bytes, over TORCHYARD_MAX_CODE_BYTES ({max_bytes})")
+    budget = _Budget(UNPACKED_FACTOR * max_bytes)
+    if data[:4] == b"PK\x03\x04" or data[:4] == b"PK\x05\x06":
+        members = _zip_members(data, budget)
+    else:
+        members = _tar_members(data, budget)
+    seen = set()
+    for member in members:
+        if member.path in seen and member.kind != "dir":
+            raise InvalidRequest(f"'{member.path}' is in the archive twice", field=FIELD)
+        seen.add(member.path)
+    if not any(member.kind != "dir" for member in members):
+        raise InvalidRequest("the archive holds no files", field=FIELD)
+    return members
+
+
+class _Budget:
+    """The unpacked bytes and entries an archive may hold, counted as its headers are read: a bomb is
+    refused at the first member over the limit, before its content is decompressed to reach the next."""
+
+    def __init__(self, most_bytes: int) -> None:
+        self.most_bytes = most_bytes
+        self.bytes = 0
+        self.entries = 0
+
+    def take(self, member: Member) -> Member:
+        self.bytes += member.size
+        self.entries += 1
+        if self.bytes > self.most_bytes:
+            raise InvalidRequest(
+                f"its files unpack to more than {self.most_bytes} bytes "
+                f"({UNPACKED_FACTOR} x TORCHYARD_MAX_CODE_BYTES)",
+                field=FIELD,
+            )
+        if self.entries > MAX_FILES:
+            raise InvalidRequest(f"holds more than {MAX_FILES} entries", field=FIELD)
+        return member
+
+
+def _tar_members(data: bytes, budget: _Budget) -> list[Member]:
+    try:
+        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")  # noqa: SIM115 - closed below
+    except (tarfile.TarError, EOFError, OSError, zlib.error):
+        if data.startswith(GZIP_MAGIC):
+            raise InvalidRequest("the archive is damaged or cut short", field=FIELD) from None
+        raise InvalidRequest("is not a .tar.gz, .tar or zip archive", field=FIELD) from None
+    members: list[Member] = []
+    try:
+        with archive:
+            for info in archive:  # one header at a time
+                members.append(budget.take(_tar_member(info)))
+    except (tarfile.TarError, EOFError, OSError, zlib.error):  # zlib's: a damaged gzip stream
+        raise InvalidRequest("the archive is damaged or cut short", field=FIELD) from None
+    return members
+
+
+def _tar_member(info: tarfile.TarInfo) -> Member:
+    path = _inside_path(info.name)
+    if info.isdir():
+        return Member(path, "dir")
+    if info.issym():
+        return Member(path, "link", target=_inside_target(path, info.linkname))
+    if info.islnk():
+        raise InvalidRequest(f"'{path}' is a hard link: pack the file itself", field=FIELD)
+    if not info.isreg():
+        raise InvalidRequest(f"'{path}' is a device, FIFO or other special file", field=FIELD)
+    return Member(path, "file", size=info.size, mode=info.mode & 0o777)
+
+
+def _zip_members(data: bytes, budget: _Budget) -> list[Member]:
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        raise InvalidRequest("is not a .tar.gz, .tar or zip archive", field=FIELD) from None
+    members = []
+    for info in infos:
+        path = _inside_path(info.filename)
+        mode = info.external_attr >> 16
+        if info.is_dir():
+            members.append(budget.take(Member(path, "dir")))
+        elif stat.S_ISLNK(mode):
+            members.append(
+                budget.take(Member(path, "link", target=_inside_target(path, _zip_link(archive, info))))
+            )
+        elif stat.S_IFMT(mode) and not stat.S_ISREG(mode):  # no type bits: a plain file
+            raise InvalidRequest(f"'{path}' is a device, FIFO or other special file", field=FIELD)
+        else:
+            members.append(
+                budget.take(Member(path, "file", size=info.file_size, mode=(mode & 0o777) or 0o644))
+            )
+    try:  # every member's content against its CRC, now that their sizes are known to be bounded
+        damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, zlib.error):
+        damaged = "?"
+    if damaged is not None:
+        raise InvalidRequest("the archive is damaged or cut short", field=FIELD)
+    return members
+
+
+def _zip_link(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> str:
+    """A zip symlink's target: its content, of which no more than a path's worth is read."""
+    try:
+        with archive.open(info) as content:
+            return content.read(4096).decode("utf-8", "replace")
+    except (zipfile.BadZipFile, OSError, ValueError, zlib.error):
+        raise InvalidRequest(f"link '{info.filename}' cannot be read", field=FIELD) from None
+
+
+def _inside_path(name: str) -> str:
+    """The member's path relative to the project: no absolute path, no `..`, no NUL or backslash tricks."""
+    if "\x00" in name or "\\" in name:
+        raise InvalidRequest(f"{name!r} is not a plain relative path", field=FIELD)
+    if name.startswith("/"):
+        raise InvalidRequest(f"'{name}' is an absolute path", field=FIELD)
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise InvalidRequest(f"'{name}' leads out of the project ('..')", field=FIELD)
+    if not parts:
+        return "."
+    return "/".join(parts)
+
+
+def _inside_target(path: str, target: str) -> str:
+    """A link's target, which must stay inside the project once joined to the link's folder."""
+    if target.startswith("/") or "\x00" in target:
+        raise InvalidRequest(f"link '{path}' points to an absolute path ('{target}')", field=FIELD)
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    if joined == ".." or joined.startswith("../"):
+        raise InvalidRequest(f"link '{path}' leads out of the project ('{target}')", field=FIELD)
+    return target
+
+
+# ---------------------------------------------------------------- the store
+
+
+def digest_of(code_id: str) -> str:
+    return code_id.removeprefix(ID_PREFIX)
+
+
+class CodeStore:
+    """The folder of stored snapshots, and the ledger rows that say whose they are."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.root = store_root(settings)
+
+    def add(self, session: Session, user: Principal, data: bytes) -> tuple[CodeSnapshotPublic, bool]:
+        """Store `data` for `user` (once, whoever uploaded it before); True when it is new to them."""
+        require_code_permission(user)
+        members = check_archive(data, self._settings.max_code_bytes)
+        digest = hashlib.sha256(data).hexdigest()
+        files = [member for member in members if member.kind != "dir"]
+        self._write(digest, data, sorted(member.path for member in files))
+        row = session.get(CodeSnapshot, (digest, user.user))
+        created = row is None
+        if row is None:
+            row = CodeSnapshot(digest=digest, owner=user.user, bytes=len(data), files=len(files))
+            session.add(row)
+            session.flush()
+        return public(row), created
+
+    def describe(self, session: Session, user: Principal, code_id: str) -> CodeSnapshotDetail:
+        row = find(session, user, code_id)
+        paths = self.paths(row.digest)
+        return CodeSnapshotDetail(**public(row).model_dump(), paths=paths[:SHOWN_PATHS])
+
+    def paths(self, digest: str) -> list[str]:
+        """The snapshot's files, as stored at upload."""
+        loaded: list[str] = json.loads((self.root / f"{digest}.json").read_text())
+        return loaded
+
+    def archive(self, digest: str) -> Path:
+        return self.root / f"{digest}.tar.gz"
+
+    def _write(self, digest: str, data: bytes, paths: list[str]) -> None:
+        """The archive (a zip re-packed as .tar.gz) and its file list; written once, atomically."""
+        self.root.mkdir(mode=STORE_MODE, parents=True, exist_ok=True)
+        if self.archive(digest).is_file() and (self.root / f"{digest}.json").is_file():
+            return
+        stored = data if not data.startswith(b"PK") else _zip_as_tar_gz(data)
+        for name, content in ((f"{digest}.json", json.dumps(paths).encode()), (f"{digest}.tar.gz", stored)):
+            partial = self.root / f".{uuid.uuid4().hex}.partial"
+            partial.write_bytes(content)
+            os.replace(partial, self.root / name)
+
+
+def store_root(settings: Settings) -> Path:
+    return settings.data_dir.resolve() / "code"
+
+
+def public(row: CodeSnapshot) -> CodeSnapshotPublic:
+    return CodeSnapshotPublic(id=ID_PREFIX + row.digest, bytes=row.bytes, files=row.files,
+                              created_at=row.created_at)  # fmt: skip
+
+
+def require_code_permission(user: Principal) -> None:
+    if not (user.admin or user.allow_code):
+        raise Forbidden(
+            "you may not run uploaded code on this service: an operator allows it "
+            "(`torchyard token create --user NAME --allow-code` or `torchyard quota set --user NAME "
+            "--allow-code true`)",
+            field="code",
+        )
+
+
+def find(session: Session, user: Principal, code_id: str) -> CodeSnapshot:
+    """The snapshot `code_id` as `user` may use it: theirs (any uploader's, for an admin), else 404."""
+    digest = digest_of(code_id)
+    query = select(CodeSnapshot).where(col(CodeSnapshot.digest) == digest)
+    if not user.admin:
+        query = query.where(col(CodeSnapshot.owner) == user.user)
+    row = session.exec(query).first()
+    if row is None:
+        raise NotFound(f"no code snapshot {code_id} of yours (upload it: POST /api/v1/code)", field="code")
+    return row
+
+
+def _zip_as_tar_gz(data: bytes) -> bytes:
+    """A checked zip's members as a .tar.gz, so that one unpacker (tarfile's data filter) serves both."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as archive, tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for info in archive.infolist():
+            member = tarfile.TarInfo(_inside_path(info.filename))
+            mode = info.external_attr >> 16
+            if info.is_dir():
+                member.type, member.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(member)
+            elif stat.S_ISLNK(mode):
+                member.type, member.linkname = tarfile.SYMTYPE, _zip_link(archive, info)
+                tar.addfile(member)
+            else:
+                content = archive.read(info)
+                member.size, member.mode = len(content), (mode & 0o777) or 0o644
+                tar.addfile(member, io.BytesIO(content))
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------- a job's copy
+
+
+def unpack_into(store_dir: Path, code_id: str, folder: Path) -> Path:
+    """The snapshot unpacked as `<folder>/code`, read-only to the job: files 0444 (0555 when
+    executable), owned by the service. A retry finds it there already and keeps it."""
+    target = folder / "code"
+    try:
+        existing = os.lstat(target)
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISDIR(existing.st_mode):
+            return target
+        raise NotADirectoryError(f"{target} is not a folder (a link the job made?)")
+    archive = store_dir / f"{digest_of(code_id)}.tar.gz"
+    building = folder / f".code-{uuid.uuid4().hex}"
+    building.mkdir(mode=0o755)
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            tar.extractall(building, filter="data")  # refuses links out, absolute paths, devices
+        for path in building.rglob("*"):
+            if not path.is_symlink() and not path.is_dir():
+                path.chmod(0o555 if path.stat().st_mode & 0o100 else 0o444)
+        os.rename(building, target)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return target
+
+
+# ---------------------------------------------------------------- collection
+
+
+def collect(session: Session, settings: Settings) -> list[str]:
+    """Forget the snapshots no unfinished job uses that are older than TORCHYARD_CODE_KEEP_H, and
+    return their digests; the caller commits, then removes their files (`remove_files`).
+
+    A job's folder keeps its own unpacked copy, so a finished job still shows what it ran."""
+    in_use = {
+        digest_of(spec["code"])
+        for (spec,) in session.execute(
+            select(Job.spec).where(col(Job.state).in_([s.value for s in JobState if not is_terminal(s)]))
+        )
+        if isinstance(spec, dict) and spec.get("code")
+    }
+    cutoff = utcnow() - timedelta(hours=settings.code_keep_h)
+    rows = session.exec(select(CodeSnapshot)).all()
+    newest: dict[str, CodeSnapshot] = {}
+    for row in rows:  # a snapshot is as young as its latest upload by anyone
+        if row.digest not in newest or row.created_at > newest[row.digest].created_at:
+            newest[row.digest] = row
+    removed = [digest for digest, row in newest.items() if digest not in in_use and row.created_at < cutoff]
+    for row in rows:
+        if row.digest in removed:
+            session.delete(row)
+    return removed
+
+
+def remove_files(settings: Settings, digests: list[str]) -> None:
+    root = store_root(settings)
+    for digest in digests:
+        for name in (f"{digest}.tar.gz", f"{digest}.json"):
+            (root / name).unlink(missing_ok=True)
