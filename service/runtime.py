@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import Engine
 
 from service.accounts import announce
-from service.api.page_cache import ClockReader, PageCache
+from service.api.fragments import Fragments
+from service.api.reader import LedgerReader
 from service.api.watch import JobWatch
 from service.backends import make_backends
 from service.backends.base import Backend
@@ -31,12 +32,12 @@ class Runtime:
     intake: JobIntake
     dispatcher: Dispatcher
     reconciler: Reconciler
-    clock: ClockReader
+    reader: LedgerReader  # the clock and job stamps, on the event loop
     tokens: TokenCheck
     quotas: QuotaBook
     admission: Admission
     job_watch: JobWatch  # long polls on one job (GET ?wait_s=)
-    pages: PageCache = field(default_factory=PageCache)
+    fragments: Fragments = field(default_factory=Fragments)  # each job's JSON per version
 
     @classmethod
     def build(cls, settings: Settings, backends: dict[str, Backend] | None = None) -> Runtime:
@@ -50,7 +51,7 @@ class Runtime:
         reconciler = Reconciler(engine, backends)
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)
-        clock = ClockReader(engine)
+        reader = LedgerReader(engine)
         admission = Admission(settings, engine, backends, quotas, RoomCheck(settings), intake)
         job_watch = JobWatch(settings.max_long_polls, settings.max_long_polls_per_user)
         runtime = cls(
@@ -60,7 +61,7 @@ class Runtime:
             intake,
             dispatcher,
             reconciler,
-            clock,
+            reader,
             tokens,
             quotas,
             admission,
@@ -81,5 +82,5 @@ class Runtime:
         self.reconciler.stop()
         for backend in self.backends.values():
             backend.close()
-        self.clock.close()
+        self.reader.close()
         self.engine.dispose()

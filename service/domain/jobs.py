@@ -8,11 +8,12 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import func
-from sqlalchemy.engine import Engine
+from sqlalchemy import bindparam, func
+from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend
@@ -20,9 +21,9 @@ from service.config import Settings
 from service.domain import audit
 from service.domain.auth import Principal
 from service.errors import InvalidRequest, NotFound
-from service.ledger.clock import LedgerVersion, read_version
 from service.ledger.db import write_scope
-from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, JobPage, JobPublic
+from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric
+from service.ledger.sql import id_conditions
 from service.loops.transitions import record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 
@@ -47,8 +48,15 @@ def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
 
 def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
     """One job's `updated_at`, restamped by every change to it, its events or its metrics."""
-    query = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == job_id)
-    row = session.connection().execute(query).first()  # Core: the 304 path of every job poll
+    return job_stamp_on(session.connection(), job_id, viewer)
+
+
+_STAMP = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == bindparam("job_id"))
+
+
+def job_stamp_on(connection: Connection, job_id: int, viewer: Principal) -> datetime:
+    """job_stamp on a bare connection: Core, as this is the 304 path of every job poll."""
+    row = connection.execute(_STAMP, {"job_id": job_id}).first()
     if row is None or not viewer.may_see(row[1]):
         raise NotFound(f"job {job_id} not found", field="job_id")
     stamp: datetime = row[0]
@@ -69,7 +77,16 @@ def _encode_cursor(job_id: int) -> str:
     return base64.urlsafe_b64encode(str(job_id).encode()).decode()
 
 
-def list_jobs(
+@dataclass(frozen=True)
+class PageIndex:
+    """What a list page holds, before any job is rendered: (id, updated_at) newest first, and the
+    cursor of the page after it. A job's (id, updated_at) names one version of its public JSON."""
+
+    entries: list[tuple[int, datetime]]
+    next_cursor: str | None
+
+
+def page_index(
     session: Session,
     *,
     state: Sequence[JobState] = (),
@@ -78,17 +95,16 @@ def list_jobs(
     cursor: str | None = None,
     limit: int = 50,
     updated_since: datetime | None = None,
-    as_of: LedgerVersion | None = None,
-) -> JobPage:
+) -> PageIndex:
     """Newest first, `limit` at a time; `updated_since` keeps only jobs changed at or after that time.
 
-    The page's `server_time` is the ledger clock read before the rows (`as_of`, or read here): passed
-    back as `updated_since` it yields every job changed after this page, plus the jobs of the last
-    commit this page already holds (`>=`: a tie is sent again rather than missed).
+    Only ids and stamps: the caller renders (or finds already rendered) each job's version. Passed
+    the page's `server_time` (the clock read before this query) as `updated_since`, it yields every
+    job changed after that page, plus the jobs of the last commit the page already held (`>=`: a tie
+    is sent again rather than missed).
     """
-    as_of = as_of or read_version(session)
     limit = max(1, min(limit, MAX_PAGE))
-    query = select(Job)
+    query = select(col(Job.id), col(Job.updated_at))
     if state:
         query = query.where(col(Job.state).in_([s.value for s in state]))
     if name:
@@ -99,10 +115,18 @@ def list_jobs(
         query = query.where(Job.updated_at >= updated_since)
     if cursor:
         query = query.where(col(Job.id) < _decode_cursor(cursor))
-    rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit + 1)).all()
-    items = [JobPublic.model_validate(row, from_attributes=True) for row in rows[:limit]]
-    next_cursor = _encode_cursor(items[-1].id) if len(rows) > limit else None
-    return JobPage(items=items, next_cursor=next_cursor, server_time=as_of.stamped_at)
+    rows = session.connection().execute(query.order_by(col(Job.id).desc()).limit(limit + 1)).all()
+    entries = [(job_id, stamp) for job_id, stamp in rows[:limit] if job_id is not None]
+    next_cursor = _encode_cursor(entries[-1][0]) if len(rows) > limit else None
+    return PageIndex(entries, next_cursor)
+
+
+def jobs_by_id(session: Session, job_ids: Sequence[int]) -> list[Job]:
+    """These jobs as they are now, in no particular order (a job deleted meanwhile is left out)."""
+    found: list[Job] = []
+    for condition in id_conditions(col(Job.id), job_ids):
+        found.extend(session.exec(select(Job).where(condition)).all())
+    return found
 
 
 def count_by_state_and_backend(session: Session) -> dict[tuple[str, str], int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
@@ -20,7 +21,6 @@ from service.api.metrics import HELD_S
 from service.domain import jobs, logs
 from service.domain.auth import Principal
 from service.ledger.clock import LedgerVersion
-from service.ledger.db import session_scope
 from service.ledger.models import (
     JobAttemptPublic,
     JobCreate,
@@ -152,36 +152,39 @@ async def list_jobs(
     ] = None,
     if_none_match: IfNoneMatch = None,
 ) -> Response:
-    # async with the clock read inline: it is one primary-key read, cheaper than a thread hop; only
-    # a page not rendered for this clock value goes to the thread pool.
-    version = runtime.clock.read()  # before the rows: the tag may be older, never newer
+    # async, with the clock read inline: a 304 costs that one read; the page itself (an index query
+    # and the renderings of the jobs that changed) is made in the thread pool.
+    version = runtime.reader.clock()  # before the rows: the tag may be older, never newer
     tag = etag.for_ledger(version, user.owner_filter())
-    headers = {**etag.headers(tag, version.stamped_at), **VARY}
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    key = (tag, user.owner_filter(), tuple(state or ()), name, cursor, limit, since)  # tag: clock + viewer
-    body = runtime.pages.get(key)
-    if body is None:
-        body = await run_in_threadpool(_render_page, runtime, key, version)
-    return Response(body, media_type=JSON, headers=headers)
+    query = PageQuery(tuple(state or ()), name, user.owner_filter(), cursor, limit, since)
+    body = await run_in_threadpool(_render_page, runtime, query, version)
+    return Response(body, media_type=JSON, headers={**etag.headers(tag, version.stamped_at), **VARY})
 
 
-def _render_page(runtime: Runtime, key: tuple[Any, ...], version: LedgerVersion) -> bytes:
-    _, owner, state, name, cursor, limit, since = key
+@dataclass(frozen=True)
+class PageQuery:
+    state: tuple[JobState, ...]
+    name: str | None
+    owner: str | None
+    cursor: str | None
+    limit: int
+    since: datetime | None
+
+
+def _render_page(runtime: Runtime, query: PageQuery, version: LedgerVersion) -> bytes:
     with Session(runtime.engine) as session:
-        page = jobs.list_jobs(
+        index = jobs.page_index(
             session,
-            state=state,
-            name=name,
-            owner=owner,
-            cursor=cursor,
-            limit=limit,
-            updated_since=since,
-            as_of=version,
+            state=query.state,
+            name=query.name,
+            owner=query.owner,
+            cursor=query.cursor,
+            limit=query.limit,
+            updated_since=query.since,
         )
-    body = page.model_dump_json().encode()
-    runtime.pages.put(key, body)
-    return body
+        return runtime.fragments.page(session, index, version.stamped_at)
 
 
 @router.get(
@@ -210,12 +213,12 @@ async def get_job(
     without the caller asking again and again; a change made by another replica is seen within
     about a second."""
     if wait_s <= 0 or if_none_match is None:  # not a long poll: one read
-        return await run_in_threadpool(_job_answer, runtime, job_id, user, if_none_match)
+        return await _job_answer(runtime, job_id, user, if_none_match)
     deadline = time.monotonic() + wait_s
     # Registered before the read, so no change can slip between them.
     with runtime.job_watch.watching(job_id, user.user) as change:
         while True:
-            answer = await run_in_threadpool(_job_answer, runtime, job_id, user, if_none_match)
+            answer = await _job_answer(runtime, job_id, user, if_none_match)
             remaining = deadline - time.monotonic()
             if answer.status_code != 304 or remaining <= 0:
                 return answer
@@ -225,13 +228,23 @@ async def get_job(
             request.scope[HELD_S] = request.scope.get(HELD_S, 0.0) + time.monotonic() - held
 
 
-def _job_answer(runtime: Runtime, job_id: int, user: Principal, if_none_match: str | None) -> Response:
-    with session_scope(runtime.engine) as session:
-        tag = _job_tag(session, job_id, user)
-        if etag.matches(if_none_match, tag):
-            return _not_modified(tag)
-        job = JobPublic.model_validate(jobs.get_job(session, job_id, user), from_attributes=True)
-    return Response(job.model_dump_json(), media_type=JSON, headers={**etag.headers(tag), **VARY})
+async def _job_answer(runtime: Runtime, job_id: int, user: Principal, if_none_match: str | None) -> Response:
+    """The job's stamp read on the event loop decides a 304 and finds a kept rendering; only a job
+    changed since it was last rendered is read whole, in the thread pool."""
+    stamp = runtime.reader.job_stamp(job_id, user)
+    tag = etag.for_job(job_id, stamp)
+    if etag.matches(if_none_match, tag):
+        return _not_modified(tag)
+    body = runtime.fragments.get(job_id, stamp)
+    if body is None:  # the tag names the version rendered, which may be newer than the stamp read
+        stamp, body = await run_in_threadpool(_render_job, runtime, job_id, user)
+        tag = etag.for_job(job_id, stamp)
+    return Response(body, media_type=JSON, headers={**etag.headers(tag), **VARY})
+
+
+def _render_job(runtime: Runtime, job_id: int, user: Principal) -> tuple[datetime, bytes]:
+    with Session(runtime.engine) as session:
+        return runtime.fragments.render(jobs.get_job(session, job_id, user))
 
 
 @router.get(

@@ -1,0 +1,102 @@
+"""Each job's public JSON, rendered once per version and kept; a list page is those renderings joined.
+
+A job's version is its `updated_at`: every commit that changes the job (its row, its events, its
+metrics) restamps it with the ledger clock (service.ledger.clock), and JobPublic is made from the
+job's row alone. So (id, updated_at) names exactly one rendering, and a rendering kept under it can
+never be stale: a changed job has a new stamp, and the old rendering is simply not asked for again.
+
+What a poll costs then follows what changed, not what was asked: a page is one index query (ids and
+stamps, service.domain.jobs.page_index) plus the renderings of the jobs on it, and only the jobs that
+changed since they were last rendered are read whole and rendered again. Whose page it is, is the
+index query's business (its owner filter) and the single-job read's (the viewer check on the stamp):
+a rendering holds one job and is served only where that job is.
+
+Memory is bounded by bytes: least recently used renderings go first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlmodel import Session
+
+from service.domain import jobs
+from service.ledger.models import Job, JobPage, JobPublic
+
+MAX_BYTES = 64 * 2**20  # about 50,000 typical jobs; a page of 500 needs well under 1 MiB
+_EMPTY_ITEMS = b'{"items":[]'
+
+
+class Fragments:
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._kept: OrderedDict[int, tuple[datetime, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, job_id: int, stamp: datetime) -> bytes | None:
+        """The rendering of this job's version `stamp`, if kept."""
+        with self._lock:
+            kept = self._kept.get(job_id)
+            if kept is None or kept[0] != stamp:
+                self.misses += 1
+                return None
+            self._kept.move_to_end(job_id)
+            self.hits += 1
+            return kept[1]
+
+    def render(self, job: Job) -> tuple[datetime, bytes]:
+        """Render the job as it is in `job` and keep it under its stamp: (stamp, JSON)."""
+        public = JobPublic.model_validate(job, from_attributes=True)
+        body = public.model_dump_json().encode()
+        self._keep(public.id, public.updated_at, body)
+        return public.updated_at, body
+
+    def page(self, session: Session, index: jobs.PageIndex, server_time: datetime) -> bytes:
+        """The JobPage JSON of `index`: kept renderings, and the others read and rendered now.
+
+        A job changed since the index was read is rendered as it is now (newer than the page's
+        tag, never older); one deleted meanwhile is left out."""
+        bodies: dict[int, bytes] = {}
+        for job_id, stamp in index.entries:
+            body = self.get(job_id, stamp)
+            if body is not None:
+                bodies[job_id] = body
+        missing = [job_id for job_id, _ in index.entries if job_id not in bodies]
+        for job in jobs.jobs_by_id(session, missing) if missing else ():
+            bodies[job.id or 0] = self.render(job)[1]
+        items = (bodies[job_id] for job_id, _ in index.entries if job_id in bodies)
+        return _join(items, index.next_cursor, server_time)
+
+    def size(self) -> tuple[int, int]:
+        """(renderings kept, their bytes)."""
+        with self._lock:
+            return len(self._kept), self._bytes
+
+    def _keep(self, job_id: int, stamp: datetime, body: bytes) -> None:
+        if len(body) > self.max_bytes:
+            return
+        with self._lock:
+            kept = self._kept.get(job_id)
+            if kept is not None and kept[0] > stamp:
+                return  # a reader that raced a commit must not put an older version back
+            if kept is not None:
+                self._bytes -= len(kept[1])
+            self._kept[job_id] = (stamp, body)
+            self._kept.move_to_end(job_id)
+            self._bytes += len(body)
+            while self._bytes > self.max_bytes:
+                _, (_, dropped) = self._kept.popitem(last=False)
+                self._bytes -= len(dropped)
+
+
+def _join(items: Iterable[bytes], next_cursor: str | None, server_time: datetime) -> bytes:
+    """The page as JobPage would write it: the envelope from JobPage itself, the items spliced in."""
+    envelope = JobPage(items=[], next_cursor=next_cursor, server_time=server_time).model_dump_json().encode()
+    assert envelope.startswith(_EMPTY_ITEMS)  # JobPage's first field is its items
+    return b'{"items":[' + b",".join(items) + b"]" + envelope[len(_EMPTY_ITEMS) :]
