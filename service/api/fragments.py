@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlmodel import Session
@@ -57,21 +57,21 @@ class Fragments:
         self._keep(public.id, public.updated_at, body)
         return public.updated_at, body
 
-    def page(self, session: Session, index: jobs.PageIndex, server_time: datetime) -> bytes:
-        """The JobPage JSON of `index`: kept renderings, and the others read and rendered now.
-
-        A job changed since the index was read is rendered as it is now (newer than the page's
-        tag, never older); one deleted meanwhile is left out."""
-        bodies: dict[int, bytes] = {}
+    def collect(self, index: jobs.PageIndex) -> PageParts:
+        """The kept renderings of the page's jobs; the others are left to complete()."""
+        parts = PageParts(index, {})
         for job_id, stamp in index.entries:
             body = self.get(job_id, stamp)
             if body is not None:
-                bodies[job_id] = body
-        missing = [job_id for job_id, _ in index.entries if job_id not in bodies]
-        for job in jobs.jobs_by_id(session, missing) if missing else ():
-            bodies[job.id or 0] = self.render(job)[1]
-        items = (bodies[job_id] for job_id, _ in index.entries if job_id in bodies)
-        return _join(items, index.next_cursor, server_time)
+                parts.bodies[job_id] = body
+        return parts
+
+    def complete(self, session: Session, parts: PageParts) -> None:
+        """Read and render the jobs collect() found no rendering for. A job changed since the index
+        was read is rendered as it is now (newer than the page's tag, never older); one deleted
+        meanwhile is left out."""
+        for job in jobs.jobs_by_id(session, parts.missing()):
+            parts.bodies[job.id or 0] = self.render(job)[1]
 
     def size(self) -> tuple[int, int]:
         """(renderings kept, their bytes)."""
@@ -95,8 +95,20 @@ class Fragments:
                 self._bytes -= len(dropped)
 
 
-def _join(items: Iterable[bytes], next_cursor: str | None, server_time: datetime) -> bytes:
-    """The page as JobPage would write it: the envelope from JobPage itself, the items spliced in."""
-    envelope = JobPage(items=[], next_cursor=next_cursor, server_time=server_time).model_dump_json().encode()
-    assert envelope.startswith(_EMPTY_ITEMS)  # JobPage's first field is its items
-    return b'{"items":[' + b",".join(items) + b"]" + envelope[len(_EMPTY_ITEMS) :]
+@dataclass
+class PageParts:
+    """A page on its way: its index and the renderings found so far."""
+
+    index: jobs.PageIndex
+    bodies: dict[int, bytes]
+
+    def missing(self) -> list[int]:
+        return [job_id for job_id, _ in self.index.entries if job_id not in self.bodies]
+
+    def join(self, server_time: datetime) -> bytes:
+        """The page as JobPage would write it: the envelope from JobPage itself, the items spliced in."""
+        envelope = JobPage(items=[], next_cursor=self.index.next_cursor, server_time=server_time)
+        written = envelope.model_dump_json().encode()
+        assert written.startswith(_EMPTY_ITEMS)  # JobPage's first field is its items
+        items = b",".join(self.bodies[job_id] for job_id, _ in self.index.entries if job_id in self.bodies)
+        return b'{"items":[' + items + b"]" + written[len(_EMPTY_ITEMS) :]

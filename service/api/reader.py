@@ -37,6 +37,10 @@ class LedgerReader:
         """The job's `updated_at`; NotFound when it does not exist or `viewer` may not see it."""
         return self._run(lambda connection: jobs.job_stamp_on(connection, job_id, viewer))
 
+    def page_index(self, query: jobs.PageQuery) -> jobs.PageIndex:
+        """Only for a query that reads_a_range(): a filter may read many rows, in the thread pool."""
+        return self._run(lambda connection: jobs.page_index(connection, query))
+
     def _run(self, read: Callable[[Connection], T]) -> T:
         for attempt in (1, 2):
             connection = self._connect()

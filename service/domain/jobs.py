@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +16,7 @@ from pathlib import Path
 from sqlalchemy import bindparam, func
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import Select
 
 from service.backends.base import Backend
 from service.config import Settings
@@ -22,7 +24,7 @@ from service.domain import audit
 from service.domain.auth import Principal
 from service.errors import InvalidRequest, NotFound
 from service.ledger.db import write_scope
-from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric
+from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, UTCDateTime
 from service.ledger.sql import id_conditions
 from service.loops.transitions import record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
@@ -78,6 +80,23 @@ def _encode_cursor(job_id: int) -> str:
 
 
 @dataclass(frozen=True)
+class PageQuery:
+    """One list page asked for: filters, where to start (`cursor`), how many."""
+
+    state: tuple[JobState, ...] = ()
+    name: str | None = None
+    owner: str | None = None  # None: everyone's jobs (an admin)
+    cursor: str | None = None
+    limit: int = 50
+    updated_since: datetime | None = None
+
+    def reads_a_range(self) -> bool:
+        """True when the page is a walk down the id index (or the owner's), `limit` rows long: cheap
+        enough to read on the event loop. Filters may read many rows to find a page's few."""
+        return not (self.state or self.name or self.updated_since)
+
+
+@dataclass(frozen=True)
 class PageIndex:
     """What a list page holds, before any job is rendered: (id, updated_at) newest first, and the
     cursor of the page after it. A job's (id, updated_at) names one version of its public JSON."""
@@ -86,39 +105,57 @@ class PageIndex:
     next_cursor: str | None
 
 
-def page_index(
-    session: Session,
-    *,
-    state: Sequence[JobState] = (),
-    name: str | None = None,
-    owner: str | None = None,
-    cursor: str | None = None,
-    limit: int = 50,
-    updated_since: datetime | None = None,
-) -> PageIndex:
+def page_index(connection: Connection, query: PageQuery) -> PageIndex:
     """Newest first, `limit` at a time; `updated_since` keeps only jobs changed at or after that time.
 
-    Only ids and stamps: the caller renders (or finds already rendered) each job's version. Passed
-    the page's `server_time` (the clock read before this query) as `updated_since`, it yields every
-    job changed after that page, plus the jobs of the last commit the page already held (`>=`: a tie
-    is sent again rather than missed).
+    Only ids and stamps (Core): the caller renders (or finds already rendered) each job's version.
+    Passed the page's `server_time` (the clock read before this query) as `updated_since`, it yields
+    every job changed after that page, plus the jobs of the last commit the page already held (`>=`:
+    a tie is sent again rather than missed).
     """
-    limit = max(1, min(limit, MAX_PAGE))
-    query = select(col(Job.id), col(Job.updated_at))
-    if state:
-        query = query.where(col(Job.state).in_([s.value for s in state]))
-    if name:
-        query = query.where(col(Job.name).contains(name, autoescape=True))
-    if owner is not None:
-        query = query.where(Job.owner == owner)
-    if updated_since is not None:
-        query = query.where(Job.updated_at >= updated_since)
-    if cursor:
-        query = query.where(col(Job.id) < _decode_cursor(cursor))
-    rows = session.connection().execute(query.order_by(col(Job.id).desc()).limit(limit + 1)).all()
+    limit = max(1, min(query.limit, MAX_PAGE))
+    values: dict[str, object] = {
+        "states": [s.value for s in query.state] or None,
+        "name": _like_pattern(query.name) if query.name else None,
+        "owner": query.owner,
+        "since": query.updated_since,
+        "before": _decode_cursor(query.cursor) if query.cursor else None,
+        "limit": limit + 1,
+    }
+    shape = tuple(values[key] is not None for key in _FILTERS)
+    given = {key: value for key, value in values.items() if value is not None}
+    rows = connection.execute(_page_statement(shape), given).all()
     entries = [(job_id, stamp) for job_id, stamp in rows[:limit] if job_id is not None]
     next_cursor = _encode_cursor(entries[-1][0]) if len(rows) > limit else None
     return PageIndex(entries, next_cursor)
+
+
+_FILTERS = ("states", "name", "owner", "since", "before")
+
+
+def _like_pattern(substring: str) -> str:
+    """LIKE pattern matching `substring` anywhere, its own % and _ taken literally."""
+    escaped = substring.replace("/", "//").replace("%", "/%").replace("_", "/_")
+    return f"%{escaped}%"
+
+
+@functools.cache
+def _page_statement(shape: tuple[bool, ...]) -> Select[int | None, datetime]:
+    """The statement for one combination of filters, its values bound at execution: built once,
+    since building it cost more than the query itself."""
+    states, name, owner, since, before = shape
+    statement = select(col(Job.id), col(Job.updated_at))
+    if states:
+        statement = statement.where(col(Job.state).in_(bindparam("states", expanding=True)))
+    if name:
+        statement = statement.where(col(Job.name).like(bindparam("name"), escape="/"))
+    if owner:
+        statement = statement.where(col(Job.owner) == bindparam("owner"))
+    if since:
+        statement = statement.where(col(Job.updated_at) >= bindparam("since", type_=UTCDateTime))
+    if before:
+        statement = statement.where(col(Job.id) < bindparam("before"))
+    return statement.order_by(col(Job.id).desc()).limit(bindparam("limit"))
 
 
 def jobs_by_id(session: Session, job_ids: Sequence[int]) -> list[Job]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
@@ -17,10 +16,10 @@ from sqlmodel import Session, SQLModel
 from service.api import etag
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
+from service.api.fragments import PageParts
 from service.api.metrics import HELD_S
 from service.domain import jobs, logs
 from service.domain.auth import Principal
-from service.ledger.clock import LedgerVersion
 from service.ledger.models import (
     JobAttemptPublic,
     JobCreate,
@@ -152,39 +151,33 @@ async def list_jobs(
     ] = None,
     if_none_match: IfNoneMatch = None,
 ) -> Response:
-    # async, with the clock read inline: a 304 costs that one read; the page itself (an index query
-    # and the renderings of the jobs that changed) is made in the thread pool.
+    # async, with the reads inline: a 304 costs one read of the clock, a page one index query more
+    # and the joining of kept renderings; only jobs changed since they were rendered (and filters,
+    # which may read many rows) are read in the thread pool.
     version = runtime.reader.clock()  # before the rows: the tag may be older, never newer
     tag = etag.for_ledger(version, user.owner_filter())
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    query = PageQuery(tuple(state or ()), name, user.owner_filter(), cursor, limit, since)
-    body = await run_in_threadpool(_render_page, runtime, query, version)
+    query = jobs.PageQuery(tuple(state or ()), name, user.owner_filter(), cursor, limit, since)
+    if query.reads_a_range():
+        index = runtime.reader.page_index(query)
+    else:
+        index = await run_in_threadpool(_page_index, runtime, query)
+    parts = runtime.fragments.collect(index)
+    if parts.missing():
+        await run_in_threadpool(_complete, runtime, parts)
+    body = parts.join(version.stamped_at)
     return Response(body, media_type=JSON, headers={**etag.headers(tag, version.stamped_at), **VARY})
 
 
-@dataclass(frozen=True)
-class PageQuery:
-    state: tuple[JobState, ...]
-    name: str | None
-    owner: str | None
-    cursor: str | None
-    limit: int
-    since: datetime | None
+def _page_index(runtime: Runtime, query: jobs.PageQuery) -> jobs.PageIndex:
+    with runtime.engine.connect() as connection:
+        return jobs.page_index(connection, query)
 
 
-def _render_page(runtime: Runtime, query: PageQuery, version: LedgerVersion) -> bytes:
+def _complete(runtime: Runtime, parts: PageParts) -> None:
     with Session(runtime.engine) as session:
-        index = jobs.page_index(
-            session,
-            state=query.state,
-            name=query.name,
-            owner=query.owner,
-            cursor=query.cursor,
-            limit=query.limit,
-            updated_since=query.since,
-        )
-        return runtime.fragments.page(session, index, version.stamped_at)
+        runtime.fragments.complete(session, parts)
 
 
 @router.get(
