@@ -11,7 +11,8 @@ changed since they were last rendered are read whole and rendered again. Whose p
 index query's business (its owner filter) and the single-job read's (the viewer check on the stamp):
 a rendering holds one job and is served only where that job is.
 
-Memory is bounded by bytes: least recently used renderings go first.
+Memory is bounded by bytes: least recently used renderings go first. LastPages keeps each query's
+joined page for as long as the ledger clock stands still.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlmodel import Session
-
 from service.domain import jobs
+from service.ledger.clock import LedgerVersion
 from service.ledger.models import Job, JobPage, JobPublic
 
 MAX_BYTES = 64 * 2**20  # about 50,000 typical jobs; a page of 500 needs well under 1 MiB
+PAGES_MAX_BYTES = 16 * 2**20
 _EMPTY_ITEMS = b'{"items":[]'
 
 
@@ -66,11 +67,11 @@ class Fragments:
                 parts.bodies[job_id] = body
         return parts
 
-    def complete(self, session: Session, parts: PageParts) -> None:
-        """Read and render the jobs collect() found no rendering for. A job changed since the index
-        was read is rendered as it is now (newer than the page's tag, never older); one deleted
-        meanwhile is left out."""
-        for job in jobs.jobs_by_id(session, parts.missing()):
+    def complete(self, parts: PageParts, found: list[Job]) -> None:
+        """Render the jobs collect() found no rendering for, read whole (`found`). A job changed since
+        the index was read is rendered as it is now (newer than the page's tag, never older); one
+        deleted meanwhile is left out."""
+        for job in found:
             parts.bodies[job.id or 0] = self.render(job)[1]
 
     def size(self) -> tuple[int, int]:
@@ -92,6 +93,40 @@ class Fragments:
             self._bytes += len(body)
             while self._bytes > self.max_bytes:
                 _, (_, dropped) = self._kept.popitem(last=False)
+                self._bytes -= len(dropped)
+
+
+class LastPages:
+    """Each query's page as last joined, kept while the ledger clock stays where it was read.
+
+    A quiet ledger's polls then cost the clock read alone, as the 304 does; the first commit makes
+    every kept page useless (a newer clock value is never answered from an older one), and the next
+    poll of each query joins it again from the renderings. Bounded by bytes, least recently used first.
+    """
+
+    def __init__(self, max_bytes: int = PAGES_MAX_BYTES) -> None:
+        self._max = max_bytes
+        self._pages: OrderedDict[jobs.PageQuery, tuple[LedgerVersion, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, query: jobs.PageQuery, version: LedgerVersion) -> bytes | None:
+        with self._lock:
+            kept = self._pages.get(query)
+            if kept is None or kept[0] != version:
+                return None
+            self._pages.move_to_end(query)
+            return kept[1]
+
+    def put(self, query: jobs.PageQuery, version: LedgerVersion, body: bytes) -> None:
+        with self._lock:
+            kept = self._pages.pop(query, None)
+            if kept is not None:
+                self._bytes -= len(kept[1])
+            self._pages[query] = (version, body)
+            self._bytes += len(body)
+            while self._bytes > self._max:
+                _, (_, dropped) = self._pages.popitem(last=False)
                 self._bytes -= len(dropped)
 
 

@@ -17,10 +17,12 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
+from sqlmodel import Session
 
 from service.domain import jobs
 from service.domain.auth import Principal
 from service.ledger.clock import LedgerVersion, read_version_on
+from service.ledger.models import Job
 
 T = TypeVar("T")
 
@@ -40,6 +42,24 @@ class LedgerReader:
     def page_index(self, query: jobs.PageQuery) -> jobs.PageIndex:
         """Only for a query that reads_a_range(): a filter may read many rows, in the thread pool."""
         return self._run(lambda connection: jobs.page_index(connection, query))
+
+    def job(self, job_id: int, viewer: Principal) -> Job:
+        """The job whole, to render it; NotFound as for job_stamp."""
+
+        def read(connection: Connection) -> Job:
+            with Session(bind=connection) as session:
+                return jobs.get_job(session, job_id, viewer)
+
+        return self._run(read)
+
+    def jobs(self, job_ids: list[int]) -> list[Job]:
+        """These jobs whole, to render a few that changed without a thread hop (see the route)."""
+
+        def read(connection: Connection) -> list[Job]:
+            with Session(bind=connection) as session:
+                return jobs.jobs_by_id(session, job_ids)
+
+        return self._run(read)
 
     def _run(self, read: Callable[[Connection], T]) -> T:
         for attempt in (1, 2):

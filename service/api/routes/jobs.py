@@ -16,11 +16,12 @@ from sqlmodel import Session, SQLModel
 from service.api import etag
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
-from service.api.fragments import PageParts
 from service.api.metrics import HELD_S
 from service.domain import jobs, logs
 from service.domain.auth import Principal
+from service.ledger.clock import LedgerVersion
 from service.ledger.models import (
+    Job,
     JobAttemptPublic,
     JobCreate,
     JobEventPublic,
@@ -49,6 +50,10 @@ IdempotencyKey = Annotated[
     ),
 ]
 MAX_WAIT_S = 30.0  # a long poll holds a connection; clients ask again rather than wait for minutes
+# A few jobs changed since they were rendered (the usual page of a busy ledger) are rendered on the
+# event loop: the first poll to meet a change renders it and every later one finds it, where 50
+# pollers in the thread pool rendered the same change at once and took the writers' GIL turns.
+RENDER_INLINE = 8
 RECHECK_S = 1.0  # a waiting long poll reads the job again this often: other replicas do not wake it
 VARY = {"Vary": "Authorization"}  # each caller sees their own jobs: a shared cache must not mix them
 
@@ -159,15 +164,25 @@ async def list_jobs(
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
     query = jobs.PageQuery(tuple(state or ()), name, user.owner_filter(), cursor, limit, since)
+    body = runtime.pages.get(query, version)
+    if body is None:
+        body = await _join_page(runtime, query, version)
+        runtime.pages.put(query, version, body)
+    return Response(body, media_type=JSON, headers={**etag.headers(tag, version.stamped_at), **VARY})
+
+
+async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVersion) -> bytes:
     if query.reads_a_range():
         index = runtime.reader.page_index(query)
     else:
         index = await run_in_threadpool(_page_index, runtime, query)
     parts = runtime.fragments.collect(index)
-    if parts.missing():
-        await run_in_threadpool(_complete, runtime, parts)
-    body = parts.join(version.stamped_at)
-    return Response(body, media_type=JSON, headers={**etag.headers(tag, version.stamped_at), **VARY})
+    missing = parts.missing()
+    if 0 < len(missing) <= RENDER_INLINE:
+        runtime.fragments.complete(parts, runtime.reader.jobs(missing))
+    elif missing:
+        runtime.fragments.complete(parts, await run_in_threadpool(_read_jobs, runtime, missing))
+    return parts.join(version.stamped_at)
 
 
 def _page_index(runtime: Runtime, query: jobs.PageQuery) -> jobs.PageIndex:
@@ -175,9 +190,9 @@ def _page_index(runtime: Runtime, query: jobs.PageQuery) -> jobs.PageIndex:
         return jobs.page_index(connection, query)
 
 
-def _complete(runtime: Runtime, parts: PageParts) -> None:
+def _read_jobs(runtime: Runtime, job_ids: list[int]) -> list[Job]:
     with Session(runtime.engine) as session:
-        runtime.fragments.complete(session, parts)
+        return jobs.jobs_by_id(session, job_ids)
 
 
 @router.get(
@@ -206,12 +221,12 @@ async def get_job(
     without the caller asking again and again; a change made by another replica is seen within
     about a second."""
     if wait_s <= 0 or if_none_match is None:  # not a long poll: one read
-        return await _job_answer(runtime, job_id, user, if_none_match)
+        return _job_answer(runtime, job_id, user, if_none_match)
     deadline = time.monotonic() + wait_s
     # Registered before the read, so no change can slip between them.
     with runtime.job_watch.watching(job_id, user.user) as change:
         while True:
-            answer = await _job_answer(runtime, job_id, user, if_none_match)
+            answer = _job_answer(runtime, job_id, user, if_none_match)
             remaining = deadline - time.monotonic()
             if answer.status_code != 304 or remaining <= 0:
                 return answer
@@ -221,23 +236,18 @@ async def get_job(
             request.scope[HELD_S] = request.scope.get(HELD_S, 0.0) + time.monotonic() - held
 
 
-async def _job_answer(runtime: Runtime, job_id: int, user: Principal, if_none_match: str | None) -> Response:
-    """The job's stamp read on the event loop decides a 304 and finds a kept rendering; only a job
-    changed since it was last rendered is read whole, in the thread pool."""
+def _job_answer(runtime: Runtime, job_id: int, user: Principal, if_none_match: str | None) -> Response:
+    """All on the event loop: the job's stamp decides a 304 and finds a kept rendering; only a job
+    changed since it was last rendered is read whole and rendered (by the first poll to meet it)."""
     stamp = runtime.reader.job_stamp(job_id, user)
     tag = etag.for_job(job_id, stamp)
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
     body = runtime.fragments.get(job_id, stamp)
     if body is None:  # the tag names the version rendered, which may be newer than the stamp read
-        stamp, body = await run_in_threadpool(_render_job, runtime, job_id, user)
+        stamp, body = runtime.fragments.render(runtime.reader.job(job_id, user))
         tag = etag.for_job(job_id, stamp)
     return Response(body, media_type=JSON, headers={**etag.headers(tag), **VARY})
-
-
-def _render_job(runtime: Runtime, job_id: int, user: Principal) -> tuple[datetime, bytes]:
-    with Session(runtime.engine) as session:
-        return runtime.fragments.render(jobs.get_job(session, job_id, user))
 
 
 @router.get(
