@@ -11,6 +11,7 @@ from service.accounts import announce
 from service.api.fragments import Fragments, LastPages
 from service.api.reader import LedgerReader
 from service.api.watch import JobWatch
+from service.api.writers_first import WritersFirst
 from service.backends import make_backends
 from service.backends.base import Backend
 from service.config import Settings
@@ -42,6 +43,7 @@ class Runtime:
     job_watch: JobWatch  # long polls on one job (GET ?wait_s=)
     fragments: Fragments = field(default_factory=Fragments)  # each job's JSON per version
     pages: LastPages = field(default_factory=LastPages)  # list pages while the clock stands still
+    writers: WritersFirst = field(default_factory=WritersFirst)  # polls wait for POSTs in flight
 
     @classmethod
     def build(cls, settings: Settings, backends: dict[str, Backend] | None = None) -> Runtime:

@@ -126,7 +126,8 @@ async def create_job(
     payload: JobCreate, runtime: RuntimeDep, user: CurrentUser, idempotency_key: IdempotencyKey = None
 ) -> Response:
     """Store the job (state `queued`) and return at once; the dispatch loop hands it to the backend."""
-    accepted = await runtime.admission.submit(payload, user, idempotency_key)
+    with runtime.writers.writing():
+        accepted = await runtime.admission.submit(payload, user, idempotency_key)
     status = 200 if accepted.replayed else 201
     return Response(accepted.job.model_dump_json(), status_code=status, media_type=JSON)
 
@@ -159,6 +160,7 @@ async def list_jobs(
     # async, with the reads inline: a 304 costs one read of the clock, a page one index query more
     # and the joining of kept renderings; only jobs changed since they were rendered (and filters,
     # which may read many rows) are read in the thread pool.
+    await runtime.writers.before_read()
     version = runtime.reader.clock()  # before the rows: the tag may be older, never newer
     tag = etag.for_ledger(version, user.owner_filter())
     if etag.matches(if_none_match, tag):
@@ -220,6 +222,7 @@ async def get_job(
     """The job. A long poll (`wait_s` with `If-None-Match`) answers within milliseconds of a change,
     without the caller asking again and again; a change made by another replica is seen within
     about a second."""
+    await runtime.writers.before_read()
     if wait_s <= 0 or if_none_match is None:  # not a long poll: one read
         return _job_answer(runtime, job_id, user, if_none_match)
     deadline = time.monotonic() + wait_s
