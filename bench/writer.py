@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,53 +44,66 @@ def _percentile(values: list[float], fraction: float) -> float:
 
 
 class Writer:
-    """Start with `with Writer(...) as writer:`; `writer.result()` after the block."""
+    """Start with `with Writer(...) as writer:`; `writer.result()` after the block.
+
+    Two paced threads, R/2 a second each: one POSTs, one moves progress, so a slow POST delays
+    only the POSTs behind it (and shows in their latency), not the progress updates."""
 
     def __init__(self, url: str, auth: dict[str, str], db: Path, rate: float, running: list[int]) -> None:
-        self._url, self._auth, self._db, self._rate, self._running = url, auth, db, rate, running
+        self._rate, self._running = rate, running
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-writer")
-        self._latencies_ms: list[float] = []
-        self._operations = 0
-        self._elapsed_s = 0.0
-        self._commits = 0
+        self._engine = make_engine(f"sqlite:///{db}")
+        self._threads = [
+            threading.Thread(target=self._paced, args=(self._posts,), name="bench-posts"),
+            threading.Thread(target=self._paced, args=(self._progress,), name="bench-progress"),
+        ]
+        self._client = httpx.Client(base_url=url, headers=auth, timeout=30)
+        self._latencies_ms: list[float] = []  # one per POST
+        self._moved = 0  # progress updates
+        self._started = self._elapsed_s = 0.0
+        self._first_seq = self._commits = 0
 
     def __enter__(self) -> Writer:
         if self._rate > 0:
-            self._thread.start()
+            self._first_seq, self._started = _clock(self._engine), time.monotonic()
+            for thread in self._threads:
+                thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        if self._rate > 0:
+            for thread in self._threads:
+                thread.join()
+            self._elapsed_s = time.monotonic() - self._started
+            self._commits = _clock(self._engine) - self._first_seq
+        self._client.close()
+        self._engine.dispose()
 
     def result(self) -> WriterResult:
         seconds = max(self._elapsed_s, 1e-9)
         return WriterResult(
-            self._operations / seconds,
+            (len(self._latencies_ms) + self._moved) / seconds,
             self._commits / seconds,
             _percentile(self._latencies_ms, 0.5),
             _percentile(self._latencies_ms, 0.99),
             len(self._latencies_ms),
         )
 
-    def _run(self) -> None:
-        engine = make_engine(f"sqlite:///{self._db}")
-        with httpx.Client(base_url=self._url, headers=self._auth, timeout=30) as client:
-            first = _clock(engine)
-            started = next_at = time.monotonic()
-            while not self._stop.is_set():
-                if self._operations % 2 == 0:
-                    self._post(client)
-                else:
-                    self._move_progress(engine, self._running[(self._operations // 2) % len(self._running)])
-                self._operations += 1
-                next_at += 1 / self._rate
-                self._stop.wait(max(0.0, next_at - time.monotonic()))
-            self._elapsed_s = time.monotonic() - started
-            self._commits = _clock(engine) - first
-        engine.dispose()
+    def _paced(self, operation: Callable[[int], None]) -> None:
+        period, next_at, n = 2 / self._rate, time.monotonic(), 0
+        while not self._stop.is_set():
+            operation(n)
+            n += 1
+            next_at += period
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def _posts(self, _: int) -> None:
+        self._post(self._client)
+
+    def _progress(self, n: int) -> None:
+        self._move_progress(self._engine, self._running[n % len(self._running)])
+        self._moved += 1
 
     def _post(self, client: httpx.Client) -> None:
         began = time.perf_counter()
