@@ -86,9 +86,14 @@ class LedgerCollector:
     @staticmethod
     def _loops(runtime: Runtime) -> Iterable[Metric]:
         yield CounterMetricFamily(
-            "torchyard_list_page_hits",
-            "List polls answered with a page already rendered under the same ledger clock value.",
-            value=runtime.pages.hits,
+            "torchyard_job_renderings_reused",
+            "Jobs answered (alone or on a list page) with their JSON already rendered for that version.",
+            value=runtime.fragments.hits,
+        )
+        yield CounterMetricFamily(
+            "torchyard_job_renderings",
+            "Jobs read whole and rendered, for a version not rendered yet (or no longer kept).",
+            value=runtime.fragments.misses,
         )
         yield GaugeMetricFamily(
             "torchyard_long_polls_waiting",

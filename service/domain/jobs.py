@@ -7,22 +7,25 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import func
-from sqlalchemy.engine import Engine
+from sqlalchemy import bindparam, func
+from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import Select
 
 from service.backends.base import Backend
 from service.config import Settings
 from service.domain import audit
 from service.domain.auth import Principal
 from service.errors import InvalidRequest, NotFound
-from service.ledger.clock import LedgerVersion, read_version
 from service.ledger.db import write_scope
-from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, JobPage, JobPublic
+from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, UTCDateTime
+from service.ledger.sql import id_conditions
 from service.loops.transitions import record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 
@@ -47,8 +50,15 @@ def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
 
 def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
     """One job's `updated_at`, restamped by every change to it, its events or its metrics."""
-    query = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == job_id)
-    row = session.connection().execute(query).first()  # Core: the 304 path of every job poll
+    return job_stamp_on(session.connection(), job_id, viewer)
+
+
+_STAMP = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == bindparam("job_id"))
+
+
+def job_stamp_on(connection: Connection, job_id: int, viewer: Principal) -> datetime:
+    """job_stamp on a bare connection: Core, as this is the 304 path of every job poll."""
+    row = connection.execute(_STAMP, {"job_id": job_id}).first()
     if row is None or not viewer.may_see(row[1]):
         raise NotFound(f"job {job_id} not found", field="job_id")
     stamp: datetime = row[0]
@@ -69,40 +79,91 @@ def encode_cursor(job_id: int) -> str:
     return base64.urlsafe_b64encode(str(job_id).encode()).decode()
 
 
-def list_jobs(
-    session: Session,
-    *,
-    state: Sequence[JobState] = (),
-    name: str | None = None,
-    owner: str | None = None,
-    cursor: str | None = None,
-    limit: int = 50,
-    updated_since: datetime | None = None,
-    as_of: LedgerVersion | None = None,
-) -> JobPage:
+@dataclass(frozen=True)
+class PageQuery:
+    """One list page asked for: filters, where to start (`cursor`), how many."""
+
+    state: tuple[JobState, ...] = ()
+    name: str | None = None
+    owner: str | None = None  # None: everyone's jobs (an admin)
+    cursor: str | None = None
+    limit: int = 50
+    updated_since: datetime | None = None
+
+    def reads_a_range(self) -> bool:
+        """True when the page is a walk down the id index (or the owner's), `limit` rows long: cheap
+        enough to read on the event loop. Filters may read many rows to find a page's few."""
+        return not (self.state or self.name or self.updated_since)
+
+
+@dataclass(frozen=True)
+class PageIndex:
+    """What a list page holds, before any job is rendered: (id, updated_at) newest first, and the
+    cursor of the page after it. A job's (id, updated_at) names one version of its public JSON."""
+
+    entries: list[tuple[int, datetime]]
+    next_cursor: str | None
+
+
+def page_index(connection: Connection, query: PageQuery) -> PageIndex:
     """Newest first, `limit` at a time; `updated_since` keeps only jobs changed at or after that time.
 
-    The page's `server_time` is the ledger clock read before the rows (`as_of`, or read here): passed
-    back as `updated_since` it yields every job changed after this page, plus the jobs of the last
-    commit this page already holds (`>=`: a tie is sent again rather than missed).
+    Only ids and stamps (Core): the caller renders (or finds already rendered) each job's version.
+    Passed the page's `server_time` (the clock read before this query) as `updated_since`, it yields
+    every job changed after that page, plus the jobs of the last commit the page already held (`>=`:
+    a tie is sent again rather than missed).
     """
-    as_of = as_of or read_version(session)
-    limit = max(1, min(limit, MAX_PAGE))
-    query = select(Job)
-    if state:
-        query = query.where(col(Job.state).in_([s.value for s in state]))
+    limit = max(1, min(query.limit, MAX_PAGE))
+    values: dict[str, object] = {
+        "states": [s.value for s in query.state] or None,
+        "name": _like_pattern(query.name) if query.name else None,
+        "owner": query.owner,
+        "since": query.updated_since,
+        "before": decode_cursor(query.cursor) if query.cursor else None,
+        "limit": limit + 1,
+    }
+    shape = tuple(values[key] is not None for key in _FILTERS)
+    given = {key: value for key, value in values.items() if value is not None}
+    rows = connection.execute(_page_statement(shape), given).all()
+    entries = [(job_id, stamp) for job_id, stamp in rows[:limit] if job_id is not None]
+    next_cursor = encode_cursor(entries[-1][0]) if len(rows) > limit else None
+    return PageIndex(entries, next_cursor)
+
+
+_FILTERS = ("states", "name", "owner", "since", "before")
+
+
+def _like_pattern(substring: str) -> str:
+    """LIKE pattern matching `substring` anywhere, its own % and _ taken literally."""
+    escaped = substring.replace("/", "//").replace("%", "/%").replace("_", "/_")
+    return f"%{escaped}%"
+
+
+@functools.cache
+def _page_statement(shape: tuple[bool, ...]) -> Select[int | None, datetime]:
+    """The statement for one combination of filters, its values bound at execution: built once,
+    since building it cost more than the query itself."""
+    states, name, owner, since, before = shape
+    statement = select(col(Job.id), col(Job.updated_at))
+    if states:
+        statement = statement.where(col(Job.state).in_(bindparam("states", expanding=True)))
     if name:
-        query = query.where(col(Job.name).contains(name, autoescape=True))
-    if owner is not None:
-        query = query.where(Job.owner == owner)
-    if updated_since is not None:
-        query = query.where(Job.updated_at >= updated_since)
-    if cursor:
-        query = query.where(col(Job.id) < decode_cursor(cursor))
-    rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit + 1)).all()
-    items = [JobPublic.model_validate(row, from_attributes=True) for row in rows[:limit]]
-    next_cursor = encode_cursor(items[-1].id) if len(rows) > limit else None
-    return JobPage(items=items, next_cursor=next_cursor, server_time=as_of.stamped_at)
+        statement = statement.where(col(Job.name).like(bindparam("name"), escape="/"))
+    if owner:
+        statement = statement.where(col(Job.owner) == bindparam("owner"))
+    if since:
+        statement = statement.where(col(Job.updated_at) >= bindparam("since", type_=UTCDateTime))
+    if before:
+        statement = statement.where(col(Job.id) < bindparam("before"))
+    return statement.order_by(col(Job.id).desc()).limit(bindparam("limit"))
+
+
+def jobs_by_id(session: Session, job_ids: Sequence[int]) -> list[Job]:
+    """These jobs as they are now, in no particular order (a job deleted meanwhile is left out)."""
+    found: list[Job] = []
+    for condition in id_conditions(col(Job.id), job_ids):
+        found.extend(session.exec(select(Job).where(condition)).all())
+    return found
 
 
 def count_by_state_and_backend(session: Session) -> dict[tuple[str, str], int]:

@@ -1,18 +1,21 @@
-"""Repeat list polls answered from the page rendered under the same ledger clock value: the same bytes
-and headers, never a page another caller, an older ledger, a revoked token or an invalid query should
-not get."""
+"""List pages joined from each job's JSON rendered once per version (service.api.fragments): a repeat
+poll renders nothing and gives the same bytes and headers, a change renders only the changed job, and
+no page holds what another caller, an older ledger, a revoked token or an invalid query should not get."""
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from fastapi.testclient import TestClient
 from httpx import Response
+from sqlmodel import Session, col, select
 
 from service.app import create_app
 from service.config import Settings
 from service.domain import auth
-from service.ledger.db import session_scope
+from service.ledger.db import session_scope, write_scope
+from service.ledger.models import Job, JobPage, JobPublic
 from tests.conftest import Login
 from tests.fakes import FakeBackend
 from tests.support import bearer, runtime_of, submit, wait_for
@@ -33,7 +36,13 @@ def settled(client: TestClient, headers: dict[str, str] | None = None) -> None:
 
 
 def page_hits(client: TestClient) -> int:
-    return runtime_of(client).pages.hits
+    """Jobs answered with a rendering already kept."""
+    return runtime_of(client).fragments.hits
+
+
+def renderings(client: TestClient) -> int:
+    """Jobs read whole and rendered."""
+    return runtime_of(client).fragments.misses
 
 
 def same_answer(first: Response, second: Response) -> None:
@@ -42,29 +51,66 @@ def same_answer(first: Response, second: Response) -> None:
         assert second.headers.get(name) == first.headers.get(name), name
 
 
-def test_a_repeat_poll_is_answered_from_the_rendered_page_with_the_same_answer(api: TestClient) -> None:
+def test_a_repeat_poll_renders_nothing_and_gives_the_same_answer(api: TestClient) -> None:
     submit(api, name="one")
+    submit(api, name="two")
     settled(api)
-    unseen = f"{JOBS}?limit=7"  # a page not rendered yet under this clock value
+    unseen = f"{JOBS}?limit=7"  # a page not asked for yet: its jobs were rendered by the other polls
     rendered = api.get(unseen)
-    answered = page_hits(api)
+    answered, rendered_before = page_hits(api), renderings(api)
     repeated = api.get(unseen)
 
-    assert page_hits(api) == answered + 1
+    assert renderings(api) == rendered_before and page_hits(api) <= answered + 2
     same_answer(rendered, repeated)
-    assert [job["name"] for job in repeated.json()["items"]] == ["one"]
-    # If-None-Match with the page's tag: a 304 decided from the clock, without looking the page up.
+    assert [job["name"] for job in repeated.json()["items"]] == ["two", "one"]
+    # If-None-Match with the page's tag: a 304 decided from the clock, no job looked at.
     not_modified = api.get(unseen, headers={"If-None-Match": rendered.headers["etag"]})
     assert not_modified.status_code == 304 and not_modified.content == b""
-    assert not_modified.headers["etag"] == rendered.headers["etag"] and page_hits(api) == answered + 1
+    assert not_modified.headers["etag"] == rendered.headers["etag"] and renderings(api) == rendered_before
+
+
+def test_a_joined_page_is_byte_for_byte_what_the_page_model_writes(api: TestClient) -> None:
+    for n in range(3):
+        submit(api, name=f"job-{n}")
+    settled(api)
+    api.get(f"{JOBS}?limit=2")  # every job rendered and kept
+    page = api.get(f"{JOBS}?limit=2")
+    assert page_hits(api) >= 2
+
+    with Session(runtime_of(api).engine) as session:
+        rows = session.exec(select(Job).order_by(col(Job.id).desc()).limit(2)).all()
+        items = [JobPublic.model_validate(row, from_attributes=True) for row in rows]
+    written = JobPage(
+        items=items,
+        next_cursor=page.json()["next_cursor"],
+        server_time=datetime.fromisoformat(page.headers["x-server-time"]),
+    )
+    assert page.content == written.model_dump_json().encode()
+    assert page.json()["next_cursor"] is not None
+
+
+def test_a_change_renders_only_the_changed_job(api: TestClient) -> None:
+    ids = [submit(api, name=f"job-{n}")["id"] for n in range(4)]
+    settled(api)
+    api.get(QUERY)
+    before = renderings(api)
+    with write_scope(runtime_of(api).engine) as session:
+        job = session.get(Job, ids[1])
+        assert job is not None
+        job.progress = {"step": 7, "total": 10}
+        session.add(job)
+
+    page = api.get(QUERY).json()["items"]
+
+    assert renderings(api) == before + 1
+    assert [item["progress"] for item in page if item["id"] == ids[1]] == [{"step": 7, "total": 10}]
 
 
 def test_a_change_to_the_ledger_is_seen_by_the_next_poll(api: TestClient) -> None:
     submit(api, name="one")
     settled(api)
-    answered = page_hits(api)
-    before = api.get(QUERY)
-    assert page_hits(api) == answered + 1
+    before = api.get(QUERY)  # the page kept while the clock stands still (LastPages)
+    assert api.get(QUERY).content == before.content
 
     submit(api, name="two")
     after = api.get(QUERY)
@@ -108,8 +154,7 @@ def test_a_revoked_token_is_refused_once_the_token_cache_lets_it_go(settings: Se
         with session_scope(engine) as session:
             raw = auth.create_token(session, "carol")
         settled(client, bearer(raw))
-        answered = page_hits(client)
-        assert answered >= 1
+        answered = page_hits(client), renderings(client)
         with session_scope(engine) as session:
             [row] = [row for row in auth.list_tokens(session) if row.username == "carol"]
             auth.revoke_token(session, row.id or 0)
@@ -118,4 +163,4 @@ def test_a_revoked_token_is_refused_once_the_token_cache_lets_it_go(settings: Se
         response = client.get(QUERY, headers=bearer(raw))
 
     assert response.status_code == 401 and "revoked" in response.text
-    assert page_hits(client) == answered
+    assert (page_hits(client), renderings(client)) == answered  # refused before any job was looked at

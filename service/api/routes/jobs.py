@@ -22,9 +22,9 @@ from service.domain.auth import Principal
 from service.domain.metric_series import MAX_POINTS, POINTS_PER_BUCKET
 from service.errors import InvalidRequest
 from service.ledger.clock import LedgerVersion
-from service.ledger.db import session_scope
 from service.ledger.models import (
     CheckpointPublic,
+    Job,
     JobAttemptPublic,
     JobCreate,
     JobEventPublic,
@@ -55,6 +55,10 @@ IdempotencyKey = Annotated[
     ),
 ]
 MAX_WAIT_S = 30.0  # a long poll holds a connection; clients ask again rather than wait for minutes
+# A few jobs changed since they were rendered (the usual page of a busy ledger) are rendered on the
+# event loop: the first poll to meet a change renders it and every later one finds it, where 50
+# pollers in the thread pool rendered the same change at once and took the writers' GIL turns.
+RENDER_INLINE = 8
 RECHECK_S = 1.0  # a waiting long poll reads the job again this often: other replicas do not wake it
 VARY = {"Vary": "Authorization"}  # each caller sees their own jobs: a shared cache must not mix them
 
@@ -127,7 +131,8 @@ async def create_job(
     payload: JobCreate, runtime: RuntimeDep, user: CurrentUser, idempotency_key: IdempotencyKey = None
 ) -> Response:
     """Store the job (state `queued`) and return at once; the dispatch loop hands it to the backend."""
-    accepted = await runtime.admission.submit(payload, user, idempotency_key)
+    with runtime.writers.writing():
+        accepted = await runtime.admission.submit(payload, user, idempotency_key)
     status = 200 if accepted.replayed else 201
     return Response(accepted.job.model_dump_json(), status_code=status, media_type=JSON)
 
@@ -157,36 +162,44 @@ async def list_jobs(
     ] = None,
     if_none_match: IfNoneMatch = None,
 ) -> Response:
-    # async with the clock read inline: it is one primary-key read, cheaper than a thread hop; only
-    # a page not rendered for this clock value goes to the thread pool.
-    version = runtime.clock.read()  # before the rows: the tag may be older, never newer
+    # async, with the reads inline: a 304 costs one read of the clock, a page one index query more
+    # and the joining of kept renderings; only jobs changed since they were rendered (and filters,
+    # which may read many rows) are read in the thread pool.
+    await runtime.writers.before_read()
+    version = runtime.reader.clock()  # before the rows: the tag may be older, never newer
     tag = etag.for_ledger(version, user.owner_filter())
-    headers = {**etag.headers(tag, version.stamped_at), **VARY}
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    key = (tag, user.owner_filter(), tuple(state or ()), name, cursor, limit, since)  # tag: clock + viewer
-    body = runtime.pages.get(key)
+    query = jobs.PageQuery(tuple(state or ()), name, user.owner_filter(), cursor, limit, since)
+    body = runtime.pages.get(query, version)
     if body is None:
-        body = await run_in_threadpool(_render_page, runtime, key, version)
-    return Response(body, media_type=JSON, headers=headers)
+        body = await _join_page(runtime, query, version)
+        runtime.pages.put(query, version, body)
+    return Response(body, media_type=JSON, headers={**etag.headers(tag, version.stamped_at), **VARY})
 
 
-def _render_page(runtime: Runtime, key: tuple[Any, ...], version: LedgerVersion) -> bytes:
-    _, owner, state, name, cursor, limit, since = key
+async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVersion) -> bytes:
+    if query.reads_a_range():
+        index = runtime.reader.page_index(query)
+    else:
+        index = await run_in_threadpool(_page_index, runtime, query)
+    parts = runtime.fragments.collect(index)
+    missing = parts.missing()
+    if 0 < len(missing) <= RENDER_INLINE:
+        runtime.fragments.complete(parts, runtime.reader.jobs(missing))
+    elif missing:
+        runtime.fragments.complete(parts, await run_in_threadpool(_read_jobs, runtime, missing))
+    return parts.join(version.stamped_at)
+
+
+def _page_index(runtime: Runtime, query: jobs.PageQuery) -> jobs.PageIndex:
+    with runtime.engine.connect() as connection:
+        return jobs.page_index(connection, query)
+
+
+def _read_jobs(runtime: Runtime, job_ids: list[int]) -> list[Job]:
     with Session(runtime.engine) as session:
-        page = jobs.list_jobs(
-            session,
-            state=state,
-            name=name,
-            owner=owner,
-            cursor=cursor,
-            limit=limit,
-            updated_since=since,
-            as_of=version,
-        )
-    body = page.model_dump_json().encode()
-    runtime.pages.put(key, body)
-    return body
+        return jobs.jobs_by_id(session, job_ids)
 
 
 @router.get(
@@ -214,13 +227,14 @@ async def get_job(
     """The job. A long poll (`wait_s` with `If-None-Match`) answers within milliseconds of a change,
     without the caller asking again and again; a change made by another replica is seen within
     about a second."""
+    await runtime.writers.before_read()
     if wait_s <= 0 or if_none_match is None:  # not a long poll: one read
-        return await run_in_threadpool(_job_answer, runtime, job_id, user, if_none_match)
+        return _job_answer(runtime, job_id, user, if_none_match)
     deadline = time.monotonic() + wait_s
     # Registered before the read, so no change can slip between them.
     with runtime.job_watch.watching(job_id, user.user) as change:
         while True:
-            answer = await run_in_threadpool(_job_answer, runtime, job_id, user, if_none_match)
+            answer = _job_answer(runtime, job_id, user, if_none_match)
             remaining = deadline - time.monotonic()
             if answer.status_code != 304 or remaining <= 0:
                 return answer
@@ -231,12 +245,17 @@ async def get_job(
 
 
 def _job_answer(runtime: Runtime, job_id: int, user: Principal, if_none_match: str | None) -> Response:
-    with session_scope(runtime.engine) as session:
-        tag = _job_tag(session, job_id, user)
-        if etag.matches(if_none_match, tag):
-            return _not_modified(tag)
-        job = JobPublic.model_validate(jobs.get_job(session, job_id, user), from_attributes=True)
-    return Response(job.model_dump_json(), media_type=JSON, headers={**etag.headers(tag), **VARY})
+    """All on the event loop: the job's stamp decides a 304 and finds a kept rendering; only a job
+    changed since it was last rendered is read whole and rendered (by the first poll to meet it)."""
+    stamp = runtime.reader.job_stamp(job_id, user)
+    tag = etag.for_job(job_id, stamp)
+    if etag.matches(if_none_match, tag):
+        return _not_modified(tag)
+    body = runtime.fragments.get(job_id, stamp)
+    if body is None:  # the tag names the version rendered, which may be newer than the stamp read
+        stamp, body = runtime.fragments.render(runtime.reader.job(job_id, user))
+        tag = etag.for_job(job_id, stamp)
+    return Response(body, media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
 @router.get(

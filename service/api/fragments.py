@@ -1,0 +1,149 @@
+"""Each job's public JSON, rendered once per version and kept; a list page is those renderings joined.
+
+A job's version is its `updated_at`: every commit that changes the job (its row, its events, its
+metrics) restamps it with the ledger clock (service.ledger.clock), and JobPublic is made from the
+job's row alone. So (id, updated_at) names exactly one rendering, and a rendering kept under it can
+never be stale: a changed job has a new stamp, and the old rendering is simply not asked for again.
+
+What a poll costs then follows what changed, not what was asked: a page is one index query (ids and
+stamps, service.domain.jobs.page_index) plus the renderings of the jobs on it, and only the jobs that
+changed since they were last rendered are read whole and rendered again. Whose page it is, is the
+index query's business (its owner filter) and the single-job read's (the viewer check on the stamp):
+a rendering holds one job and is served only where that job is.
+
+Memory is bounded by bytes: least recently used renderings go first. LastPages keeps each query's
+joined page for as long as the ledger clock stands still.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime
+
+from service.domain import jobs
+from service.ledger.clock import LedgerVersion
+from service.ledger.models import Job, JobPage, JobPublic
+
+MAX_BYTES = 64 * 2**20  # about 50,000 typical jobs; a page of 500 needs well under 1 MiB
+PAGES_MAX_BYTES = 16 * 2**20
+_EMPTY_ITEMS = b'{"items":[]'
+
+
+class Fragments:
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._kept: OrderedDict[int, tuple[datetime, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, job_id: int, stamp: datetime) -> bytes | None:
+        """The rendering of this job's version `stamp`, if kept."""
+        with self._lock:
+            kept = self._kept.get(job_id)
+            if kept is None or kept[0] != stamp:
+                self.misses += 1
+                return None
+            self._kept.move_to_end(job_id)
+            self.hits += 1
+            return kept[1]
+
+    def render(self, job: Job) -> tuple[datetime, bytes]:
+        """Render the job as it is in `job` and keep it under its stamp: (stamp, JSON)."""
+        public = JobPublic.model_validate(job, from_attributes=True)
+        body = public.model_dump_json().encode()
+        self._keep(public.id, public.updated_at, body)
+        return public.updated_at, body
+
+    def collect(self, index: jobs.PageIndex) -> PageParts:
+        """The kept renderings of the page's jobs; the others are left to complete()."""
+        parts = PageParts(index, {})
+        for job_id, stamp in index.entries:
+            body = self.get(job_id, stamp)
+            if body is not None:
+                parts.bodies[job_id] = body
+        return parts
+
+    def complete(self, parts: PageParts, found: list[Job]) -> None:
+        """Render the jobs collect() found no rendering for, read whole (`found`). A job changed since
+        the index was read is rendered as it is now (newer than the page's tag, never older); one
+        deleted meanwhile is left out."""
+        for job in found:
+            parts.bodies[job.id or 0] = self.render(job)[1]
+
+    def size(self) -> tuple[int, int]:
+        """(renderings kept, their bytes)."""
+        with self._lock:
+            return len(self._kept), self._bytes
+
+    def _keep(self, job_id: int, stamp: datetime, body: bytes) -> None:
+        if len(body) > self.max_bytes:
+            return
+        with self._lock:
+            kept = self._kept.get(job_id)
+            if kept is not None and kept[0] > stamp:
+                return  # a reader that raced a commit must not put an older version back
+            if kept is not None:
+                self._bytes -= len(kept[1])
+            self._kept[job_id] = (stamp, body)
+            self._kept.move_to_end(job_id)
+            self._bytes += len(body)
+            while self._bytes > self.max_bytes:
+                _, (_, dropped) = self._kept.popitem(last=False)
+                self._bytes -= len(dropped)
+
+
+class LastPages:
+    """Each query's page as last joined, kept while the ledger clock stays where it was read.
+
+    A quiet ledger's polls then cost the clock read alone, as the 304 does; the first commit makes
+    every kept page useless (a newer clock value is never answered from an older one), and the next
+    poll of each query joins it again from the renderings. Bounded by bytes, least recently used first.
+    """
+
+    def __init__(self, max_bytes: int = PAGES_MAX_BYTES) -> None:
+        self._max = max_bytes
+        self._pages: OrderedDict[jobs.PageQuery, tuple[LedgerVersion, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, query: jobs.PageQuery, version: LedgerVersion) -> bytes | None:
+        with self._lock:
+            kept = self._pages.get(query)
+            if kept is None or kept[0] != version:
+                return None
+            self._pages.move_to_end(query)
+            return kept[1]
+
+    def put(self, query: jobs.PageQuery, version: LedgerVersion, body: bytes) -> None:
+        with self._lock:
+            kept = self._pages.pop(query, None)
+            if kept is not None:
+                self._bytes -= len(kept[1])
+            self._pages[query] = (version, body)
+            self._bytes += len(body)
+            while self._bytes > self._max:
+                _, (_, dropped) = self._pages.popitem(last=False)
+                self._bytes -= len(dropped)
+
+
+@dataclass
+class PageParts:
+    """A page on its way: its index and the renderings found so far."""
+
+    index: jobs.PageIndex
+    bodies: dict[int, bytes]
+
+    def missing(self) -> list[int]:
+        return [job_id for job_id, _ in self.index.entries if job_id not in self.bodies]
+
+    def join(self, server_time: datetime) -> bytes:
+        """The page as JobPage would write it: the envelope from JobPage itself, the items spliced in."""
+        envelope = JobPage(items=[], next_cursor=self.index.next_cursor, server_time=server_time)
+        written = envelope.model_dump_json().encode()
+        assert written.startswith(_EMPTY_ITEMS)  # JobPage's first field is its items
+        items = b",".join(self.bodies[job_id] for job_id, _ in self.index.entries if job_id in self.bodies)
+        return b'{"items":[' + items + b"]" + written[len(_EMPTY_ITEMS) :]

@@ -1,0 +1,134 @@
+"""What makes the one read path (service.api.fragments) correct: a job changed by a commit is never
+served as it was before that commit, a rendering kept for one user's job never reaches another user,
+and what is kept stays bounded however many distinct jobs are polled."""
+
+from __future__ import annotations
+
+import threading
+
+from fastapi.testclient import TestClient
+from sqlalchemy import insert
+
+from service.api.fragments import Fragments
+from service.ledger.db import write_scope
+from service.ledger.models import Job, utcnow
+from tests.conftest import Login
+from tests.support import get_job, runtime_of, submit
+
+JOBS = "/api/v1/jobs"
+
+
+def set_step(api: TestClient, job_id: int, step: int) -> None:
+    with write_scope(runtime_of(api).engine) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.progress = {"step": step, "total": 1000}
+        session.add(job)
+
+
+def test_a_committed_change_is_never_served_stale(api: TestClient) -> None:
+    """A writer commits step after step; every answer begun after a commit shows that step or a later one,
+    on the list, the single-job read and its revalidation, while renderings of older steps are kept."""
+    job_id = submit(api, name="busy")["id"]
+    other = submit(api, name="quiet")["id"]
+    set_step(api, job_id, 0)
+    committed = 0
+    done = threading.Event()
+
+    def writer() -> None:
+        nonlocal committed
+        for step in range(1, 200):
+            set_step(api, job_id, step)
+            committed = step  # after COMMIT: any read that starts now must see this step
+        done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    tag, seen_step = "", -1
+    reads = 0
+    try:
+        while not done.is_set():
+            floor = committed
+            single = api.get(f"{JOBS}/{job_id}", headers={"If-None-Match": tag} if tag else {})
+            if single.status_code == 304:  # the tag it had still names the job's current version
+                assert floor <= seen_step
+            else:
+                assert single.status_code == 200
+                seen_step, tag = single.json()["progress"]["step"], single.headers["etag"]
+                assert seen_step >= floor
+            page = {item["id"]: item for item in api.get(JOBS).json()["items"]}
+            assert page[job_id]["progress"]["step"] >= floor
+            reads += 1
+    finally:
+        thread.join()
+    assert reads > 10
+    assert get_job(api, job_id)["progress"]["step"] == 199
+    assert [item["progress"]["step"] for item in api.get(JOBS).json()["items"] if item["id"] == job_id] == [
+        199
+    ]
+    assert get_job(api, other)["name"] == "quiet"
+
+
+def test_a_rendering_kept_for_one_user_never_reaches_another(api: TestClient, login: Login) -> None:
+    alices = submit(api, name="alices")["id"]
+    mine = api.get(f"{JOBS}/{alices}")
+    api.get(JOBS)
+    assert runtime_of(api).fragments.size()[0] >= 1  # alice's job is rendered and kept
+    bob = login("bob")
+    bob_job = api.post(
+        JOBS, json={"name": "bob-only", "entrypoint": "worker.tasks.seed:ddp_step"}, headers=bob
+    )
+    assert bob_job.status_code == 201
+
+    assert api.get(f"{JOBS}/{alices}", headers=bob).status_code == 404
+    revalidated = api.get(f"{JOBS}/{alices}", headers={**bob, "If-None-Match": mine.headers["etag"]})
+    assert revalidated.status_code == 404  # not a 304 that would confirm the job exists
+    assert [item["name"] for item in api.get(JOBS, headers=bob).json()["items"]] == ["bob-only"]
+    for query in (
+        "?name=alices",
+        f"?limit=1&cursor={api.get(JOBS, params={'limit': 1}).json()['next_cursor']}",
+    ):
+        assert "alices" not in api.get(JOBS + query, headers=bob).text
+    admin = login("root", admin=True)
+    assert {item["name"] for item in api.get(JOBS, headers=admin).json()["items"]} == {"alices", "bob-only"}
+
+
+def test_what_is_kept_stays_bounded_with_100_000_distinct_jobs_polled(api: TestClient) -> None:
+    runtime = runtime_of(api)
+    runtime.fragments = Fragments(max_bytes=4 * 2**20)  # well under 100,000 renderings (~60 MiB)
+    now = utcnow()
+    rows = [
+        {
+            "name": f"job-{n}",
+            "owner": "alice",
+            "backend": "local",
+            "state": "succeeded",
+            "spec": {"entrypoint": "worker.tasks.seed:ddp_step", "resources": {"nodes": 1}},
+            "attempt": 1,
+            "progress_offset": 0,
+            "cancel_requested": False,
+            "progress": {"step": 100, "total": 100, "metrics": {"loss": 0.1}},
+            "created_at": now,
+            "updated_at": now,
+        }
+        for n in range(100_000)
+    ]
+    with runtime.engine.begin() as connection:
+        for start in range(0, len(rows), 10_000):
+            connection.execute(insert(Job), rows[start : start + 10_000])
+
+    seen: set[int] = set()
+    cursor = None
+    while True:
+        page = api.get(JOBS, params={"limit": 500, **({"cursor": cursor} if cursor else {})}).json()
+        seen.update(item["id"] for item in page["items"])
+        if page["next_cursor"] is None:
+            break
+        cursor = page["next_cursor"]
+    for job_id in range(1, 100_001, 97):  # single reads of jobs all over the ledger
+        assert api.get(f"{JOBS}/{job_id}").status_code == 200
+
+    kept, kept_bytes = runtime.fragments.size()
+    assert len(seen) == 100_000
+    assert kept_bytes <= 4 * 2**20 and 0 < kept < 10_000
+    assert runtime.fragments.misses >= 100_000  # every job was rendered once, most were let go

@@ -1,0 +1,69 @@
+"""The read path's two keepers: renderings per job version and pages per clock value, both bounded."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from service.api.fragments import Fragments, LastPages
+from service.domain.jobs import PageQuery
+from service.ledger.clock import LedgerVersion
+from service.ledger.models import Job
+from service.states import JobState
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def job(job_id: int, stamp: datetime, name: str = "job") -> Job:
+    return Job(
+        id=job_id,
+        name=name,
+        owner="alice",
+        backend="local",
+        state=JobState.running,
+        spec={"entrypoint": "worker.tasks.seed:ddp_step"},
+        attempt=1,
+        progress_offset=0,
+        cancel_requested=False,
+        created_at=T0,
+        updated_at=stamp,
+    )
+
+
+def test_a_rendering_answers_only_for_its_own_version() -> None:
+    fragments = Fragments()
+    stamp, body = fragments.render(job(1, T0, name="first"))
+
+    assert stamp == T0 and fragments.get(1, T0) == body and b'"first"' in body
+    assert fragments.get(1, T0 + timedelta(microseconds=1)) is None  # a newer version: not this one
+    newer = T0 + timedelta(seconds=1)
+    fragments.render(job(1, newer, name="second"))
+    fragments.render(job(1, T0, name="first"))  # a reader that raced the commit: not put back
+    assert fragments.get(1, T0) is None and b'"second"' in (fragments.get(1, newer) or b"")
+
+
+def test_renderings_are_bounded_by_bytes_least_recently_used_first() -> None:
+    one = len(Fragments().render(job(1, T0))[1])
+    fragments = Fragments(max_bytes=10 * one + one // 2)
+    for job_id in range(1, 1001):
+        fragments.render(job(job_id, T0))
+        fragments.get(1, T0)  # kept in use: never the one let go
+
+    kept, kept_bytes = fragments.size()
+    assert kept == 10 and kept_bytes <= fragments.max_bytes
+    assert fragments.get(1, T0) is not None and fragments.get(1000, T0) is not None
+    assert fragments.get(500, T0) is None
+
+
+def test_a_page_is_kept_only_while_the_clock_stands_still_and_within_its_bytes() -> None:
+    pages = LastPages(max_bytes=1000)
+    query, other = PageQuery(owner="alice"), PageQuery(owner="bob")
+    now = LedgerVersion(7, T0)
+    pages.put(query, now, b"alice's page")
+
+    assert pages.get(query, now) == b"alice's page"
+    assert pages.get(other, now) is None  # another viewer's query: never this page
+    assert pages.get(query, LedgerVersion(8, T0 + timedelta(microseconds=1))) is None
+    for n in range(20):
+        pages.put(PageQuery(owner=f"user{n}"), now, b"x" * 100)
+    assert pages.get(query, now) is None  # let go to stay within 1000 bytes
+    assert pages.get(PageQuery(owner="user19"), now) == b"x" * 100
