@@ -70,14 +70,15 @@ def blocker() -> Iterator[None]:
     """A job holding all 8 CPUs: whatever is submitted meanwhile pends, nothing runs."""
     job = sh("sbatch", "--parsable", "-J", "bench-blocker", "-N", "2", "--ntasks-per-node", "4",
              "-o", "/dev/null", "--wrap", "sleep 600").strip()
-    deadline = time.monotonic() + 30
-    while sh("squeue", "-h", "-j", job, "-o", "%T").strip() != "RUNNING":
-        if time.monotonic() > deadline:
-            raise SystemExit("the blocker job did not start")
-        time.sleep(0.2)
     try:
+        # It waits for whatever still runs (a job of the previous round that was starting up).
+        deadline = time.monotonic() + 120
+        while sh("squeue", "-h", "-j", job, "-o", "%T").strip() != "RUNNING":
+            if time.monotonic() > deadline:
+                raise SystemExit("the blocker job did not start")
+            time.sleep(0.2)
         yield
-    finally:
+    finally:  # never left behind holding the cluster, whatever happened
         subprocess.run(["scancel", job], check=False)
 
 
