@@ -59,10 +59,17 @@ def wait_accepted(ledger: Path, since_id: int, count: int) -> None:
         time.sleep(0.005)
 
 
-def arrays_of(ledger: Path, since_id: int) -> int:
+def arrays_of(ledger: Path, since_id: int) -> set[str]:
+    """The SLURM jobs (arrays) that hold the jobs stored after `since_id`."""
     with sqlite3.connect(ledger) as db:
         ids = [row[0] for row in db.execute("SELECT external_id FROM job WHERE id > ?", (since_id,))]
-    return len({one.split("_")[0] for one in ids})
+    return {one.split("_")[0] for one in ids if one}
+
+
+def queued(ids: list[str]) -> bool:
+    """Whether SLURM still holds any of these jobs (squeue refuses ids it has forgotten: not an error)."""
+    done = subprocess.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i"], capture_output=True, text=True)
+    return bool(ids) and bool(done.stdout.strip())
 
 
 def one_sweep(client: httpx.Client, ledger: Path, trials: int) -> float:
@@ -72,7 +79,7 @@ def one_sweep(client: httpx.Client, ledger: Path, trials: int) -> float:
     client.post("/api/v1/sweeps", json=body).raise_for_status()
     wait_accepted(ledger, since, trials)
     elapsed = time.perf_counter() - started
-    print(f"    (sweep: {arrays_of(ledger, since)} sbatch call(s))")
+    print(f"    (sweep: {len(arrays_of(ledger, since))} sbatch call(s))")
     return elapsed
 
 
@@ -82,7 +89,7 @@ def separate_posts(url: str, auth: dict[str, str], ledger: Path, trials: int) ->
     post_many(url, "/api/v1/jobs", {"name": NAME, **JOB}, auth, trials)
     wait_accepted(ledger, since, trials)
     elapsed = time.perf_counter() - started
-    print(f"    (separate POSTs: {arrays_of(ledger, since)} sbatch call(s))")
+    print(f"    (separate POSTs: {len(arrays_of(ledger, since))} sbatch call(s))")
     return elapsed
 
 
@@ -131,15 +138,17 @@ def rounds(
     to_hand: list[float] = []
     to_posts: list[float] = []
     for n in range(count):
+        before = last_id(ledger)
         with blocker():
             hand_s = by_hand(tmp, trials)
             sweep_s = one_sweep(client, ledger, trials)
             posts_s = separate_posts(url, auth, ledger, trials)
-            subprocess.run(["scancel", "-n", NAME], check=False)
+            # By id: a sweep's array is named after no one trial, and nothing of a round may run.
+            ours = sorted(arrays_of(ledger, before))
+            subprocess.run(["scancel", *ours], check=False)
             subprocess.run(["scancel", "-n", f"{NAME}-hand"], check=False)
-            for one in (NAME, f"{NAME}-hand"):
-                while squeue_ids(one):
-                    time.sleep(0.5)
+            while squeue_ids(f"{NAME}-hand") or queued(ours):
+                time.sleep(0.5)
         to_hand.append(sweep_s / hand_s)
         to_posts.append(posts_s / sweep_s)
         print(f"round {n + 1}: by hand {hand_s:.3f} s; one sweep {sweep_s:.3f} s; "
