@@ -121,7 +121,7 @@ def main() -> None:
             "TORCHYARD_DATABASE_URL": f"sqlite:///{ledger}",
             "TORCHYARD_DEFAULT_BACKEND": "slurm",
             "TORCHYARD_RECONCILE_INTERVAL_S": "1",
-            "TORCHYARD_MAX_ACTIVE_JOBS_PER_USER": str(args.trials * 3),
+            "TORCHYARD_MAX_ACTIVE_JOBS_PER_USER": str(args.trials * 2 * args.rounds + 10),  # scancelled too
         }
         with (
             torchyard("service.app:create_app", env) as (url, auth),
