@@ -1,5 +1,6 @@
 """The housekeeping loop: retention passes (every `gc_interval_s`, the first at start, which also
-finishes a pass a restart cut short) and, between them, the sizes of the folders of jobs that ended.
+finishes a pass a restart cut short) with the collection of unused code snapshots, and, between them,
+the sizes of the folders of jobs that ended.
 
 Every replica runs one; the work is idempotent (a folder another replica moved is simply gone).
 """
@@ -13,7 +14,8 @@ import time
 from sqlalchemy.engine import Engine
 
 from service.config import Settings
-from service.domain import retention
+from service.domain import code_store, retention
+from service.ledger.db import session_scope
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,18 @@ class Housekeeper:
     def run_pass(self) -> retention.PassReport:
         report = retention.run_pass(self._engine, self._settings)
         self.freed_bytes += report.freed
+        self._collect_code()
         self.last_pass_at = time.time()
         return report
+
+    def _collect_code(self) -> None:
+        """Code snapshots no unfinished job uses, older than TORCHYARD_CODE_KEEP_H: their rows, then
+        (after the commit) their files, as `torchyard code gc` does."""
+        with session_scope(self._engine) as session:
+            removed = code_store.collect(session, self._settings)
+        code_store.remove_files(self._settings, removed)
+        if removed:
+            log.info("collected %d unused code snapshot(s)", len(removed))
 
     def _run(self) -> None:
         next_pass = time.monotonic()
