@@ -61,16 +61,18 @@ class Member:
 # ---------------------------------------------------------------- checking an archive
 
 
+def is_zip(data: bytes) -> bool:
+    """A zip (a local file header, or the end record of an empty one); anything else is read as tar."""
+    return data[:4] in (b"PK\x03\x04", b"PK\x05\x06")
+
+
 def check_archive(data: bytes, max_bytes: int) -> list[Member]:
     """Every member of a .tar.gz / .tar / zip, checked; InvalidRequest (field `archive`) for the first
     problem. Nothing is written."""
     if len(data) > max_bytes:
         raise TooLarge(f"the archive is {len(data)} bytes, over TORCHYARD_MAX_CODE_BYTES ({max_bytes})")
     budget = _Budget(UNPACKED_FACTOR * max_bytes)
-    if data[:4] == b"PK\x03\x04" or data[:4] == b"PK\x05\x06":
-        members = _zip_members(data, budget)
-    else:
-        members = _tar_members(data, budget)
+    members = _zip_members(data, budget) if is_zip(data) else _tar_members(data, budget)
     seen = set()
     for member in members:
         if member.path in seen and member.kind != "dir":
@@ -245,7 +247,7 @@ class CodeStore:
         self.root.mkdir(mode=STORE_MODE, parents=True, exist_ok=True)
         if self.archive(digest).is_file() and (self.root / f"{digest}.json").is_file():
             return
-        stored = data if not data.startswith(b"PK") else _zip_as_tar_gz(data)
+        stored = _zip_as_tar_gz(data) if is_zip(data) else data
         for name, content in ((f"{digest}.json", json.dumps(paths).encode()), (f"{digest}.tar.gz", stored)):
             partial = self.root / f".{uuid.uuid4().hex}.partial"
             partial.write_bytes(content)
@@ -308,30 +310,36 @@ def _zip_as_tar_gz(data: bytes) -> bytes:
 
 def unpack_into(store_dir: Path, code_id: str, folder: Path) -> Path:
     """The snapshot unpacked as `<folder>/code`, read-only to the job: files 0444 (0555 when
-    executable), owned by the service. A retry finds it there already and keeps it."""
-    target = folder / "code"
-    try:
-        existing = os.lstat(target)
-    except FileNotFoundError:
-        pass
-    else:
-        if stat.S_ISDIR(existing.st_mode):
-            return target
-        raise NotADirectoryError(f"{target} is not a folder (a link the job made?)")
-    archive = store_dir / f"{digest_of(code_id)}.tar.gz"
-    building = folder / f".code-{uuid.uuid4().hex}"
+    executable), owned by the service. A retry finds it there already and keeps it.
+
+    The job folder is the job's account's, which could swap any name in it for a link while we
+    write: so the tree is built and made read-only in a staging folder only the service can enter,
+    and moved in whole by one rename relative to a handle on the job folder opened without
+    following links."""
+    staging_root = store_dir / ".unpacking"
+    staging_root.mkdir(mode=0o700, exist_ok=True)
+    building = staging_root / uuid.uuid4().hex
     building.mkdir(mode=0o755)
+    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        with tarfile.open(archive, mode="r:*") as tar:
+        try:
+            existing = os.stat("code", dir_fd=handle, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:
+            if stat.S_ISDIR(existing.st_mode):
+                return folder / "code"
+            raise NotADirectoryError(f"{folder / 'code'} is not a folder (a link the job made?)")
+        with tarfile.open(store_dir / f"{digest_of(code_id)}.tar.gz", mode="r:*") as tar:
             tar.extractall(building, filter="data")  # refuses links out, absolute paths, devices
         for path in building.rglob("*"):
             if not path.is_symlink() and not path.is_dir():
                 path.chmod(0o555 if path.stat().st_mode & 0o100 else 0o444)
-        os.rename(building, target)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
-    return target
+        os.rename(building, "code", dst_dir_fd=handle)  # a link planted at `code` is replaced, not followed
+    finally:
+        os.close(handle)
+        shutil.rmtree(building, ignore_errors=True)  # gone already when the rename was made
+    return folder / "code"
 
 
 # ---------------------------------------------------------------- collection
