@@ -23,6 +23,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.spec import CODE_ID_PREFIX
+
 ALWAYS_SKIPPED = (".git", ".venv", "__pycache__", "*.pyc")
 IGNORE_FILES = (".gitignore", ".torchyardignore")
 
@@ -36,7 +38,7 @@ class Packed:
 
     @property
     def id(self) -> str:
-        return "sha256:" + hashlib.sha256(self.data).hexdigest()
+        return CODE_ID_PREFIX + hashlib.sha256(self.data).hexdigest()
 
 
 @dataclass(frozen=True)

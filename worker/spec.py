@@ -25,7 +25,8 @@ MAX_COUNT = 2**31 - 1  # steps and attempts: the ledger keeps them in 32-bit INT
 PROGRESS_KEYS = ("step", "total", "metrics", "time", "attempt")  # a progress line, as ctx.report writes it
 JOB_DIR_ENV = "TORCHYARD_JOB_DIR"  # every rank's: its job's folder, where a job writes what it keeps
 CHECKPOINT_DIR_ENV = "TORCHYARD_CHECKPOINT_DIR"  # every rank's: where checkpoints go (JobFiles.checkpoints)
-CODE_ID_PATTERN = r"^sha256:[0-9a-f]{64}$"  # a code snapshot's id: the SHA-256 of its archive
+CODE_ID_PREFIX = "sha256:"
+CODE_ID_PATTERN = rf"^{CODE_ID_PREFIX}[0-9a-f]{{64}}$"  # a code snapshot's id: the SHA-256 of its archive
 MAX_JSON_DEPTH = 32  # nesting of any JSON value the service stores (kwargs, results, progress)
 _SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: valid JSON text, not UTF-8
 

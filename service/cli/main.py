@@ -32,6 +32,7 @@ from service.cli.render import Job, as_json, job_details, jobs_table, state_text
 from service.cli.sweep_view import sweep_view, sweeps_table, watch_sweep
 from service.client import TorchyardClient, TorchyardError
 from service.states import TERMINAL_STATE_NAMES
+from worker.spec import CODE_ID_PREFIX
 
 EXIT_JOB_FAILED = 1
 EXIT_REQUEST = 2
@@ -194,7 +195,6 @@ def load_spec(
     return spec
 
 
-CODE_ID_PREFIX = "sha256:"
 PROGRESS_FROM_BYTES = 4 * 2**20  # smaller uploads take a moment: no bar
 
 
@@ -211,6 +211,13 @@ def upload_code(client: TorchyardClient, folder: Path) -> str:
         code_id = client.upload_code(folder, progress=advance)
     _console(stderr=True).print(f"code {folder} is {code_id}", soft_wrap=True, markup=False)
     return code_id
+
+
+def _upload_code_folder(client: TorchyardClient, job: dict[str, Any]) -> None:
+    """A job spec's `code` that names a folder (load_spec made it absolute): packed, uploaded unless
+    the service has it, and replaced by its id."""
+    if isinstance(job.get("code"), str) and not job["code"].startswith(CODE_ID_PREFIX):
+        job["code"] = upload_code(client, Path(job["code"]))
 
 
 def outcome(job: Job) -> int:
@@ -253,8 +260,7 @@ def submit(
     """Submit a job described by FILE."""
     spec = load_spec(file, code)
     with _client(ctx) as client:
-        if isinstance(spec.get("code"), str) and not spec["code"].startswith(CODE_ID_PREFIX):
-            spec["code"] = upload_code(client, Path(spec["code"]))
+        _upload_code_folder(client, spec)
         job = client.submit(spec)
         _console().print(f"submitted job {job['id']} ({job['name']}), {job['state']}")
         if not wait:
@@ -376,7 +382,10 @@ def sweep(
                 raise _fail(
                     f"{target} is no sweep spec file (or use: sweep show ID, sweep cancel ID)", EXIT_REQUEST
                 )
-            found = client.submit_sweep(load_spec(path, what="name, job, grid, ..."))
+            sweep_spec = load_spec(path, what="name, job, grid, ...")
+            if isinstance(sweep_spec.get("job"), dict):
+                _upload_code_folder(client, sweep_spec["job"])
+            found = client.submit_sweep(sweep_spec)
             if not as_json_flag:
                 console.print(f"submitted sweep {found['id']} ({found['name']}): {found['size']} trials")
         if wait:

@@ -37,11 +37,11 @@ from service.domain.auth import Principal
 from service.errors import Forbidden, InvalidRequest, NotFound, TooLarge
 from service.ledger.models import CodeSnapshot, CodeSnapshotDetail, CodeSnapshotPublic, Job, utcnow
 from service.states import JobState, is_terminal
+from worker.spec import CODE_ID_PREFIX
 
 MAX_FILES = 100_000
 UNPACKED_FACTOR = 4  # unpacked files may hold this many times TORCHYARD_MAX_CODE_BYTES
 SHOWN_PATHS = 10_000
-ID_PREFIX = "sha256:"
 STORE_MODE = 0o700  # the service's alone: jobs get their copy unpacked in their folder
 FIELD = "archive"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -204,7 +204,7 @@ def _inside_target(path: str, target: str) -> str:
 
 
 def digest_of(code_id: str) -> str:
-    return code_id.removeprefix(ID_PREFIX)
+    return code_id.removeprefix(CODE_ID_PREFIX)
 
 
 class CodeStore:
@@ -259,7 +259,7 @@ def store_root(settings: Settings) -> Path:
 
 
 def public(row: CodeSnapshot) -> CodeSnapshotPublic:
-    return CodeSnapshotPublic(id=ID_PREFIX + row.digest, bytes=row.bytes, files=row.files,
+    return CodeSnapshotPublic(id=CODE_ID_PREFIX + row.digest, bytes=row.bytes, files=row.files,
                               created_at=row.created_at)  # fmt: skip
 
 

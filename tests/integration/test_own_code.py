@@ -4,6 +4,7 @@ interpreters give two environments; an interpreter not allowed is refused."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 
 from service.client import TorchyardClient
 from service.config import Settings
+from tests.cli_service import clean_env, torchyard_command
 from tests.integration.isolation import isolated_settings, job_python, live_service
 from tests.integration.own_code import (
     cli_submit,
@@ -19,7 +21,7 @@ from tests.integration.own_code import (
     result_of,
     set_version,
 )
-from tests.support import bearer, issue_token
+from tests.support import ROOT, bearer, issue_token
 
 pytestmark = pytest.mark.integration
 
@@ -71,3 +73,26 @@ def test_two_interpreters_give_two_environments_and_one_not_allowed_is_403(share
     assert [result["packages"] for result in results] == [[], ["extra_pkg"]]
     assert refused.status_code == 403
     assert refused.json()["detail"][0]["loc"] == ["body", "python"]
+
+
+def test_a_sweep_of_the_project_in_front_of_you_uploads_it_once_for_every_trial(shared_root: Path) -> None:
+    proj = make_project(shared_root, tasks_per_node=1)
+    (proj / "sweep.yaml").write_text(
+        "name: own-sweep\n"
+        "job: {code: ., entrypoint: 'train:main', backend: local, resources: {timeout_min: 5},\n"
+        "      retries: {max: 0}}\n"
+        "grid: {seed: [1, 2]}\n"
+    )
+    with live_service(own_code_settings(shared_root, "local")) as server:
+        token = issue_token(server.runtime.engine, "alice", allow_code=True)
+        env = clean_env(TORCHYARD_URL=server.url, TORCHYARD_TOKEN=token)
+        done = subprocess.run([*torchyard_command(), "sweep", str(proj / "sweep.yaml"), "--wait"], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        with TorchyardClient(server.url, token=token) as client:
+            sweep = client.sweeps()["items"][0]
+            jobs = [client.get(trial["job_id"]) for trial in client.sweep(sweep["id"])["trials"]]
+    assert sweep["counts"] == {"succeeded": 2}
+    assert len({job["spec"]["code"] for job in jobs}) == 1  # one snapshot, named by every trial
+    assert all(job["result"]["version"] == "v1" for job in jobs)
+    assert [job["spec"]["kwargs"] for job in jobs] == [{"seed": 1}, {"seed": 2}]
