@@ -48,6 +48,7 @@ class Runtime:
     fragments: Fragments = field(default_factory=Fragments)  # each job's JSON per version
     pages: LastPages = field(default_factory=LastPages)  # list pages while the clock stands still
     writers: WritersFirst = field(default_factory=WritersFirst)  # polls wait for POSTs in flight
+    switch_interval_before: float = field(default=0.0, init=False, repr=False)  # restored by stop()
 
     @classmethod
     def build(cls, settings: Settings, backends: dict[str, Backend] | None = None) -> Runtime:
@@ -87,6 +88,7 @@ class Runtime:
         # The writing threads (intake, dispatch, reconcile) take the GIL back after every statement;
         # while readers keep the event loop busy, each take waited out the 5 ms default switch
         # interval, and a POST's group commit took hundreds of ms. Shorter turns keep writers first.
+        self.switch_interval_before = sys.getswitchinterval()
         sys.setswitchinterval(GIL_TURN_S)
         self.intake.start()
         self.dispatcher.start()
@@ -103,3 +105,5 @@ class Runtime:
             backend.close()
         self.reader.close()
         self.engine.dispose()
+        if self.switch_interval_before > 0:  # started: the process may go on without a service
+            sys.setswitchinterval(self.switch_interval_before)

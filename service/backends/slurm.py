@@ -451,8 +451,10 @@ class SlurmBackend:
         except _Refused as refusal:
             if refusal.transient:
                 raise
-            if len(specs) == 1:
-                return [SubmitOutcome(specs[0].job_id, error=refusal.message)]
+            if len(specs) == 1 or parallelism is not None:
+                # A throttled array (a sweep's) is not split into single jobs: they would run
+                # unthrottled. Its trials end with the scheduler's word instead.
+                return [SubmitOutcome(spec.job_id, error=refusal.message) for spec in specs]
             log.info("an array of %d was refused (%s); submitting them one by one", len(specs), refusal)
             first = self._submit_chunk(specs[:1], params, run_as, python)
             if first[0].error == refusal.message:  # same parameters, same verdict: spare the calls

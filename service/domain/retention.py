@@ -200,7 +200,9 @@ def _measure(
             job = session.get(Job, job_id)
             if job is None or job.state not in states or job.folder_removed_at is not None:
                 continue
-            if job.state in ACTIVE or job.folder_bytes is None:  # never over what retention wrote
+            # Never over what retention wrote; and only a size that changed is written: a write restamps
+            # the job, which makes every reader render it again and wakes its long polls.
+            if (job.state in ACTIVE or job.folder_bytes is None) and size != job.folder_bytes:
                 job.folder_bytes, job.folder_measured_at = size, now
                 session.add(job)
     return len(sizes)

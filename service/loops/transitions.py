@@ -55,6 +55,8 @@ def record_transition(
     check_transition(current, target)
     now = utcnow()
     assert job.id is not None, "flush the job before recording its history"
+    if target is not JobState.pending:
+        job.expected_start_at = None  # a start estimate means something only while it waits
     if exit_code is not None:
         job.exit_code = exit_code
     if is_terminal(target) or starts_new_attempt(target):

@@ -44,3 +44,13 @@ def test_a_pending_job_shows_when_the_scheduler_expects_to_start_it(
     fake_slurm.set_status(job_id, JobState.running)
     running = wait_for(lambda: (j := get_job(api, job_id))["state"] == "running" and j, what="running")
     assert running["expected_start_at"] is None and start_estimate(running) == ""
+
+
+def test_a_waiting_job_cancelled_keeps_no_estimate(api: TestClient, fake_slurm: FakeBackend) -> None:
+    job_id = submit(api, backend="slurm")["id"]
+    wait_state(api, job_id, "pending")
+    expected = datetime.now(timezone.utc) + timedelta(minutes=5)
+    fake_slurm.set_status(job_id, JobState.pending, "Resources", expected_start=expected)
+    wait_for(lambda: get_job(api, job_id)["expected_start_at"], what="an estimate")
+    cancelled = api.post(f"/api/v1/jobs/{job_id}/cancel").json()
+    assert cancelled["state"] == "cancelled" and cancelled["expected_start_at"] is None

@@ -45,7 +45,8 @@ async def create_sweep(
 ) -> Response:
     """Store the sweep and all its trials at once (each `queued`); on SLURM they go out as one job
     array, throttled to `max_parallel`."""
-    accepted = await runtime.admission.submit_sweep(payload, user, idempotency_key)
+    with runtime.writers.writing():  # polls wait while it is admitted, as for a job's POST
+        accepted = await runtime.admission.submit_sweep(payload, user, idempotency_key)
     sweep = accepted.made
     if sweep is None:  # a replay: the sweep as it is now
         sweep = await run_in_threadpool(_read, runtime, accepted.sweep_id, user)

@@ -134,6 +134,18 @@ def test_a_sweep_cut_under_max_array_size_shares_its_throttle(
     assert share_throttle(None, 2) == [None, None]
 
 
+def test_a_refused_sweep_array_is_not_split_into_unthrottled_jobs(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    commands.on("sbatch", fail(REFUSED), sbatch)
+    sweep = ArrayGroup(key="sweep-3", max_parallel=1)
+    specs = [make(tmp_path, n).model_copy(update={"group": sweep}) for n in (1, 2, 3)]
+    outcomes = backend(commands, tmp_path).submit(specs)
+    message = "Job violates accounting/QOS policy (job submit limit)"
+    assert [(o.external_id, o.error) for o in outcomes] == [(None, message)] * 3
+    assert len(commands.named("sbatch")) == 1  # not one by one, where max_parallel would not hold
+
+
 def test_a_refused_array_is_retried_one_by_one(
     commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
 ) -> None:
