@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -19,6 +18,7 @@ from typing import BinaryIO
 from sqlmodel import Session
 
 from service.domain.auth import Principal
+from service.domain.job_files import open_job_file
 from service.domain.jobs import get_job
 from service.errors import NotFound
 from service.ledger.models import CheckpointPublic
@@ -68,7 +68,7 @@ def open_checkpoint(session: Session, job_id: int, viewer: Principal, name: str)
     if job.folder is None or CHECKPOINT_PATTERN.fullmatch(name) is None:
         raise missing
     with _checkpoint_folder(Path(job.folder)) as folder:
-        handle = _open_regular(folder, name) if folder is not None else None
+        handle = open_job_file(name, dir_fd=folder) if folder is not None else None
     if handle is None:
         raise missing
     return CheckpointDownload(handle, os.fstat(handle.fileno()).st_size, name)
@@ -95,19 +95,8 @@ def _checkpoint_folder(job_folder: Path) -> Iterator[int | None]:
             os.close(inner)
 
 
-def _open_regular(folder: int, name: str) -> BinaryIO | None:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
-    except OSError:  # missing, a link (ELOOP), not permitted
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb")
-
-
 def _note_metrics(folder: int, checkpoint: str) -> dict[str, float | None]:
-    handle = _open_regular(folder, checkpoint.removesuffix(".pt") + CHECKPOINT_NOTE_SUFFIX)
+    handle = open_job_file(checkpoint.removesuffix(".pt") + CHECKPOINT_NOTE_SUFFIX, dir_fd=folder)
     if handle is None:
         return {}
     try:

@@ -34,12 +34,13 @@ MAX_ERROR_BYTES = 1024 * 1024
 MAX_PLACEMENT_BYTES = 4096
 
 
-def open_job_file(path: Path) -> BinaryIO | None:
-    """`path` opened for reading if it is a regular file, else None. The job wrote its folder: a name
-    the service reads may be a link (to a secret the service can read and the job cannot), a FIFO
-    (open would block the reading thread for ever), or a folder. None of those is followed or read."""
+def open_job_file(path: Path | str, dir_fd: int | None = None) -> BinaryIO | None:
+    """`path` (relative to the folder handle `dir_fd` when given) opened for reading if it is a regular
+    file, else None. The job wrote its folder: a name the service reads may be a link (to a secret
+    the service can read and the job cannot), a FIFO (open would block the reading thread for ever),
+    or a folder. None of those is followed or read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:  # missing, a link (ELOOP), not permitted
         return None
     if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import String, Table, cast, false, func, insert, literal, update
 from sqlalchemy.engine import Engine
@@ -39,6 +39,7 @@ _EVENTS: Table = JobEvent.__table__  # type: ignore[attr-defined]
 _AUDIT: Table = AuditEntry.__table__  # type: ignore[attr-defined]
 
 Key = tuple[str, str]  # (owner, idempotency key)
+Stored = TypeVar("Stored", Job, Sweep)
 
 
 @dataclass(frozen=True)
@@ -347,16 +348,8 @@ def _job_values(row: NewJob, sweep_id: int | None) -> dict[str, Any]:
 
 
 def _jobs_by_key(session: Session, rows: list[NewJob]) -> dict[Key, JobPublic]:
-    keys = {row.idempotency_key for row in rows if row.idempotency_key is not None}
-    if not keys:
-        return {}
-    owners = {row.owner for row in rows}
-    query = select(Job).where(col(Job.idempotency_key).in_(keys), col(Job.owner).in_(owners))
-    return {
-        (job.owner, job.idempotency_key): JobPublic.model_validate(job, from_attributes=True)
-        for job in session.exec(query)
-        if job.idempotency_key is not None
-    }
+    found = _by_key(session, Job, rows)
+    return {key: JobPublic.model_validate(job, from_attributes=True) for key, job in found.items()}
 
 
 def replay_sweep(earlier: Sweep, request: dict[str, Any]) -> SweepAccepted:
@@ -371,11 +364,16 @@ def replay_sweep(earlier: Sweep, request: dict[str, Any]) -> SweepAccepted:
 
 
 def _sweeps_by_key(session: Session, rows: list[NewSweep]) -> dict[Key, Sweep]:
+    return _by_key(session, Sweep, rows)
+
+
+def _by_key(session: Session, model: type[Stored], rows: Sequence[NewJob | NewSweep]) -> dict[Key, Stored]:
+    """The rows of `model` (Job or Sweep) that earlier requests with these rows' keys made."""
     keys = {row.idempotency_key for row in rows if row.idempotency_key is not None}
     if not keys:
         return {}
     owners = {row.owner for row in rows}
-    query = select(Sweep).where(col(Sweep.idempotency_key).in_(keys), col(Sweep.owner).in_(owners))
+    query = select(model).where(col(model.idempotency_key).in_(keys), col(model.owner).in_(owners))
     return {
         (one.owner, one.idempotency_key): one
         for one in session.exec(query)
