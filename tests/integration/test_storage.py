@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,7 +97,7 @@ def test_a_file_where_the_jobs_folder_should_be_answers_507(tmp_path: Path, fake
     with started(make_settings(data, tmp_path / "ledger.db"), fake) as client:
         authorize(client)
         jobs = data / "jobs"
-        jobs.rmdir()  # made empty at start-up
+        shutil.rmtree(jobs)  # made at start-up, holding only retention's empty trash
         jobs.write_text("not a folder")  # mkdir would fail here for root too
         refused(client.post(JOBS, json=BODY), str(data), f"{jobs} is not a directory")
         assert job_count(client) == 0 and fake.submit_calls == []
