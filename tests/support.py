@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -219,3 +221,10 @@ def rank_pid(folder: str, rank: int, rank_variable: str) -> int:
         if folder.encode() in cmdline and marker in environ and b"_submit" in cmdline:
             return int(entry.name)
     raise AssertionError(f"no process of rank {rank} of {folder}")
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run in a thread of its own: the test process may already run a loop (Playwright's,
+    for the browser tests of the same session)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result(timeout=120)

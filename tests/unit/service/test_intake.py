@@ -4,9 +4,8 @@ a retry with an Idempotency-Key is answered with the first job, in the same batc
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import TypeVar
 
 import pytest
 from sqlalchemy.engine import Engine
@@ -19,6 +18,7 @@ from service.ledger.db import make_engine, migrate
 from service.ledger.models import Job, JobEvent, JobPublic, NewJob
 from service.loops.intake import MAX_BATCH, Accepted, JobIntake
 from service.states import JobState
+from tests.support import run_async
 
 T = TypeVar("T")
 
@@ -56,12 +56,6 @@ def counts(engine: Engine) -> tuple[int, int]:
     return int(jobs), int(events)
 
 
-def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run in a thread of its own: the test process may already run a loop (Playwright's)."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coroutine).result(timeout=120)
-
-
 async def add_all(intake: JobIntake, rows: list[NewJob], *, start: bool) -> list[JobPublic | BaseException]:
     """Queue every add; with start=True only now start the writer, so they all wait together."""
 
@@ -80,7 +74,7 @@ def test_waiting_adds_are_written_in_batches_of_at_most_max_batch(engine: Engine
     intake = make_intake(engine, commits)
     rows = [row(n) for n in range(2 * MAX_BATCH + 200)]
     try:
-        results = run(add_all(intake, rows, start=True))
+        results = run_async(add_all(intake, rows, start=True))
     finally:
         intake.stop()
 
@@ -97,7 +91,7 @@ def test_many_concurrent_adds_need_few_commits(engine: Engine) -> None:
     intake = make_intake(engine, Commits())
     intake.start()
     try:
-        results = run(add_all(intake, [row(n) for n in range(300)], start=False))
+        results = run_async(add_all(intake, [row(n) for n in range(300)], start=False))
     finally:
         intake.stop()
 
@@ -113,13 +107,13 @@ def test_a_failing_batch_rejects_every_waiter_and_writes_nothing(engine: Engine)
     bad = NewJob(name="bad", owner="alice", backend="local", spec={"entrypoint": "a.b:c", "kwargs": {1, 2}})
     rows = [row(0), row(1), bad, row(3), row(4)]
     try:
-        results = run(add_all(intake, rows, start=True))
+        results = run_async(add_all(intake, rows, start=True))
         assert counts(engine) == (0, 0)
         assert intake.batches_committed == 0 and commits.count == 0
         assert all(isinstance(r, StatementError) for r in results), results
 
         # The writer survives and takes the next batch.
-        [after] = run(add_all(intake, [row(5)], start=False))
+        [after] = run_async(add_all(intake, [row(5)], start=False))
     finally:
         intake.stop()
 
@@ -131,7 +125,7 @@ def accepted_all(intake: JobIntake, rows: list[NewJob]) -> list[Accepted]:
     async def gather() -> list[Accepted]:
         return await asyncio.gather(*(intake.add(r) for r in rows))
 
-    return run(gather())
+    return run_async(gather())
 
 
 def test_one_key_twice_in_one_batch_makes_one_job(engine: Engine) -> None:
@@ -173,7 +167,7 @@ def test_a_key_reused_for_a_different_request_is_a_conflict(engine: Engine) -> N
             results = await asyncio.gather(intake.add(row(9, key="k")), return_exceptions=True)
             return results[0]
 
-        outcome = run(add_different())
+        outcome = run_async(add_different())
     finally:
         intake.stop()
 
@@ -200,7 +194,7 @@ def test_the_limit_on_unfinished_jobs_holds_across_two_replicas_writers(
     for intake in intakes:
         intake.start()
     try:
-        outcomes = run(race())
+        outcomes = run_async(race())
     finally:
         for intake in intakes:
             intake.stop()
@@ -218,19 +212,19 @@ def test_finished_jobs_do_not_count_against_the_limit(engine: Engine) -> None:
     intake = make_intake(engine, Commits())
     intake.start()
     try:
-        first = run(intake.add(row(0), max_active=1))
+        first = run_async(intake.add(row(0), max_active=1))
 
         async def one_more() -> list[Accepted | BaseException]:
             return list(await asyncio.gather(intake.add(row(1), max_active=1), return_exceptions=True))
 
-        refused = run(one_more())
+        refused = run_async(one_more())
         with Session(engine) as session:
             job = session.get(Job, first.job.id)
             assert job is not None
             job.state = JobState.succeeded
             session.add(job)
             session.commit()
-        later = run(intake.add(row(2), max_active=1))
+        later = run_async(intake.add(row(2), max_active=1))
     finally:
         intake.stop()
 

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from service.api.writers_first import MAX_HOLD_S, WritersFirst
+from tests.support import run_async
 
 
 def test_a_read_starts_at_once_with_no_writer_and_after_the_writer_otherwise() -> None:
@@ -27,7 +28,7 @@ def test_a_read_starts_at_once_with_no_writer_and_after_the_writer_otherwise() -
         await asyncio.gather(read(), writing)
         return order
 
-    assert asyncio.run(scenario()) == ["written", "read"]
+    assert run_async(scenario()) == ["written", "read"]
 
 
 def test_a_flood_of_writers_holds_a_read_no_longer_than_the_limit() -> None:
@@ -38,5 +39,5 @@ def test_a_flood_of_writers_holds_a_read_no_longer_than_the_limit() -> None:
             await writers.before_read()
             return time.monotonic() - began
 
-    held = asyncio.run(scenario())
+    held = run_async(scenario())
     assert MAX_HOLD_S * 0.9 <= held < MAX_HOLD_S + 0.5
