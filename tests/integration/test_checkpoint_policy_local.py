@@ -102,11 +102,13 @@ def test_keep_best_keeps_the_lowest_loss_checkpoint_besides_the_newest(live: htt
     metrics = live.get(f"{JOBS}/{job_id}/metrics", params={"name": "loss"}).raise_for_status().json()
     loss_at = {m["step"]: m["value"] for m in metrics}  # one report per epoch, at its checkpoint's step
     steps = [epoch * STEPS_PER_EPOCH for epoch in range(1, 7)]
-    assert sorted(loss_at) == steps
-    best = min(steps, key=lambda step: (loss_at[step], step))
+    # A loss that overflowed to infinity is reported as null and stored as no value: on some CPUs
+    # the divergence gets there within six epochs. The epochs that have one are a prefix of them all.
+    assert sorted(loss_at) == steps[: len(loss_at)] and len(loss_at) >= 2
+    best = min(loss_at, key=lambda step: (loss_at[step], step))
     assert best != steps[-1], "the run was meant to diverge"
     expected = [best, steps[-1]]
     assert checkpoint_files(done) == [f"ckpt-{step:08d}.pt" for step in expected]
     listed = live.get(f"{JOBS}/{job_id}/checkpoints").raise_for_status().json()
-    assert [c["metrics"]["loss"] for c in listed] == [loss_at[step] for step in expected]
+    assert [c["metrics"].get("loss") for c in listed] == [loss_at.get(step) for step in expected]
     print(f"\nepoch losses {[round(loss_at[s], 4) for s in steps]}; kept {expected}")
