@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import bindparam, func
+from sqlalchemy import Table, bindparam, func
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import Select
 
@@ -23,6 +24,7 @@ from service.config import Settings
 from service.domain import audit
 from service.domain.auth import Principal
 from service.errors import InvalidRequest, NotFound
+from service.ledger import name_index
 from service.ledger.db import write_scope
 from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, UTCDateTime
 from service.ledger.sql import id_conditions
@@ -30,6 +32,8 @@ from service.loops.transitions import record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 
 MAX_PAGE = 500
+JOB_TABLE: Table = Job.__table__  # type: ignore[attr-defined]
+MIN_NAME = name_index.MIN_LENGTH  # `?name=`: the shortest substring its index finds
 MAX_ID = 2**63 - 1  # the largest id a ledger can hold: beyond it SQLite's driver raises, not answers
 
 
@@ -116,7 +120,7 @@ def page_index(connection: Connection, query: PageQuery) -> PageIndex:
     limit = max(1, min(query.limit, MAX_PAGE))
     values: dict[str, object] = {
         "states": [s.value for s in query.state] or None,
-        "name": _like_pattern(query.name) if query.name else None,
+        "name": name_index.like_pattern(query.name) if query.name else None,
         "owner": query.owner,
         "since": query.updated_since,
         "before": decode_cursor(query.cursor) if query.cursor else None,
@@ -124,7 +128,10 @@ def page_index(connection: Connection, query: PageQuery) -> PageIndex:
     }
     shape = tuple(values[key] is not None for key in _FILTERS)
     given = {key: value for key, value in values.items() if value is not None}
-    rows = connection.execute(_page_statement(shape), given).all()
+    dialect = connection.dialect.name
+    if query.name and dialect == "sqlite":
+        given["phrase"] = name_index.phrase(query.name)
+    rows = connection.execute(_page_statement(dialect, shape), given).all()
     entries = [(job_id, stamp) for job_id, stamp in rows[:limit] if job_id is not None]
     next_cursor = encode_cursor(entries[-1][0]) if len(rows) > limit else None
     return PageIndex(entries, next_cursor)
@@ -133,29 +140,34 @@ def page_index(connection: Connection, query: PageQuery) -> PageIndex:
 _FILTERS = ("states", "name", "owner", "since", "before")
 
 
-def _like_pattern(substring: str) -> str:
-    """LIKE pattern matching `substring` anywhere, its own % and _ taken literally."""
-    escaped = substring.replace("/", "//").replace("%", "/%").replace("_", "/_")
-    return f"%{escaped}%"
-
-
 @functools.cache
-def _page_statement(shape: tuple[bool, ...]) -> Select[int | None, datetime]:
+def _page_statement(dialect: str, shape: tuple[bool, ...]) -> Select[int | None, datetime]:
     """The statement for one combination of filters, its values bound at execution: built once,
-    since building it cost more than the query itself."""
+    since building it cost more than the query itself.
+
+    A name is found through service.ledger.name_index. On SQLite its FTS5 table leads, in its own
+    rowid (= job id) order, so a page of a common substring ends after its first rows instead of
+    sorting every match; PostgreSQL's planner picks between its trigram index and the id order.
+    """
     states, name, owner, since, before = shape
     statement = select(col(Job.id), col(Job.updated_at))
+    walked: ColumnElement[int] = JOB_TABLE.c.id  # the ids the page walks down
+    if name:
+        statement = statement.where(name_index.name_like(dialect))
+        if dialect == "sqlite":
+            fts_id = name_index.fts.c.rowid
+            statement = statement.select_from(name_index.fts).join(Job, col(Job.id) == fts_id)
+            statement = statement.where(name_index.sqlite_match())
+            walked = fts_id  # FTS5 walks (and bounds) its own rowids, not the join's other side
     if states:
         statement = statement.where(col(Job.state).in_(bindparam("states", expanding=True)))
-    if name:
-        statement = statement.where(col(Job.name).like(bindparam("name"), escape="/"))
     if owner:
         statement = statement.where(col(Job.owner) == bindparam("owner"))
     if since:
         statement = statement.where(col(Job.updated_at) >= bindparam("since", type_=UTCDateTime))
     if before:
-        statement = statement.where(col(Job.id) < bindparam("before"))
-    return statement.order_by(col(Job.id).desc()).limit(bindparam("limit"))
+        statement = statement.where(walked < bindparam("before"))
+    return statement.order_by(walked.desc()).limit(bindparam("limit"))
 
 
 def jobs_by_id(session: Session, job_ids: Sequence[int]) -> list[Job]:

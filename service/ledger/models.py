@@ -173,6 +173,7 @@ class JobCreate(JobBase):
 class Job(JobBase, table=True):
     __table_args__ = (
         Index("ix_job_state_backend", "state", "backend"),
+        Index("ix_job_state_id", "state", "id"),  # a state's newest first (the list's ?state=)
         Index("ix_job_updated_at_id", "updated_at", "id"),
         Index("ix_job_owner_idempotency", "owner", "idempotency_key", unique=True),
         Index("ix_job_owner_state", "owner", "state"),
