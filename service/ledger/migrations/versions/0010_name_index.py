@@ -1,4 +1,4 @@
-"""name index: find jobs by a substring of their name, and by state newest first, without a full scan
+"""list indexes: jobs by a substring of their name, by state newest first (with or without the owner)
 
 Revision ID: 0010
 Revises: 0009
@@ -16,6 +16,9 @@ depends_on = None
 
 def upgrade() -> None:
     op.create_index("ix_job_state_id", "job", ["state", "id"])
+    # (owner, state) gave SQLite the id order (its indexes end in the rowid), not PostgreSQL
+    op.create_index("ix_job_owner_state_id", "job", ["owner", "state", "id"])
+    op.drop_index("ix_job_owner_state", table_name="job")
     for statement in name_index.create_statements(op.get_bind().dialect.name):
         op.execute(statement)
 
@@ -23,4 +26,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     for statement in name_index.drop_statements(op.get_bind().dialect.name):
         op.execute(statement)
+    op.create_index("ix_job_owner_state", "job", ["owner", "state"])
+    op.drop_index("ix_job_owner_state_id", table_name="job")
     op.drop_index("ix_job_state_id", table_name="job")
