@@ -14,6 +14,7 @@ from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import col
 
+from service.domain import jobs
 from service.domain.jobs import PageQuery, _page_statement, page_index
 from service.ledger import name_index
 from service.ledger.db import make_engine, migrate
@@ -98,7 +99,11 @@ def substrings(names: list[str], rng: random.Random, count: int) -> Iterator[str
             yield "".join(rng.choice(PIECES) for _ in range(3))[:8].ljust(3, "x")
 
 
-def test_indexed_names_answer_what_a_plain_scan_answers(engine: Engine) -> None:
+@pytest.mark.parametrize("recent_ids", [jobs.RECENT_IDS, 97])  # 97: PostgreSQL's pages in two parts
+def test_indexed_names_answer_what_a_plain_scan_answers(
+    engine: Engine, recent_ids: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jobs, "RECENT_IDS", recent_ids)
     rng = random.Random(19)
     names = varied_names(3000, rng)
     with engine.begin() as connection:
