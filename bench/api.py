@@ -16,49 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from sqlalchemy import insert
-
 from bench.harness import header_script, post_script, server, torchyard, wrk
-from service.ledger.db import make_engine, migrate
-from service.ledger.models import Job, JobEvent, utcnow
+from bench.seed import seed_jobs, sqlite_url
 
 JOB_BODY = json.dumps(
     {"name": "bench", "entrypoint": "worker.tasks.seed:ddp_parameters", "resources": {"tasks_per_node": 3}}
 )
-
-
-def seed_jobs(db: Path, data_dir: Path, count: int, running: int = 0) -> None:
-    """`count` finished jobs through bulk inserts (the API would take minutes); the newest `running`
-    of them are running instead, with progress to be moved on."""
-    engine = make_engine(f"sqlite:///{db}")
-    migrate(engine)
-    now = utcnow()
-    rows = [
-        {
-            "name": f"job-{i}",
-            "owner": "bench",
-            "backend": "slurm",
-            "state": "running" if i > count - running else "succeeded",
-            "spec": {
-                "entrypoint": "worker.tasks.train:train",
-                "resources": {"nodes": 1, "tasks_per_node": 2},
-            },
-            "attempt": 1,
-            "progress_offset": 0,
-            "cancel_requested": False,
-            "folder": str(data_dir / "jobs" / str(i)),
-            "result": {"ok": True},
-            "progress": {"step": 100, "total": 100, "metrics": {"loss": 0.1}},
-            "created_at": now,
-            "updated_at": now,
-        }
-        for i in range(1, count + 1)
-    ]
-    with engine.begin() as conn:
-        for start in range(0, count, 10_000):
-            conn.execute(insert(Job), rows[start : start + 10_000])
-        conn.execute(insert(JobEvent), [{"job_id": 1, "to_state": "queued", "attempt": 1, "time": now}])
-    engine.dispose()
 
 
 def main() -> None:
@@ -89,7 +52,7 @@ def main() -> None:
         print(f"ratio {ours.requests_per_s / bare.requests_per_s:.2f}x (target >= 1.5x, p99 < 200 ms)\n")
 
         started = time.perf_counter()
-        seed_jobs(tmpdir / "list" / "torchyard.db", tmpdir / "list", args.jobs)
+        seed_jobs(sqlite_url(tmpdir / "list"), tmpdir / "list", args.jobs)
         seeded_s = time.perf_counter() - started
         print(f"GET 50 newest of {args.jobs} jobs (seeded in {seeded_s:.1f} s), 32 connections")
         with server("bench.baselines:hello") as url:

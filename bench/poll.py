@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.api import seed_jobs
 from bench.harness import WrkResult, header_script, server, torchyard, wrk
+from bench.seed import seed_jobs, sqlite_url
 from bench.writer import Writer, WriterResult
 
 POLLERS = 50
@@ -59,11 +59,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--running", type=int, default=20, help="the newest N jobs are running")
     parser.add_argument("--busy", type=float, default=0.0, help="writer operations a second (0: quiet)")
+    parser.add_argument("--database-url", help="an empty PostgreSQL database (default: SQLite in a temp dir)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "ledger"
         started = time.perf_counter()
-        seed_jobs(data / "torchyard.db", data, args.jobs, running=args.running)
+        database_url = args.database_url or sqlite_url(data)
+        seed_jobs(database_url, data, args.jobs, running=args.running)
         print(
             f"{args.jobs} jobs seeded in {time.perf_counter() - started:.1f} s; "
             f"{POLLERS} connections, {args.seconds} s per run; "
@@ -72,8 +74,9 @@ def main() -> None:
         with server("bench.baselines:hello") as url:
             hello = wrk(url + "/", connections=POLLERS, seconds=args.seconds)
         running = list(range(args.jobs - args.running + 1, args.jobs + 1))
-        with torchyard("bench.apps:torchyard_null", {"TORCHYARD_DATA_DIR": str(data)}) as (url, auth):
-            with Writer(url, auth, data / "torchyard.db", args.busy, running) as writer:
+        env = {"TORCHYARD_DATA_DIR": str(data), "TORCHYARD_DATABASE_URL": database_url}
+        with torchyard("bench.apps:torchyard_null", env) as (url, auth):
+            with Writer(url, auth, database_url, args.busy, running) as writer:
                 quiet = not args.busy
                 list_200, list_304 = measure(url + "/api/v1/jobs?limit=50", args.seconds, auth, quiet)
                 job_200, job_304 = measure(url + f"/api/v1/jobs/{args.jobs // 2}", args.seconds, auth, quiet)

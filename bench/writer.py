@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 from sqlalchemy.engine import Engine
@@ -49,10 +48,12 @@ class Writer:
     Two paced threads, R/2 a second each: one POSTs, one moves progress, so a slow POST delays
     only the POSTs behind it (and shows in their latency), not the progress updates."""
 
-    def __init__(self, url: str, auth: dict[str, str], db: Path, rate: float, running: list[int]) -> None:
+    def __init__(
+        self, url: str, auth: dict[str, str], database_url: str, rate: float, running: list[int]
+    ) -> None:
         self._rate, self._running = rate, running
         self._stop = threading.Event()
-        self._engine = make_engine(f"sqlite:///{db}")
+        self._engine = make_engine(database_url)
         self._threads = [
             threading.Thread(target=self._paced, args=(self._posts,), name="bench-posts"),
             threading.Thread(target=self._paced, args=(self._progress,), name="bench-progress"),

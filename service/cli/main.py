@@ -279,7 +279,9 @@ def submit(
 def list_jobs(
     ctx: typer.Context,
     state: Annotated[list[str] | None, typer.Option(help="Only this state (repeat for several).")] = None,
-    name: Annotated[str | None, typer.Option(help="Only names containing this.")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Only names containing this (3+ characters; A-Z and a-z alike).")
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 20,
     as_json_flag: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
 ) -> None:

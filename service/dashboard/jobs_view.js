@@ -6,6 +6,8 @@ import {
 } from "./format.js";
 
 const PAGE_SIZES = [25, 50, 100, 200];
+const MIN_NAME = 3; // the service finds names by substrings this long or longer (`?name=`), refuses shorter
+const searchable = (name) => [...name].length >= MIN_NAME; // characters, as the service counts them
 const EXCEPTION_LINE = /^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b/; // "RuntimeError: ..."
 const QUIET_REASONS = new Set(["running", "succeeded"]); // their reason ("completed") is noise
 
@@ -14,7 +16,7 @@ export class JobsView {
   constructor(query, navigate) {
     this.navigate = navigate;
     this.states = new Set(query.getAll("state").filter((s) => STATES.includes(s)));
-    this.name = query.get("name") || "";
+    this.name = searchable(query.get("name") || "") ? query.get("name") : "";
     this.limit = PAGE_SIZES.includes(Number(query.get("limit"))) ? Number(query.get("limit")) : 50;
     this.cursor = query.get("cursor") || null;
     this.previous = []; // cursors of the pages before this one, for "Newer"
@@ -64,17 +66,22 @@ export class JobsView {
       class: "search", name: "name",
       oninput: () => {
         clearTimeout(timer);
+        const name = input.value.trim();
+        const tooShort = name !== "" && !searchable(name);
+        hint.hidden = !tooShort;
+        if (tooShort) return; // the list stays as it is until the name is long enough to look for
         timer = setTimeout(() => {
-          this.name = input.value.trim();
+          this.name = name;
           this.goTo(null);
         }, 250);
       },
     });
+    const hint = el("span", { class: "search-hint", hidden: true, role: "status" }, `Type ${MIN_NAME} or more characters`);
     const size = el("select", {
       "aria-label": "jobs per page", class: "page-size",
       onchange: () => { this.limit = Number(size.value); this.goTo(null); },
     }, PAGE_SIZES.map((n) => el("option", { value: n, selected: n === this.limit }, `${n} / page`)));
-    return el("div", { class: "search-wrap" }, input, size);
+    return el("div", { class: "search-wrap" }, input, hint, size);
   }
 
   setStates(states) {

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import bindparam, func
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import Table, bindparam, func
+from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import Select
 
@@ -23,6 +24,7 @@ from service.config import Settings
 from service.domain import audit
 from service.domain.auth import Principal
 from service.errors import InvalidRequest, NotFound
+from service.ledger import name_index
 from service.ledger.db import write_scope
 from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, UTCDateTime
 from service.ledger.sql import id_conditions
@@ -30,6 +32,8 @@ from service.loops.transitions import record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 
 MAX_PAGE = 500
+JOB_TABLE: Table = Job.__table__  # type: ignore[attr-defined]
+MIN_NAME = name_index.MIN_LENGTH  # `?name=`: the shortest substring its index finds
 MAX_ID = 2**63 - 1  # the largest id a ledger can hold: beyond it SQLite's driver raises, not answers
 
 
@@ -92,7 +96,8 @@ class PageQuery:
 
     def reads_a_range(self) -> bool:
         """True when the page is a walk down the id index (or the owner's), `limit` rows long: cheap
-        enough to read on the event loop. Filters may read many rows to find a page's few."""
+        enough to read on the event loop. Filters may read many rows to find a page's few, and even a
+        state's index walk was a worse p99 on the loop than in the thread pool on PostgreSQL."""
         return not (self.state or self.name or self.updated_since)
 
 
@@ -114,48 +119,93 @@ def page_index(connection: Connection, query: PageQuery) -> PageIndex:
     a tie is sent again rather than missed).
     """
     limit = max(1, min(query.limit, MAX_PAGE))
+    before = decode_cursor(query.cursor) if query.cursor else None
     values: dict[str, object] = {
         "states": [s.value for s in query.state] or None,
-        "name": _like_pattern(query.name) if query.name else None,
+        "name": name_index.like_pattern(query.name) if query.name else None,
         "owner": query.owner,
         "since": query.updated_since,
-        "before": decode_cursor(query.cursor) if query.cursor else None,
+        "before": before,
         "limit": limit + 1,
     }
     shape = tuple(values[key] is not None for key in _FILTERS)
     given = {key: value for key, value in values.items() if value is not None}
-    rows = connection.execute(_page_statement(shape), given).all()
+    dialect = connection.dialect.name
+    if query.name and dialect == "sqlite":
+        given["phrase"] = name_index.phrase(query.name)
+    if query.name and dialect == "postgresql":
+        rows = _postgres_name_rows(connection, shape, given, before, limit + 1)
+    else:
+        rows = list(connection.execute(_page_statement(dialect, shape), given).all())
     entries = [(job_id, stamp) for job_id, stamp in rows[:limit] if job_id is not None]
     next_cursor = encode_cursor(entries[-1][0]) if len(rows) > limit else None
     return PageIndex(entries, next_cursor)
 
 
 _FILTERS = ("states", "name", "owner", "since", "before")
+RECENT_IDS = 5_000  # PostgreSQL: a name page looks through this many newest ids before the index
+_NEWEST = select(func.max(col(Job.id)))
 
 
-def _like_pattern(substring: str) -> str:
-    """LIKE pattern matching `substring` anywhere, its own % and _ taken literally."""
-    escaped = substring.replace("/", "//").replace("%", "/%").replace("_", "/_")
-    return f"%{escaped}%"
+def _postgres_name_rows(
+    connection: Connection, shape: tuple[bool, ...], given: dict[str, object], before: int | None, wanted: int
+) -> list[Row[int | None, datetime]]:
+    """A name page on PostgreSQL: the newest RECENT_IDS ids first, then the trigram index.
+
+    Its planner walks the primary key back for a substring its statistics call common, which reads
+    every newer job when the matches are all old ones (a name used last year, 5% of 10^6 jobs: half
+    a second). So the recent ids come first, in id order (a common name fills its page there), and
+    only a page they leave short reads the older ids, through the trigram index and a sort of its
+    matches (few, or old ones).
+    """
+    top = before or (connection.execute(_NEWEST).scalar() or 0) + 1
+    floor = max(1, top - RECENT_IDS)
+    shape = (*shape[:4], True)  # both parts bound the ids from above
+    recent = list(
+        connection.execute(
+            _page_statement("postgresql", shape, "recent"), {**given, "before": top, "floor": floor}
+        )
+    )
+    if len(recent) >= wanted or floor == 1:
+        return recent
+    older = connection.execute(_page_statement("postgresql", shape, "older"), {**given, "before": floor})
+    return recent + list(older)[: wanted - len(recent)]
 
 
 @functools.cache
-def _page_statement(shape: tuple[bool, ...]) -> Select[int | None, datetime]:
+def _page_statement(
+    dialect: str, shape: tuple[bool, ...], part: str = "all"
+) -> Select[int | None, datetime]:
     """The statement for one combination of filters, its values bound at execution: built once,
-    since building it cost more than the query itself."""
+    since building it cost more than the query itself. `part`: see _postgres_name_rows.
+
+    A name is found through service.ledger.name_index. On SQLite its FTS5 table leads, in its own
+    rowid (= job id) order, so a page of a common substring ends after its first rows instead of
+    sorting every match; PostgreSQL's planner picks between its trigram index and the id order.
+    """
     states, name, owner, since, before = shape
     statement = select(col(Job.id), col(Job.updated_at))
+    walked: ColumnElement[int] = JOB_TABLE.c.id  # the ids the page walks down
+    if name:
+        statement = statement.where(name_index.name_like(dialect))
+        if dialect == "sqlite":
+            fts_id = name_index.fts.c.rowid
+            statement = statement.select_from(name_index.fts).join(Job, col(Job.id) == fts_id)
+            statement = statement.where(name_index.sqlite_match())
+            walked = fts_id  # FTS5 walks (and bounds) its own rowids, not the join's other side
     if states:
         statement = statement.where(col(Job.state).in_(bindparam("states", expanding=True)))
-    if name:
-        statement = statement.where(col(Job.name).like(bindparam("name"), escape="/"))
     if owner:
         statement = statement.where(col(Job.owner) == bindparam("owner"))
     if since:
         statement = statement.where(col(Job.updated_at) >= bindparam("since", type_=UTCDateTime))
     if before:
-        statement = statement.where(col(Job.id) < bindparam("before"))
-    return statement.order_by(col(Job.id).desc()).limit(bindparam("limit"))
+        statement = statement.where(walked < bindparam("before"))
+    if part == "recent":  # ids from `floor` up: the primary key walked back, bounded
+        statement = statement.where(walked >= bindparam("floor"))
+    elif part == "older":  # no index gives `id + 0` its order: the trigram index finds, a sort orders
+        return statement.order_by((walked + 0).desc()).limit(bindparam("limit"))
+    return statement.order_by(walked.desc()).limit(bindparam("limit"))
 
 
 def jobs_by_id(session: Session, job_ids: Sequence[int]) -> list[Job]:

@@ -173,9 +173,10 @@ class JobCreate(JobBase):
 class Job(JobBase, table=True):
     __table_args__ = (
         Index("ix_job_state_backend", "state", "backend"),
+        Index("ix_job_state_id", "state", "id"),  # a state's newest first (the list's ?state=)
         Index("ix_job_updated_at_id", "updated_at", "id"),
         Index("ix_job_owner_idempotency", "owner", "idempotency_key", unique=True),
-        Index("ix_job_owner_state", "owner", "state"),
+        Index("ix_job_owner_state_id", "owner", "state", "id"),  # also quotas' count of active jobs
         Index("ix_job_folder_removed_finished", "folder_removed_at", "finished_at"),  # retention's due jobs
         Index("ix_job_folder_bytes", "folder_bytes"),  # NULL: not measured since it ended
     )

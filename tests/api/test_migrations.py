@@ -16,9 +16,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel
 
 from service.domain.auth import Principal
+from service.domain.jobs import PageQuery, page_index
 from service.domain.metric_series import read_series
 from service.ledger.db import alembic_config, make_engine, migrate
 from service.ledger.models import utcnow
+from service.ledger.name_index import FTS_TABLE, PG_INDEX, is_model_object
 from tests.support import PostgresServer
 
 
@@ -57,7 +59,8 @@ def test_the_migrated_schema_matches_the_models(empty_engine: Engine) -> None:
     migrate(empty_engine)
 
     with empty_engine.connect() as connection:
-        differences = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
+        context = MigrationContext.configure(connection, opts={"include_name": is_model_object})
+        differences = compare_metadata(context, SQLModel.metadata)
 
     assert differences == []
 
@@ -81,3 +84,37 @@ def test_metrics_older_than_the_rollup_are_downsampled_after_the_migration(empty
     (series,) = page.series
     assert series.downsampled and 0 < len(series.steps) <= 400
     assert (series.steps[0], series.steps[-1]) == (0, 4999) and max(series.values) == 96.0
+
+
+def test_0010_builds_the_name_index_over_the_jobs_there_and_takes_it_away(empty_engine: Engine) -> None:
+    migrate(empty_engine)
+    add_job(empty_engine, 1, "before-the-index")
+    add_job(empty_engine, 2, "other")
+    config = alembic_config(empty_engine)
+
+    command.downgrade(config, "0009")
+    assert not has_name_index(empty_engine)
+    add_job(empty_engine, 3, "written-without-INDEX")  # the upgrade must index it too
+    command.upgrade(config, "head")
+
+    assert has_name_index(empty_engine)
+    add_job(empty_engine, 4, "after-the-index")
+    with empty_engine.connect() as connection:
+        page = page_index(connection, PageQuery(name="index"))
+    assert [job_id for job_id, _ in page.entries] == [4, 3, 1]
+
+
+def add_job(engine: Engine, job_id: int, name: str) -> None:
+    with engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO job (id, name, owner, spec, backend, state, attempt, progress_offset, "
+            "cancel_requested, created_at, updated_at) VALUES (:id, :name, 'alice', '{}', 'local', "
+            "'succeeded', 1, 0, false, :now, :now)"), {"id": job_id, "name": name, "now": utcnow()},
+        )  # fmt: skip
+
+
+def has_name_index(engine: Engine) -> bool:
+    found = inspect(engine)
+    if engine.dialect.name == "sqlite":
+        return FTS_TABLE in found.get_table_names()
+    return PG_INDEX in {index["name"] for index in found.get_indexes("job")}

@@ -66,8 +66,10 @@ def test_filter_by_name_substring(api: TestClient) -> None:
 
     assert ids(listed(api, name="bert")) == [eval_bert, bert]
     assert ids(listed(api, name="train")) == [bert, resnet]
-    assert ids(listed(api, name="%")) == [odd]  # LIKE wildcards are matched literally
-    assert ids(listed(api, name="_")) == [odd]
+    assert ids(listed(api, name="0%_")) == [odd]  # LIKE wildcards are matched literally
+    assert ids(listed(api, name="%_d")) == [odd]
+    assert ids(listed(api, name="t_b")) == []  # `_` is no wildcard: "train-bert" does not match
+    assert ids(listed(api, name="BERT")) == [eval_bert, bert]  # A-Z and a-z alike
     assert ids(listed(api, name="gpt")) == []
 
 
@@ -131,6 +133,8 @@ def test_a_bad_cursor_is_refused(api: TestClient, cursor: str) -> None:
         ({"limit": "ten"}, "limit"),
         ({"state": "sleeping"}, "state"),
         ({"name": "x" * 201}, "name"),
+        ({"name": "ab"}, "name"),  # shorter than the name index finds
+        ({"name": "é1"}, "name"),
         ({"name": "a\x00b"}, "name"),
     ],
 )

@@ -46,7 +46,11 @@ def test_the_jobs_page_lists_jobs_submitted_through_the_api(page: Page, service:
 
     page.fill("input.search", "listed-1")  # the name filter, then back to everything
     expect(page.locator("tr.job-row")).to_have_count(1)
+    page.fill("input.search", "li")  # shorter than the service searches by: a hint, the list as it was
+    expect(page.locator(".search-hint")).to_have_text("Type 3 or more characters")
+    expect(page.locator("tr.job-row")).to_have_count(1)
     page.fill("input.search", "no-such-job")
+    expect(page.locator(".search-hint")).to_be_hidden()
     expect(page.locator(".empty-state h2")).to_have_text("No jobs match these filters")
     page.fill("input.search", "")
     expect(page.locator(f'tr[data-job-id="{ids[0]}"]')).to_be_visible()

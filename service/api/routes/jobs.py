@@ -148,7 +148,13 @@ async def list_jobs(
     user: CurrentUser,
     state: Annotated[list[JobState] | None, Query(description="Keep only these states.")] = None,
     name: Annotated[
-        str | None, Query(max_length=200, pattern=NO_NUL, description="Substring of the name.")
+        str | None,
+        Query(
+            min_length=jobs.MIN_NAME,
+            max_length=200,
+            pattern=NO_NUL,
+            description=f"Substring of the name, {jobs.MIN_NAME}+ characters; A-Z and a-z match alike.",
+        ),
     ] = None,
     cursor: Annotated[
         str | None, Query(max_length=100, description="next_cursor of the page before.")

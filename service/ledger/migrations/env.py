@@ -7,6 +7,7 @@ from sqlalchemy import text
 from sqlmodel import SQLModel
 
 import service.ledger.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from service.ledger.name_index import is_model_object
 
 target_metadata = SQLModel.metadata
 
@@ -21,6 +22,7 @@ def run_migrations_online() -> None:
             connection=connection,
             target_metadata=target_metadata,
             render_as_batch=connection.dialect.name == "sqlite",
+            include_name=is_model_object,  # the name index is built by hand (0010), not from the models
         )
         with context.begin_transaction():
             context.run_migrations()

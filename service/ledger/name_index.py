@@ -1,0 +1,103 @@
+"""The index behind `?name=`: which jobs' names hold a substring, found without reading every job.
+
+What `name` matches, on every ledger: a substring of at least MIN_LENGTH characters, ASCII letters
+compared case-insensitively and every other character exactly (what SQLite's LIKE does).
+
+- SQLite: an FTS5 table with the trigram tokenizer over job.name (external content: it keeps only the
+  index; triggers keep it in step with the job table). Its phrase match finds candidates (it folds case
+  beyond ASCII too), a LIKE on the candidates keeps the exact rule, and its rowid order is the job id
+  order, so a page of a very common substring stops after its first rows.
+- PostgreSQL: a pg_trgm GIN index on job.name under the "C" collation, the collation the ILIKE runs
+  under (it folds ASCII only, whatever the database's locale).
+
+The migration builds it (DDL below); the models do not know it (SQLModel has no virtual tables or
+operator classes), so a schema comparison leaves out what IS_INDEX_OBJECT names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import Column, Integer, MetaData, Table, Text, bindparam
+from sqlalchemy.sql.elements import ColumnElement
+from sqlmodel import col
+
+from service.ledger.models import Job
+
+MIN_LENGTH = 3  # a trigram index finds nothing shorter
+
+FTS_TABLE = "job_name_index"
+PG_INDEX = "ix_job_name_trgm"
+
+SQLITE_CREATE: Sequence[str] = (
+    f"CREATE VIRTUAL TABLE {FTS_TABLE} USING fts5(name, content='job', content_rowid='id', "
+    "tokenize='trigram')",
+    f"INSERT INTO {FTS_TABLE}({FTS_TABLE}) VALUES ('rebuild')",
+    f"CREATE TRIGGER {FTS_TABLE}_insert AFTER INSERT ON job BEGIN "
+    f"INSERT INTO {FTS_TABLE}(rowid, name) VALUES (new.id, new.name); END",
+    f"CREATE TRIGGER {FTS_TABLE}_delete AFTER DELETE ON job BEGIN "
+    f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rowid, name) VALUES ('delete', old.id, old.name); END",
+    f"CREATE TRIGGER {FTS_TABLE}_rename AFTER UPDATE OF name ON job BEGIN "
+    f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rowid, name) VALUES ('delete', old.id, old.name); "
+    f"INSERT INTO {FTS_TABLE}(rowid, name) VALUES (new.id, new.name); END",
+)
+SQLITE_DROP: Sequence[str] = (
+    f"DROP TRIGGER IF EXISTS {FTS_TABLE}_rename",
+    f"DROP TRIGGER IF EXISTS {FTS_TABLE}_delete",
+    f"DROP TRIGGER IF EXISTS {FTS_TABLE}_insert",
+    f"DROP TABLE IF EXISTS {FTS_TABLE}",
+)
+# pg_trgm is a trusted extension (PostgreSQL 13+): the database's owner may create it
+POSTGRES_CREATE: Sequence[str] = (
+    "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+    f'CREATE INDEX IF NOT EXISTS {PG_INDEX} ON job USING gin (name COLLATE "C" gin_trgm_ops)',
+)
+POSTGRES_DROP: Sequence[str] = (f"DROP INDEX IF EXISTS {PG_INDEX}",)
+
+
+def create_statements(dialect: str) -> Sequence[str]:
+    return SQLITE_CREATE if dialect == "sqlite" else POSTGRES_CREATE
+
+
+def drop_statements(dialect: str) -> Sequence[str]:
+    return SQLITE_DROP if dialect == "sqlite" else POSTGRES_DROP
+
+
+def is_model_object(name: str | None, type_: str, _parents: object) -> bool:
+    """False for the objects this index owns (FTS5's table and its shadow tables, the GIN index):
+    an Alembic `include_name` hook, so a comparison with the models leaves them out."""
+    if name is None:
+        return True
+    if type_ == "table":
+        return not (name == FTS_TABLE or name.startswith(f"{FTS_TABLE}_"))
+    return not (type_ == "index" and name == PG_INDEX)
+
+
+# FTS5's table as SQLAlchemy sees it: its rowid is the job id, its hidden column of its own name the
+# left side of MATCH.
+fts = Table(FTS_TABLE, MetaData(), Column("rowid", Integer, primary_key=True), Column(FTS_TABLE, Text))
+
+
+def phrase(substring: str) -> str:
+    """An FTS5 query for `substring` as one phrase: its characters literal, a `"` doubled."""
+    return '"' + substring.replace('"', '""') + '"'
+
+
+def like_pattern(substring: str) -> str:
+    """LIKE pattern matching `substring` anywhere, its own % and _ taken literally (escape '/')."""
+    escaped = substring.replace("/", "//").replace("%", "/%").replace("_", "/_")
+    return f"%{escaped}%"
+
+
+def sqlite_match() -> ColumnElement[bool]:
+    return fts.c[FTS_TABLE].match(bindparam("phrase"))
+
+
+def name_like(dialect: str) -> ColumnElement[bool]:
+    """The exact rule, on the job row: SQLite's LIKE folds ASCII only; ILIKE under "C" does the same."""
+    name = col(Job.name)
+    if dialect == "sqlite":
+        condition: ColumnElement[bool] = name.like(bindparam("name"), escape="/")
+    else:
+        condition = name.collate("C").ilike(bindparam("name"), escape="/")
+    return condition

@@ -1,0 +1,173 @@
+"""`?name=` through the name index (service.ledger.name_index) on SQLite and PostgreSQL: the pages it
+answers are those a plain scan answers, the index follows every insert, rename and delete, and on
+SQLite the index leads in id order (no sort of every match)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import delete, insert, select, text, update
+from sqlalchemy.engine import Connection, Engine
+from sqlmodel import col
+
+from service.domain import jobs
+from service.domain.jobs import PageQuery, _page_statement, page_index
+from service.ledger import name_index
+from service.ledger.db import make_engine, migrate
+from service.ledger.models import Job, utcnow
+from service.states import JobState
+
+# LIKE's wildcards and our escape, quotes, case pairs in and out of ASCII, letters that fold to ASCII
+# elsewhere (Kelvin sign, dotless i, ligature fi), CJK
+PIECES = ["train", "Train", "BERT", "bert", "%", "_", "/", "//", "%_", '"', "'", " ", "-", "\u00e9", "\u00c9",
+          "\u00df", "SS", "\u65e5\u672c", "\u8a9e", "\ufb01", "\u0130", "\u0131", "k", "K", "\u212a", "0",
+          "42", "x", "a\\b", "\u00fcmlaut", "\u00dc"]  # fmt: skip
+STATES = (JobState.succeeded, JobState.running, JobState.failed)
+OWNERS = ("alice", "bob")
+
+
+def ascii_fold(text: str) -> str:
+    """The rule `name` follows: A-Z as a-z, every other character as it is."""
+    return text.translate({c: c + 32 for c in range(ord("A"), ord("Z") + 1)})
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = make_engine(database_url)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def add_jobs(connection: Connection, names: list[str], first_id: int = 1) -> None:
+    now = utcnow()
+    rows: list[dict[str, Any]] = [
+        {"id": first_id + i, "name": name, "owner": OWNERS[i % 2], "backend": "local",
+         "state": STATES[i % 3].value, "spec": {}, "attempt": 1, "progress_offset": 0,
+         "cancel_requested": False, "created_at": now, "updated_at": now + timedelta(seconds=i % 5)}
+        for i, name in enumerate(names)
+    ]  # fmt: skip
+    connection.execute(insert(Job), rows)
+
+
+def varied_names(count: int, rng: random.Random) -> list[str]:
+    return ["".join(rng.choice(PIECES) for _ in range(rng.randint(1, 6))) for _ in range(count)]
+
+
+def walk(connection: Connection, query: PageQuery) -> list[int]:
+    """Every id the list answers for `query`, page after page."""
+    found: list[int] = []
+    while True:
+        page = page_index(connection, query)
+        found += [job_id for job_id, _ in page.entries if job_id is not None]
+        if page.next_cursor is None:
+            return found
+        query = PageQuery(
+            query.state, query.name, query.owner, page.next_cursor, query.limit, query.updated_since
+        )
+
+
+def scanned(connection: Connection, query: PageQuery) -> list[int]:
+    """The same filters by reading every job, the name compared by ascii_fold."""
+    columns = (col(Job.id), col(Job.name), col(Job.owner), col(Job.state), col(Job.updated_at))
+    rows: Sequence[Any] = connection.execute(select(*columns).order_by(col(Job.id).desc())).all()
+    since = query.updated_since
+    return [
+        job_id
+        for job_id, name, owner, state, updated_at in rows
+        if query.name is not None
+        and ascii_fold(query.name) in ascii_fold(name)
+        and query.owner in (None, owner)
+        and (not query.state or state in {s.value for s in query.state})
+        and (since is None or updated_at >= since)
+    ]
+
+
+def substrings(names: list[str], rng: random.Random, count: int) -> Iterator[str]:
+    """Substrings that occur (some with their case flipped) and some that may not."""
+    for _ in range(count):
+        name = rng.choice(names)
+        if len(name) >= name_index.MIN_LENGTH and rng.random() < 0.7:
+            start = rng.randrange(len(name) - name_index.MIN_LENGTH + 1)
+            piece = name[start : start + rng.randint(name_index.MIN_LENGTH, 8)]
+            yield piece.swapcase() if rng.random() < 0.3 else piece
+        else:
+            yield "".join(rng.choice(PIECES) for _ in range(3))[:8].ljust(3, "x")
+
+
+@pytest.mark.parametrize("recent_ids", [jobs.RECENT_IDS, 97])  # 97: PostgreSQL's pages in two parts
+def test_indexed_names_answer_what_a_plain_scan_answers(
+    engine: Engine, recent_ids: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jobs, "RECENT_IDS", recent_ids)
+    rng = random.Random(19)
+    names = varied_names(3000, rng)
+    with engine.begin() as connection:
+        add_jobs(connection, names)
+    since = utcnow() + timedelta(seconds=3)
+    with engine.connect() as connection:
+        for n, substring in enumerate(substrings(names, rng, 120)):
+            query = PageQuery(
+                state=(STATES[n % 3],) if n % 4 == 1 else (),
+                name=substring,
+                owner=OWNERS[n % 2] if n % 3 == 0 else None,
+                limit=rng.choice([1, 7, 50, 500]),
+                updated_since=since if n % 5 == 2 else None,
+            )
+            assert walk(connection, query) == scanned(connection, query), query
+
+
+def test_on_sqlite_the_list_matches_like_as_it_did_before_the_index(engine: Engine) -> None:
+    if engine.dialect.name != "sqlite":
+        pytest.skip("SQLite's LIKE is the rule the index keeps")
+    rng = random.Random(7)
+    names = varied_names(2000, rng)
+    with engine.begin() as connection:
+        add_jobs(connection, names)
+    with engine.connect() as connection:
+        for substring in substrings(names, rng, 60):
+            pattern = name_index.like_pattern(substring)
+            plain = connection.execute(
+                text("SELECT id FROM job WHERE name LIKE :p ESCAPE '/' ORDER BY id DESC"), {"p": pattern}
+            ).scalars()
+            assert walk(connection, PageQuery(name=substring, limit=500)) == list(plain), substring
+
+
+def test_the_index_follows_inserts_renames_and_deletes(engine: Engine) -> None:
+    with engine.begin() as connection:
+        add_jobs(connection, ["alpha-one", "beta-two", "alpha-three"])
+    with engine.begin() as connection:
+        connection.execute(update(Job).where(Job.id == 2).values(name="alpha-renamed"))  # type: ignore[arg-type]
+        connection.execute(update(Job).where(Job.id == 3).values(name="gamma"))  # type: ignore[arg-type]
+        connection.execute(delete(Job).where(Job.id == 1))  # type: ignore[arg-type]
+        add_jobs(connection, ["alpha-four"], first_id=4)
+
+    with engine.connect() as connection:
+        assert walk(connection, PageQuery(name="ALPHA")) == [4, 2]
+        assert walk(connection, PageQuery(name="beta")) == []
+        assert walk(connection, PageQuery(name="gam")) == [3]
+        if engine.dialect.name == "sqlite":  # FTS5 compares its index with the job table itself
+            table = name_index.FTS_TABLE
+            connection.execute(text(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)"))
+
+
+def test_on_sqlite_a_name_page_walks_the_index_in_id_order_without_a_sort(engine: Engine) -> None:
+    if engine.dialect.name != "sqlite":
+        pytest.skip("on PostgreSQL the plan follows its statistics: bench.scale measures 10^6 jobs")
+    for shape in [(False, True, False, False, False), (True, True, True, True, True)]:
+        compiled = _page_statement("sqlite", shape).compile(engine)
+        with engine.connect() as connection:
+            values = {"states": ["running"], "name": "%abc%", "phrase": '"abc"', "owner": "alice",
+                      "since": utcnow(), "before": 10, "limit": 51}  # fmt: skip
+            expanded = compiled.construct_expanded_state(values)
+            positional = tuple(expanded.parameters[key] for key in expanded.positiontup or ())
+            plan = " | ".join(
+                row[-1]
+                for row in connection.exec_driver_sql("EXPLAIN QUERY PLAN " + expanded.statement, positional)
+            )
+        assert plan.startswith(f"SCAN {name_index.FTS_TABLE} VIRTUAL TABLE"), plan
+        assert "TEMP B-TREE" not in plan and "SEARCH job USING INTEGER PRIMARY KEY" in plan, plan
