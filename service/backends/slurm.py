@@ -404,8 +404,9 @@ class SlurmBackend:
         for index, spec in enumerate(specs):
             try:
                 params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
-                check_folder(spec.files.submitit)
-                spec.files.submitit.mkdir(parents=True, exist_ok=True)
+                folder = spec.files.submitit
+                check_folder(folder)
+                os.makedirs(folder, exist_ok=True)  # the dispatcher's claim made it: one call
             except (OSError, ValueError) as error:
                 outcomes[index] = SubmitOutcome(spec.job_id, error=f"cannot prepare the job: {error}")
                 continue
