@@ -406,7 +406,7 @@ class SlurmBackend:
                 params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
                 folder = spec.files.submitit
                 check_folder(folder)
-                os.makedirs(folder, exist_ok=True)  # the dispatcher's claim made it: one call
+                os.makedirs(folder, exist_ok=True)  # made at claim already: os, not pathlib, per trial
             except (OSError, ValueError) as error:
                 outcomes[index] = SubmitOutcome(spec.job_id, error=f"cannot prepare the job: {error}")
                 continue
