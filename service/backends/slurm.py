@@ -404,8 +404,9 @@ class SlurmBackend:
         for index, spec in enumerate(specs):
             try:
                 params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
-                check_folder(spec.files.submitit)
-                spec.files.submitit.mkdir(parents=True, exist_ok=True)
+                folder = spec.files.submitit
+                check_folder(folder)
+                os.makedirs(folder, exist_ok=True)  # made at claim already: os, not pathlib, per trial
             except (OSError, ValueError) as error:
                 outcomes[index] = SubmitOutcome(spec.job_id, error=f"cannot prepare the job: {error}")
                 continue

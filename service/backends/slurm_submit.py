@@ -11,10 +11,12 @@ it from SLURM_ARRAY_TASK_ID, so every element reads and writes inside its own jo
 from __future__ import annotations
 
 import math
+import os
+import pickle
 import re
+import stat
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,6 @@ _SCRIPT_TOKEN = re.compile(r"\.submission_file_(?P<token>[0-9a-f]{32})\.sh$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 SbatchRunner = Callable[[Path], str]  # runs sbatch on a script, returns the job id or raises
-_LINKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchyard-array-links")
 
 
 def sbatch_parameters(resources: Resources, default_partition: str | None) -> dict[str, Any]:
@@ -119,11 +120,15 @@ def array_root(arrays_dir: Path) -> Path:
 
 
 def link_array_folders(root: Path, folders: Sequence[Path]) -> None:
-    """`<root>/<index>` -> each job's submitit folder, so that `<root>/%a` is element %a's own folder."""
+    """`<root>/<index>` -> each job's submitit folder, so that `<root>/%a` is element %a's own folder.
+
+    Plain strings, not Path objects: a sweep makes hundreds of links, and building paths cost more
+    than the symlink calls."""
+    prefix = f"{root}/"
     for index, folder in enumerate(folders):
         # Job folders come from the ledger already absolute and resolved: no lstat walk per job.
         target = folder if folder.is_absolute() else folder.resolve()
-        (root / str(index)).symlink_to(target, target_is_directory=True)
+        os.symlink(target, f"{prefix}{index}", target_is_directory=True)
 
 
 def script_name(token: str) -> str:
@@ -151,6 +156,20 @@ class StagedPickle:
     def adopt(self, external_id: str) -> None:
         """Give it the name submitit's runtime waits for (`<id>_submitted.pkl`): now the job can run."""
         self.path.rename(self.path.with_name(f"{external_id}{SUBMITTED_SUFFIX}"))
+
+
+_PICKLE_MODE = 0o644
+
+
+def write_pickle(path: Path, delayed: utils.DelayedSubmission) -> None:
+    """What submitit's DelayedSubmission.dump writes, for the job's account to read (its folder keeps
+    others out). Plain pickle, not submitit's cloudpickle: the callable is an importable class, and
+    cloudpickle's per-object hooks cost more than the write for hundreds of trials."""
+    data = pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _PICKLE_MODE), "wb") as out:
+        if stat.S_IMODE(os.fstat(out.fileno()).st_mode) != _PICKLE_MODE:  # a umask stricter than 022
+            os.fchmod(out.fileno(), _PICKLE_MODE)
+        out.write(data)
 
 
 def staged_pickles(folder: Path) -> list[StagedPickle]:
@@ -194,14 +213,12 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         sbatch: SbatchRunner,
         python: str | None = None,
         job_folders: Sequence[Path] = (),
-        before_sbatch: Callable[[], None] = lambda: None,
         parallelism: int | None = None,
     ) -> None:
         """`job_folders`: each element's own submitit folder, where its pickle is staged (the array
-        template `folder` reaches them through links that `before_sbatch` waits for)."""
+        template `folder` reaches them through links)."""
         self._sbatch = sbatch
         self._job_folders = list(job_folders)
-        self._before_sbatch = before_sbatch
         self._parallelism = parallelism
         super().__init__(folder, python=python)
 
@@ -227,8 +244,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
             else:
                 target = root / str(index) if count > 1 else root
             staged.append(StagedPickle.in_folder(target, token, index))
-            delayed.dump(staged[-1].path)
-            staged[-1].path.chmod(0o644)  # the job's account reads it; its folder keeps others out
+            write_pickle(staged[-1].path, delayed)
         params = dict(self.parameters)
         if count > 1:  # independent jobs run unthrottled; a sweep's as wide as its max_parallel
             params.update(map_count=count, array_parallelism=min(count, self._parallelism or count))
@@ -239,7 +255,6 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         script.write_text(text)
         script.chmod(0o644)  # sbatch reads it as the job's account
         try:
-            self._before_sbatch()
             job_id = self._sbatch(script)
         except BaseException:
             for path in [script, *(one.path for one in staged)]:
@@ -250,8 +265,8 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         jobs: list[core.Job[Any]] = [
             _SubmittedJob(folder=self.folder, job_id=one, tasks=tasks) for one in ids
         ]
-        for job, pickle in zip(jobs, staged, strict=True):
-            pickle.adopt(str(job.job_id))
+        for job, one in zip(jobs, staged, strict=True):
+            one.adopt(str(job.job_id))
         script.rename(root / f"{job_id}_submission.sh")
         return jobs
 
@@ -270,8 +285,8 @@ def submit_group(
     batch script's), in the folder the script lies in: the job's own, or for an array the array's
     folder, which only the service writes.
 
-    An array's links are made on a helper thread while this one writes the pickles: both are a file
-    per job, and on a busy or shared disk each costs a round trip that the other can overlap.
+    An array's links are made on this thread, before the pickles: a helper thread making them while
+    this one pickled fought it for the interpreter, and held sbatch back longer than both in turn.
     """
     from worker.launch import RankLauncher
 
@@ -281,13 +296,12 @@ def submit_group(
         executor = TorchyardSlurmExecutor(workdir, sbatch=sbatch, python=python)
     else:
         workdir = array_root(arrays_dir)
-        linked = _LINKER.submit(link_array_folders, workdir, folders)
+        link_array_folders(workdir, folders)
         executor = TorchyardSlurmExecutor(
             workdir / "%a",
             sbatch=sbatch,
             python=python,
             job_folders=folders,
-            before_sbatch=linked.result,
             parallelism=parallelism,
         )
     executor.update_parameters(

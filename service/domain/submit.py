@@ -31,7 +31,7 @@ from service.domain.code_store import CodeStore
 from service.domain.jobs import require_backend
 from service.domain.quotas import QuotaBook
 from service.domain.storage import RoomCheck
-from service.domain.sweep_trials import check_sweep, trial_job, trial_params
+from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params
 from service.errors import InvalidRequest
 from service.ledger.models import Job, JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
 from service.loops.intake import Accepted, JobIntake, SweepAccepted, check_same_request, replay_sweep
@@ -88,7 +88,7 @@ class Admission:
         assert isinstance(job, JobTemplate)
         payload = payload.model_copy(update={"job": job})
         params = trial_params(payload)
-        trials = [trial_job(payload, index, one) for index, one in enumerate(params)]
+        trials = trial_jobs(payload, params)
         backend_name = check_request(trials[0], self.settings, self.backends)
         backend = require_backend(self.backends, backend_name)
         run_as = job_account(user.user, user.unix_user, self.settings)

@@ -102,15 +102,19 @@ def trial_params(sweep: SweepCreate) -> list[Params]:
     ]
 
 
-def trial_job(sweep: SweepCreate, index: int, params: Params) -> JobCreate:
-    """The job of trial `index`: the sweep's job with its parameters applied, named `<sweep>[index]`."""
+def trial_jobs(sweep: SweepCreate, params: list[Params]) -> list[JobCreate]:
+    """Each trial's job: the sweep's job with its parameters applied, named `<sweep>[index]`."""
+    fields = sweep.job.model_dump(exclude={"name"})  # once: the trials differ only in what they update
+    return [_trial_job(sweep, fields, index, one) for index, one in enumerate(params)]
+
+
+def _trial_job(sweep: SweepCreate, fields: dict[str, Any], index: int, params: Params) -> JobCreate:
     job = sweep.job
     update: dict[str, Any] = {"name": f"{sweep.name}[{index}]"}
     if job.script is None:
         update["kwargs"] = {**job.kwargs, **params}
     else:
         update["args"] = [PLACEHOLDER.sub(lambda match: _as_arg(params[match[1]]), arg) for arg in job.args]
-    fields = job.model_dump(exclude={"name"})
     try:
         return JobCreate.model_validate({**fields, **update})
     except ValidationError as error:  # the parameters made it too big, or a kwarg the job refuses

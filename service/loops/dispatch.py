@@ -11,6 +11,7 @@ submitted again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -19,7 +20,7 @@ import tarfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -136,6 +137,7 @@ class Dispatcher:
                 more = core_select(*_CLAIM_COLUMNS).where(waiting, rest).order_by(col(Job.id))
                 rows += list(session.connection().execute(more.with_for_update(skip_locked=True)).mappings())
             groups = sweep_claims.array_groups(session, {row["sweep_id"] for row in rows} - {None})
+            accounts = functools.cache(Account.of_job)  # one passwd lookup per account, not per job
             claimed: list[tuple[str, RunSpec]] = []
             unfit: list[tuple[int, str]] = []  # (job id, why it ends here) for the ORM path below
             for row in rows:
@@ -143,7 +145,7 @@ class Dispatcher:
                     unfit.append((row["id"], ""))
                     continue
                 try:
-                    spec = self._prepare(row, groups.get(row["sweep_id"]))
+                    spec = self._prepare(row, groups.get(row["sweep_id"]), accounts)
                 except (OSError, tarfile.TarError) as error:  # tarfile's: the job's code snapshot
                     unfit.append((row["id"], f"cannot write the job folder: {error}"))
                     continue
@@ -172,7 +174,9 @@ class Dispatcher:
                     record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
             return claimed
 
-    def _prepare(self, job: RowMapping, group: ArrayGroup | None) -> RunSpec:
+    def _prepare(
+        self, job: RowMapping, group: ArrayGroup | None, accounts: Callable[[str | None], Account]
+    ) -> RunSpec:
         assert job["folder"] is not None
         spec = RunSpec(
             group=group,
@@ -185,11 +189,12 @@ class Dispatcher:
             run_as=job["run_as"],
             **job["spec"],
         )
+        files = spec.files
         if spec.attempt > 1:
-            archive_attempt(spec.files, spec.attempt - 1)
-        make_job_folder(spec.files, Account.of_job(spec.run_as), self._settings.job_folder_group)
+            archive_attempt(files, spec.attempt - 1)
+        make_job_folder(files, accounts(spec.run_as), self._settings.job_folder_group)
         if spec.code is not None:  # the job's own copy: what it runs cannot change under it
-            unpack_into(store_root(self._settings), spec.code, spec.files.folder)
+            unpack_into(store_root(self._settings), spec.code, files.folder)
         return spec
 
     def _recover_stale_claims(self, session: Session) -> None:
@@ -303,22 +308,28 @@ def make_job_folder(files: JobFiles, account: Account, group: str | None) -> Non
     """The job's folder and submitit's inside it, owned by the account the job runs as.
 
     Mode 0700 (0750 with the operator's group): another user's job can neither read it nor plant
-    files in it. The job folder first, then submitit's inside it: mkdir(parents=True) on the inner
-    one tries and fails before it makes the outer, and each metadata call is costly on a busy disk.
-    The spec travels in submitit's pickle; rank 0 writes spec.json when it starts.
+    files in it. The job folder first, then submitit's inside it: each metadata call is costly on a
+    busy disk, and a sweep makes hundreds of these at once, so a folder this call made is not looked
+    at again. The spec travels in submitit's pickle; rank 0 writes spec.json when it starts.
     """
     mode = 0o750 if group else 0o700
-    try:
-        files.folder.mkdir(mode=mode, exist_ok=True)
-    except FileNotFoundError:  # the first job of a new data directory
-        files.folder.parent.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
-        files.folder.mkdir(mode=mode, exist_ok=True)
-    files.submitit.mkdir(mode=mode, exist_ok=True)
     for folder in (files.folder, files.submitit):
-        # A retry's folder was the job's to write: what stands at these names must be a real folder.
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+        if not _made_folder(folder, mode) and not stat.S_ISDIR(os.lstat(folder).st_mode):
+            # A retry's folder was the job's to write: what stands at this name must be a real folder.
             raise NotADirectoryError(f"{folder} is not a folder (a link the job made?)")
         account.own(folder, group)
+
+
+def _made_folder(folder: Path, mode: int) -> bool:
+    """Make `folder`; False when something stood at its name already."""
+    try:
+        os.mkdir(folder, mode)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:  # the first job of a new data directory
+        folder.parent.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
+        os.mkdir(folder, mode)
+    return True
 
 
 def archive_attempt(files: JobFiles, attempt: int) -> None:

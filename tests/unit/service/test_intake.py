@@ -83,6 +83,9 @@ def test_waiting_adds_are_written_in_batches_of_at_most_max_batch(engine: Engine
     assert intake.batches_committed == 3 and commits.count == 3
     assert sorted(p.id for p in published) == list(range(1, len(rows) + 1))
     assert [p.name for p in published] == [r.name for r in rows]  # each waiter gets its own job
+    with Session(engine) as session:  # ... and the id it is told is that job's row
+        stored = dict(session.exec(select(Job.id, Job.name)).all())
+    assert {p.id: p.name for p in published} == stored
     assert all(p.folder == f"/data/jobs/{p.id}" for p in published)
     assert counts(engine) == (len(rows), len(rows))  # every job with its "accepted" event
 
