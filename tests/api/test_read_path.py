@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from fastapi.testclient import TestClient
 from httpx import Response
 from sqlalchemy import insert
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
 
 from service.api.deps import AUTHORIZATION
 from service.api.fragments import Fragments
+from service.api.reader import DriverRead
 from service.app import create_app
 from service.config import Settings
+from service.domain import jobs
+from service.ledger.clock import CLOCK_ROW
 from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
 from tests.conftest import Login
@@ -217,3 +222,22 @@ def test_the_polled_routes_document_the_headers_they_read() -> None:
         assert set(headers) == {"authorization", "if-none-match"}, path
         assert headers["authorization"]["description"] == AUTHORIZATION
         assert headers["if-none-match"]["schema"]["title"] == "If-None-Match"
+
+
+def test_the_readers_driver_reads_answer_as_sqlalchemy_does(api: TestClient) -> None:
+    """The clock and a job's stamp, run on the driver's cursor (service.api.reader.DriverRead): the same
+    values, converted the same way (aware datetimes), and a driver error as SQLAlchemy's."""
+    engine = runtime_of(api).engine
+    job_id = submit(api)["id"]
+    cases = [(CLOCK_ROW, {}), (jobs.STAMP, {"job_id": job_id}), (jobs.STAMP, {"job_id": job_id + 1000})]
+    with engine.connect() as connection:
+        for statement, values in cases:
+            expected = connection.execute(statement, values).first()
+            connection.rollback()
+            got = DriverRead(statement, engine.dialect).first(connection, **values)
+            assert got == (None if expected is None else tuple(expected))
+            assert got is None or got[1 if statement is CLOCK_ROW else 0].tzinfo is not None
+        connection.connection.driver_connection.close()  # type: ignore[union-attr]
+        with pytest.raises(DBAPIError):
+            DriverRead(CLOCK_ROW, engine.dialect).first(connection)
+        connection.invalidate()
