@@ -12,7 +12,7 @@ index query's business (its owner filter) and the single-job read's (the viewer 
 a rendering holds one job and is served only where that job is.
 
 Memory is bounded by bytes: least recently used renderings go first. LastPages keeps each query's
-joined page for as long as the ledger clock stands still.
+joined page (and its tag, service.api.etag.for_page) for as long as the ledger clock stands still.
 """
 
 from __future__ import annotations
@@ -96,21 +96,30 @@ class Fragments:
                 self._bytes -= len(dropped)
 
 
+@dataclass(frozen=True)
+class Page:
+    """A joined list page: its tag (service.api.etag.for_page) and its JSON."""
+
+    tag: str
+    body: bytes
+
+
 class LastPages:
     """Each query's page as last joined, kept while the ledger clock stays where it was read.
 
-    A quiet ledger's polls then cost the clock read alone, as the 304 does; the first commit makes
-    every kept page useless (a newer clock value is never answered from an older one), and the next
-    poll of each query joins it again from the renderings. Bounded by bytes, least recently used first.
+    A quiet ledger's polls then cost the clock read alone; the first commit makes every kept page
+    useless (a newer clock value is never answered from an older one), and the next poll of each
+    query reads its index again and joins it from the renderings (its tag is unchanged when the
+    commit touched no job on it). Bounded by bytes, least recently used first.
     """
 
     def __init__(self, max_bytes: int = PAGES_MAX_BYTES) -> None:
         self._max = max_bytes
-        self._pages: OrderedDict[jobs.PageQuery, tuple[LedgerVersion, bytes]] = OrderedDict()
+        self._pages: OrderedDict[jobs.PageQuery, tuple[LedgerVersion, Page]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, query: jobs.PageQuery, version: LedgerVersion) -> bytes | None:
+    def get(self, query: jobs.PageQuery, version: LedgerVersion) -> Page | None:
         with self._lock:
             kept = self._pages.get(query)
             if kept is None or kept[0] != version:
@@ -118,16 +127,16 @@ class LastPages:
             self._pages.move_to_end(query)
             return kept[1]
 
-    def put(self, query: jobs.PageQuery, version: LedgerVersion, body: bytes) -> None:
+    def put(self, query: jobs.PageQuery, version: LedgerVersion, page: Page) -> None:
         with self._lock:
             kept = self._pages.pop(query, None)
             if kept is not None:
-                self._bytes -= len(kept[1])
-            self._pages[query] = (version, body)
-            self._bytes += len(body)
+                self._bytes -= len(kept[1].body)
+            self._pages[query] = (version, page)
+            self._bytes += len(page.body)
             while self._bytes > self._max:
                 _, (_, dropped) = self._pages.popitem(last=False)
-                self._bytes -= len(dropped)
+                self._bytes -= len(dropped.body)
 
 
 @dataclass

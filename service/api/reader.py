@@ -6,6 +6,9 @@ such a read costs more than the read. But an event loop must never wait on the s
 that hold its connections may need the loop to finish), so this reader keeps one connection outside
 the pool's contention. Only the event-loop thread uses it, and each read ends its transaction so the
 next one sees new commits.
+
+The two first reads (the clock, one job's stamp) run on the driver's own cursor (DriverRead): each
+takes ~2 µs in SQLite, and SQLAlchemy's execution around it took ~20 µs (profiled), a tenth of a 304.
 """
 
 from __future__ import annotations
@@ -13,16 +16,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Select
 from sqlmodel import Session
 
 from service.domain import jobs
 from service.domain.auth import Principal
-from service.ledger.clock import LedgerVersion, read_version_on
+from service.ledger.clock import CLOCK_ROW, LedgerVersion, version_of
 from service.ledger.models import Job
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
 T = TypeVar("T")
 
@@ -31,13 +38,18 @@ class LedgerReader:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._connection: Connection | None = None
+        self._clock = DriverRead(CLOCK_ROW, engine.dialect)
+        self._stamp = DriverRead(jobs.STAMP, engine.dialect)
 
     def clock(self) -> LedgerVersion:
-        return self._run(read_version_on)
+        return self._run(lambda connection: version_of(self._clock.first(connection)))
 
     def job_stamp(self, job_id: int, viewer: Principal) -> datetime:
         """The job's `updated_at`; NotFound when it does not exist or `viewer` may not see it."""
-        return self._run(lambda connection: jobs.job_stamp_on(connection, job_id, viewer))
+        def read(connection: Connection) -> datetime:
+            return jobs.visible_stamp(self._stamp.first(connection, job_id=job_id), job_id, viewer)
+
+        return self._run(read)
 
     def page_index(self, query: jobs.PageQuery) -> jobs.PageIndex:
         """Only for a query that reads_a_range(): a filter may read many rows, in the thread pool."""
@@ -85,3 +97,42 @@ class LedgerReader:
             with contextlib.suppress(DBAPIError):
                 self._connection.close()
             self._connection = None
+
+
+class DriverRead:
+    """A Core statement compiled once for the engine's driver, run on the driver's cursor: the same
+    SQL and the same values (each column's result conversion is the one SQLAlchemy would apply), less
+    the statement machinery. A driver error comes out as SQLAlchemy's (DBAPIError: an OperationalError
+    is a database that is down, as everywhere else)."""
+
+    def __init__(self, statement: Select[Unpack[tuple[Any, ...]]], dialect: Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self._sql = compiled.string
+        self._defaults = dict(compiled.params)  # literals in the statement (`id == 1`)
+        self._positions = compiled.positiontup  # a positional driver's (SQLite's `?`) order; else None
+        self._convert = [
+            column.type.dialect_impl(dialect).result_processor(dialect, None)
+            for column in statement.selected_columns
+        ]
+        self._error: type[Exception] = dialect.loaded_dbapi.Error
+
+    def first(self, connection: Connection, **values: Any) -> tuple[Any, ...] | None:
+        """The first row, converted; the driver's transaction is ended (the next read sees new commits)."""
+        named = {**self._defaults, **values}
+        parameters = [named[name] for name in self._positions] if self._positions else named
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        try:
+            cursor = driver.cursor()
+            try:
+                cursor.execute(self._sql, parameters)
+                row = cursor.fetchone()
+            finally:
+                cursor.close()
+                driver.rollback()
+        except self._error as error:
+            raise DBAPIError.instance(self._sql, parameters, error, self._error) from error
+        if row is None:
+            return None
+        converted = zip(self._convert, row, strict=True)
+        return tuple(value if convert is None else convert(value) for convert, value in converted)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Table, bindparam, func
 from sqlalchemy.engine import Connection, Engine, Row
@@ -57,12 +58,16 @@ def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
     return job_stamp_on(session.connection(), job_id, viewer)
 
 
-_STAMP = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == bindparam("job_id"))
+STAMP = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == bindparam("job_id"))
 
 
 def job_stamp_on(connection: Connection, job_id: int, viewer: Principal) -> datetime:
     """job_stamp on a bare connection: Core, as this is the 304 path of every job poll."""
-    row = connection.execute(_STAMP, {"job_id": job_id}).first()
+    return visible_stamp(connection.execute(STAMP, {"job_id": job_id}).first(), job_id, viewer)
+
+
+def visible_stamp(row: Sequence[Any] | None, job_id: int, viewer: Principal) -> datetime:
+    """The stamp in a STAMP row, if `viewer` may see the job (service.api.reader runs STAMP itself)."""
     if row is None or not viewer.may_see(row[1]):
         raise NotFound(f"job {job_id} not found", field="job_id")
     stamp: datetime = row[0]

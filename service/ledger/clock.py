@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -54,12 +54,16 @@ def read_version(session: Session) -> LedgerVersion:
 
 
 _CLOCK: Table = LedgerClock.__table__  # type: ignore[attr-defined]
-_CLOCK_ROW = select(col(LedgerClock.seq), col(LedgerClock.stamped_at)).where(col(LedgerClock.id) == 1)
+CLOCK_ROW = select(col(LedgerClock.seq), col(LedgerClock.stamped_at)).where(col(LedgerClock.id) == 1)
 
 
 def read_version_on(connection: Connection) -> LedgerVersion:
     """read_version on a bare connection: Core, as this runs on every poll and the ORM adds nothing."""
-    row = connection.execute(_CLOCK_ROW).first()
+    return version_of(connection.execute(CLOCK_ROW).first())
+
+
+def version_of(row: Sequence[Any] | None) -> LedgerVersion:
+    """The version a CLOCK_ROW row names (service.api.reader runs CLOCK_ROW itself)."""
     if row is None:  # a ledger made by create_all that nothing has written to yet
         return LedgerVersion(0, _EPOCH)
     return LedgerVersion(int(row[0]), row[1])

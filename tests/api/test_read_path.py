@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from fastapi.testclient import TestClient
+from httpx import Response
 from sqlalchemy import insert
+from sqlalchemy.exc import DBAPIError
+from sqlmodel import col
 
+from service.api.deps import AUTHORIZATION
 from service.api.fragments import Fragments
+from service.api.reader import DriverRead
+from service.app import create_app
+from service.config import Settings
+from service.domain import jobs
+from service.ledger.clock import CLOCK_ROW
 from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
 from tests.conftest import Login
@@ -132,3 +142,102 @@ def test_what_is_kept_stays_bounded_with_100_000_distinct_jobs_polled(api: TestC
     assert len(seen) == 100_000
     assert kept_bytes <= 4 * 2**20 and 0 < kept < 10_000
     assert runtime.fragments.misses >= 100_000  # every job was rendered once, most were let go
+
+
+def insert_finished(api: TestClient, owner: str, count: int) -> list[int]:
+    """`count` finished jobs of `owner`, oldest first: nothing moves them but the test (their folders
+    count as measured, or housekeeping would restamp them)."""
+    now = utcnow()
+    row = {
+        "owner": owner,
+        "backend": "local",
+        "state": "succeeded",
+        "folder_bytes": 0,
+        "spec": {"entrypoint": "worker.tasks.seed:ddp_step", "resources": {"nodes": 1}},
+        "attempt": 1,
+        "progress_offset": 0,
+        "cancel_requested": False,
+        "created_at": now,
+        "updated_at": now,
+    }
+    with runtime_of(api).engine.begin() as connection:
+        inserted = connection.execute(
+            insert(Job).returning(col(Job.id)),
+            [{**row, "name": f"{owner}-{n}"} for n in range(count)],
+        )
+        return sorted(job_id for (job_id,) in inserted if job_id is not None)
+
+
+def revalidate(api: TestClient, url: str, tag: str, headers: dict[str, str] | None = None) -> Response:
+    answer: Response = api.get(url, headers={**(headers or {}), "If-None-Match": tag})
+    return answer
+
+
+def test_a_list_tag_follows_the_jobs_on_its_page_not_the_ledger_clock(api: TestClient) -> None:
+    ids = insert_finished(api, "alice", 4)
+    url = f"{JOBS}?limit=2"  # the two newest: ids[3], ids[2]
+    first = api.get(url)
+    tag = first.headers["etag"]
+    assert [item["id"] for item in first.json()["items"]] == [ids[3], ids[2]]
+
+    clock = runtime_of(api).reader.clock()
+    set_step(api, ids[0], 1)  # a job off the page changes: the clock moves, the page does not
+    assert runtime_of(api).reader.clock().seq > clock.seq
+    assert revalidate(api, url, tag).status_code == 304
+
+    set_step(api, ids[3], 1)  # a job on the page changes
+    changed = revalidate(api, url, tag)
+    assert changed.status_code == 200 and changed.headers["etag"] != tag
+    assert changed.json()["items"][0]["progress"]["step"] == 1
+    tag = changed.headers["etag"]
+    assert revalidate(api, url, tag).status_code == 304
+
+    with write_scope(runtime_of(api).engine) as session:  # a job on the page is deleted
+        session.delete(session.get(Job, ids[2]))
+    gone = revalidate(api, url, tag)
+    assert gone.status_code == 200 and gone.headers["etag"] != tag
+    assert [item["id"] for item in gone.json()["items"]] == [ids[3], ids[1]]
+
+
+def test_a_list_tag_never_revalidates_another_viewers_page(api: TestClient, login: Login) -> None:
+    insert_finished(api, "alice", 3)
+    alices = api.get(JOBS)
+    bob, carol, admin = login("bob"), login("carol"), login("root", admin=True)
+    # The admin's page holds the very jobs alice's does, bob's none of them: neither is hers.
+    for viewer in (bob, admin):
+        answer = revalidate(api, JOBS, alices.headers["etag"], viewer)
+        assert answer.status_code == 200 and answer.headers["etag"] != alices.headers["etag"]
+    assert revalidate(api, JOBS, api.get(JOBS, headers=bob).headers["etag"], carol).status_code == 200
+    assert [item["name"] for item in api.get(JOBS, headers=admin).json()["items"]] == [
+        item["name"] for item in alices.json()["items"]
+    ]
+
+
+def test_the_polled_routes_document_the_headers_they_read() -> None:
+    """list_jobs and get_job read Authorization and If-None-Match from the request (not declared to
+    FastAPI, which checks declared headers on every request): the schema still shows both."""
+    paths = create_app(Settings()).openapi()["paths"]
+    for path in (JOBS, f"{JOBS}/{{job_id}}", f"{JOBS}/{{job_id}}/events"):
+        headers = {p["name"]: p for p in paths[path]["get"]["parameters"] if p["in"] == "header"}
+        assert set(headers) == {"authorization", "if-none-match"}, path
+        assert headers["authorization"]["description"] == AUTHORIZATION
+        assert headers["if-none-match"]["schema"]["title"] == "If-None-Match"
+
+
+def test_the_readers_driver_reads_answer_as_sqlalchemy_does(api: TestClient) -> None:
+    """The clock and a job's stamp, run on the driver's cursor (service.api.reader.DriverRead): the same
+    values, converted the same way (aware datetimes), and a driver error as SQLAlchemy's."""
+    engine = runtime_of(api).engine
+    job_id = submit(api)["id"]
+    cases = [(CLOCK_ROW, {}), (jobs.STAMP, {"job_id": job_id}), (jobs.STAMP, {"job_id": job_id + 1000})]
+    with engine.connect() as connection:
+        for statement, values in cases:
+            expected = connection.execute(statement, values).first()
+            connection.rollback()
+            got = DriverRead(statement, engine.dialect).first(connection, **values)
+            assert got == (None if expected is None else tuple(expected))
+            assert got is None or got[1 if statement is CLOCK_ROW else 0].tzinfo is not None
+        connection.connection.driver_connection.close()  # type: ignore[union-attr]
+        with pytest.raises(DBAPIError):
+            DriverRead(CLOCK_ROW, engine.dialect).first(connection)
+        connection.invalidate()

@@ -14,8 +14,10 @@ from pydantic import AfterValidator, BeforeValidator
 from sqlmodel import Session, SQLModel
 
 from service.api import etag
-from service.api.deps import CurrentUser, RuntimeDep, SessionDep
+from service.api.deps import AUTHORIZATION, CurrentUser, RuntimeDep, SessionDep, read_headers
 from service.api.errors import error_responses
+from service.api.fragments import Page
+from service.api.gate import principal_of
 from service.api.metrics import HELD_S
 from service.domain import checkpoints, jobs, logs, metric_series
 from service.domain.auth import Principal
@@ -42,9 +44,10 @@ router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 JobId = Annotated[int, Path(ge=1, le=jobs.MAX_ID, description="The job's id.")]
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL: refuse it here rather than fail the query
 JSON = "application/json"
-IfNoneMatch = Annotated[
-    str | None, Header(description="An ETag from an earlier answer: 304 when nothing changed.")
-]
+IF_NONE_MATCH = "An ETag from an earlier answer: 304 when nothing changed."
+IfNoneMatch = Annotated[str | None, Header(description=IF_NONE_MATCH)]
+# The polled routes read their two headers themselves (service.api.deps.read_headers says why).
+POLL_HEADERS = read_headers(if_none_match=IF_NONE_MATCH, authorization=AUTHORIZATION)
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -142,10 +145,11 @@ async def create_job(
     response_model=JobPage,
     summary="List jobs, newest first",
     responses={200: {"headers": PAGE_HEADERS}, **NOT_MODIFIED, **error_responses(422)},
+    openapi_extra=POLL_HEADERS,
 )
 async def list_jobs(
+    request: Request,
     runtime: RuntimeDep,
-    user: CurrentUser,
     state: Annotated[list[JobState] | None, Query(description="Keep only these states.")] = None,
     name: Annotated[
         str | None,
@@ -166,25 +170,25 @@ async def list_jobs(
         AfterValidator(_in_utc),
         Query(description="Only jobs changed at or after this time: the server_time of the last page."),
     ] = None,
-    if_none_match: IfNoneMatch = None,
 ) -> Response:
     # async, with the reads inline: a 304 costs one read of the clock, a page one index query more
     # and the joining of kept renderings; only jobs changed since they were rendered (and filters,
     # which may read many rows) are read in the thread pool.
+    user, if_none_match = principal_of(request.scope), request.headers.get("if-none-match")
     await runtime.writers.before_read()
-    version = runtime.reader.clock()  # before the rows: the tag may be older, never newer
-    tag = etag.for_ledger(version, user.owner_filter())
-    if etag.matches(if_none_match, tag):
-        return _not_modified(tag)
+    version = runtime.reader.clock()  # before the rows: the page may be newer, never older
     query = jobs.PageQuery(tuple(state or ()), name, user.owner_filter(), cursor, limit, since)
-    body = runtime.pages.get(query, version)
-    if body is None:
-        body = await _join_page(runtime, query, version)
-        runtime.pages.put(query, version, body)
-    return Response(body, media_type=JSON, headers={**etag.headers(tag, version.stamped_at), **VARY})
+    page = runtime.pages.get(query, version)
+    if page is None:
+        page = await _join_page(runtime, query, version)
+        runtime.pages.put(query, version, page)
+    if etag.matches(if_none_match, page.tag):
+        return _not_modified(page.tag)
+    headers = {**etag.headers(page.tag, version.stamped_at), **VARY}
+    return Response(page.body, media_type=JSON, headers=headers)
 
 
-async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVersion) -> bytes:
+async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVersion) -> Page:
     if query.reads_a_range():
         index = runtime.reader.page_index(query)
     else:
@@ -195,7 +199,7 @@ async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVer
         runtime.fragments.complete(parts, runtime.reader.jobs(missing))
     elif missing:
         runtime.fragments.complete(parts, await run_in_threadpool(_read_jobs, runtime, missing))
-    return parts.join(version.stamped_at)
+    return Page(etag.for_page(query, index), parts.join(version.stamped_at))
 
 
 def _page_index(runtime: Runtime, query: jobs.PageQuery) -> jobs.PageIndex:
@@ -213,13 +217,12 @@ def _read_jobs(runtime: Runtime, job_ids: list[int]) -> list[Job]:
     response_model=JobPublic,
     summary="One job",
     responses={**READ_RESPONSES, **error_responses(404, 422, 429)},
+    openapi_extra=POLL_HEADERS,
 )
 async def get_job(
     request: Request,
     job_id: JobId,
     runtime: RuntimeDep,
-    user: CurrentUser,
-    if_none_match: IfNoneMatch = None,
     wait_s: Annotated[
         float,
         Query(
@@ -233,6 +236,7 @@ async def get_job(
     """The job. A long poll (`wait_s` with `If-None-Match`) answers within milliseconds of a change,
     without the caller asking again and again; a change made by another replica is seen within
     about a second."""
+    user, if_none_match = principal_of(request.scope), request.headers.get("if-none-match")
     await runtime.writers.before_read()
     if wait_s <= 0 or if_none_match is None:  # not a long poll: one read
         return _job_answer(runtime, job_id, user, if_none_match)

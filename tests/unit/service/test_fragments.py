@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from service.api.fragments import Fragments, LastPages
+from service.api.fragments import Fragments, LastPages, Page
 from service.domain.jobs import PageQuery
 from service.ledger.clock import LedgerVersion
 from service.ledger.models import Job
@@ -58,12 +58,13 @@ def test_a_page_is_kept_only_while_the_clock_stands_still_and_within_its_bytes()
     pages = LastPages(max_bytes=1000)
     query, other = PageQuery(owner="alice"), PageQuery(owner="bob")
     now = LedgerVersion(7, T0)
-    pages.put(query, now, b"alice's page")
+    alices = Page('W/"p1"', b"alice's page")
+    pages.put(query, now, alices)
 
-    assert pages.get(query, now) == b"alice's page"
+    assert pages.get(query, now) == alices
     assert pages.get(other, now) is None  # another viewer's query: never this page
     assert pages.get(query, LedgerVersion(8, T0 + timedelta(microseconds=1))) is None
     for n in range(20):
-        pages.put(PageQuery(owner=f"user{n}"), now, b"x" * 100)
+        pages.put(PageQuery(owner=f"user{n}"), now, Page(f'W/"p{n}"', b"x" * 100))
     assert pages.get(query, now) is None  # let go to stay within 1000 bytes
-    assert pages.get(PageQuery(owner="user19"), now) == b"x" * 100
+    assert pages.get(PageQuery(owner="user19"), now) == Page('W/"p19"', b"x" * 100)
