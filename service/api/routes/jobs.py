@@ -8,10 +8,9 @@ from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import AfterValidator, BeforeValidator
-from sqlmodel import Session, SQLModel
+from sqlmodel import SQLModel
 
 from service.api import etag
 from service.api.deps import AUTHORIZATION, CurrentUser, RuntimeDep, SessionDep, read_headers
@@ -26,7 +25,6 @@ from service.errors import InvalidRequest
 from service.ledger.clock import LedgerVersion
 from service.ledger.models import (
     CheckpointPublic,
-    Job,
     JobAttemptPublic,
     JobCreate,
     JobEventPublic,
@@ -192,24 +190,14 @@ async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVer
     if query.reads_a_range():
         index = runtime.reader.page_index(query)
     else:
-        index = await run_in_threadpool(_page_index, runtime, query)
+        index = await runtime.reader.page_index_off_loop(query)
     parts = runtime.fragments.collect(index)
     missing = parts.missing()
     if 0 < len(missing) <= RENDER_INLINE:
         runtime.fragments.complete(parts, runtime.reader.jobs(missing))
     elif missing:
-        runtime.fragments.complete(parts, await run_in_threadpool(_read_jobs, runtime, missing))
+        runtime.fragments.complete(parts, await runtime.reader.jobs_off_loop(missing))
     return Page(etag.for_page(query, index), parts.join(version.stamped_at))
-
-
-def _page_index(runtime: Runtime, query: jobs.PageQuery) -> jobs.PageIndex:
-    with runtime.engine.connect() as connection:
-        return jobs.page_index(connection, query)
-
-
-def _read_jobs(runtime: Runtime, job_ids: list[int]) -> list[Job]:
-    with Session(runtime.engine) as session:
-        return jobs.jobs_by_id(session, job_ids)
 
 
 @router.get(
