@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
 
 from service.app import create_app
 from service.config import Settings
@@ -99,6 +100,15 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'ledger.db'}"
     server: PostgresServer = request.getfixturevalue("postgres_server")
     return server.reset_ledger()
+
+
+@pytest.fixture
+def engine(settings: Settings) -> Iterator[Engine]:
+    """An engine on a migrated, empty ledger, on each database the suite runs."""
+    made = make_engine(settings.database_url)
+    migrate(made)
+    yield made
+    made.dispose()
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from sqlmodel import col
 from service.domain import jobs
 from service.domain.jobs import PageQuery, _page_statement, page_index
 from service.ledger import name_index
-from service.ledger.db import make_engine, migrate
 from service.ledger.models import Job, utcnow
 from service.states import JobState
 
@@ -33,14 +32,6 @@ OWNERS = ("alice", "bob")
 def ascii_fold(text: str) -> str:
     """The rule `name` follows: A-Z as a-z, every other character as it is."""
     return text.translate({c: c + 32 for c in range(ord("A"), ord("Z") + 1)})
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = make_engine(database_url)
-    migrate(engine)
-    yield engine
-    engine.dispose()
 
 
 def add_jobs(connection: Connection, names: list[str], first_id: int = 1) -> None:

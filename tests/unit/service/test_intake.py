@@ -4,31 +4,21 @@ a retry with an Idempotency-Key is answered with the first job, in the same batc
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import TypeVar
 
-import pytest
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import StatementError
 from sqlmodel import Session, func, select
 
 from service.domain.quotas import RetryLater
 from service.errors import Conflict
-from service.ledger.db import make_engine, migrate
+from service.ledger.db import make_engine
 from service.ledger.models import Job, JobEvent, JobPublic, NewJob
 from service.loops.intake import MAX_BATCH, Accepted, JobIntake
 from service.states import JobState
 from tests.support import run_async
 
 T = TypeVar("T")
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = make_engine(database_url)
-    migrate(engine)
-    yield engine
-    engine.dispose()
 
 
 class Commits:
