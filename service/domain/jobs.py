@@ -53,17 +53,14 @@ def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
     return job
 
 
-def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
-    """One job's `updated_at`, restamped by every change to it, its events or its metrics."""
-    return job_stamp_on(session.connection(), job_id, viewer)
-
-
 STAMP = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == bindparam("job_id"))
 
 
-def job_stamp_on(connection: Connection, job_id: int, viewer: Principal) -> datetime:
-    """job_stamp on a bare connection: Core, as this is the 304 path of every job poll."""
-    return visible_stamp(connection.execute(STAMP, {"job_id": job_id}).first(), job_id, viewer)
+def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
+    """One job's `updated_at`, restamped by every change to it, its events or its metrics. (A poll's
+    304 path runs STAMP on the driver's cursor instead: service.api.reader.)"""
+    row = session.connection().execute(STAMP, {"job_id": job_id}).first()
+    return visible_stamp(row, job_id, viewer)
 
 
 def visible_stamp(row: Sequence[Any] | None, job_id: int, viewer: Principal) -> datetime:

@@ -58,7 +58,7 @@ CLOCK_ROW = select(col(LedgerClock.seq), col(LedgerClock.stamped_at)).where(col(
 
 
 def read_version_on(connection: Connection) -> LedgerVersion:
-    """read_version on a bare connection: Core, as this runs on every poll and the ORM adds nothing."""
+    """read_version on a bare connection (a poll's own clock read is service.api.reader's)."""
     return version_of(connection.execute(CLOCK_ROW).first())
 
 
