@@ -4,11 +4,15 @@ and what is kept stays bounded however many distinct jobs are polled."""
 
 from __future__ import annotations
 
+import inspect
 import threading
+from typing import Annotated, Any
 
 import pytest
+from fastapi import FastAPI, Path, Query
 from fastapi.testclient import TestClient
 from httpx import Response
+from pydantic import BaseModel
 from sqlalchemy import insert
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
@@ -16,6 +20,7 @@ from sqlmodel import col
 from service.api.deps import AUTHORIZATION
 from service.api.fragments import Fragments
 from service.api.reader import DriverRead
+from service.api.routes.jobs import JobParams, ListParams
 from service.app import create_app
 from service.config import Settings
 from service.domain import jobs
@@ -222,6 +227,74 @@ def test_the_polled_routes_document_the_headers_they_read() -> None:
         assert set(headers) == {"authorization", "if-none-match"}, path
         assert headers["authorization"]["description"] == AUTHORIZATION
         assert headers["if-none-match"]["schema"]["title"] == "If-None-Match"
+
+
+def test_the_polled_routes_document_their_parameters_as_fastapi_would() -> None:
+    """list_jobs and get_job validate their parameters with one model each (deps.read_params); the
+    schema shows them exactly as FastAPI shows the same fields declared one by one."""
+
+    def declared(params: type[BaseModel], path: str) -> list[dict[str, Any]]:
+        """The parameters FastAPI documents for the model's fields declared as route parameters."""
+        twin = FastAPI()
+        signature = []
+        for name, field in params.model_fields.items():
+            place = Path if f"{{{name}}}" in path else Query
+            markers = (field.annotation, *field.metadata, place(description=field.description))
+            annotation = Annotated.__class_getitem__(markers)  # type: ignore[attr-defined]
+            default = inspect.Parameter.empty if field.is_required() else field.default
+            signature.append(
+                inspect.Parameter(
+                    name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
+                )
+            )
+
+        def endpoint(**_: Any) -> None:
+            return None
+
+        endpoint.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
+        twin.get(path)(endpoint)
+        parameters: list[dict[str, Any]] = twin.openapi()["paths"][path]["get"]["parameters"]
+        return parameters
+
+    paths = create_app(Settings()).openapi()["paths"]
+    for path, params in ((JOBS, ListParams), (f"{JOBS}/{{job_id}}", JobParams)):
+        served = [p for p in paths[path]["get"]["parameters"] if p["in"] != "header"]
+        assert served == declared(params, path), path
+
+
+@pytest.mark.parametrize(
+    ("url", "loc"),
+    [
+        (f"{JOBS}?limit=0", ["query", "limit"]),
+        (f"{JOBS}?limit=ten", ["query", "limit"]),
+        (f"{JOBS}?state=running&state=bogus", ["query", "state", 1]),
+        (f"{JOBS}?name=ab", ["query", "name"]),
+        (f"{JOBS}?since=1700000000", ["query", "since"]),
+        (f"{JOBS}/0", ["path", "job_id"]),
+        (f"{JOBS}/abc", ["path", "job_id"]),
+        (f"{JOBS}/1?wait_s=-1", ["query", "wait_s"]),
+        (f"{JOBS}/1?wait_s=31", ["query", "wait_s"]),
+    ],
+)
+def test_a_bad_parameter_of_a_polled_route_is_a_422_naming_it(
+    api: TestClient, url: str, loc: list[Any]
+) -> None:
+    answer = api.get(url)
+    assert answer.status_code == 422, answer.text
+    assert [problem["loc"] for problem in answer.json()["detail"]] == [loc]
+
+
+def test_the_polled_routes_read_repeated_parameters_as_fastapi_does(api: TestClient) -> None:
+    """A list takes every value, a scalar the last one; a parameter no route knows is ignored."""
+    first, second = submit(api)["id"], submit(api)["id"]
+    cancelled = api.post(f"{JOBS}/{first}/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    both = api.get(JOBS, params=[("state", "cancelled"), ("state", "queued"), ("state", "submitted")])
+    assert {job["id"] for job in both.json()["items"]} >= {first, second}
+    only = api.get(JOBS, params=[("state", "cancelled")])
+    assert [job["id"] for job in only.json()["items"]] == [first]
+    last = api.get(JOBS, params=[("limit", "5"), ("limit", "1"), ("unknown", "x")])
+    assert last.status_code == 200 and len(last.json()["items"]) == 1
 
 
 def test_the_readers_driver_reads_answer_as_sqlalchemy_does(api: TestClient) -> None:

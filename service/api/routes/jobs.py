@@ -9,11 +9,19 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from pydantic import AfterValidator, BeforeValidator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 from sqlmodel import SQLModel
 
 from service.api import etag
-from service.api.deps import AUTHORIZATION, CurrentUser, RuntimeDep, SessionDep, read_headers
+from service.api.deps import (
+    AUTHORIZATION,
+    CurrentUser,
+    RuntimeDep,
+    SessionDep,
+    polled_route,
+    read_params,
+    runtime_of,
+)
 from service.api.errors import error_responses
 from service.api.fragments import Page
 from service.api.gate import principal_of
@@ -44,8 +52,9 @@ NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL: refuse it here rather
 JSON = "application/json"
 IF_NONE_MATCH = "An ETag from an earlier answer: 304 when nothing changed."
 IfNoneMatch = Annotated[str | None, Header(description=IF_NONE_MATCH)]
-# The polled routes read their two headers themselves (service.api.deps.read_headers says why).
-POLL_HEADERS = read_headers(if_none_match=IF_NONE_MATCH, authorization=AUTHORIZATION)
+# The polled routes read their parameters and two headers themselves (service.api.deps.read_params
+# says why).
+POLL_HEADERS = {"if_none_match": IF_NONE_MATCH, "authorization": AUTHORIZATION}
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -138,44 +147,41 @@ async def create_job(
     return Response(accepted.job.model_dump_json(), status_code=status, media_type=JSON)
 
 
+class ListParams(BaseModel):
+    state: list[JobState] | None = Field(None, description="Keep only these states.")
+    name: str | None = Field(
+        None,
+        min_length=jobs.MIN_NAME,
+        max_length=200,
+        pattern=NO_NUL,
+        description=f"Substring of the name, {jobs.MIN_NAME}+ characters; A-Z and a-z match alike.",
+    )
+    cursor: str | None = Field(None, max_length=100, description="next_cursor of the page before.")
+    limit: int = Field(50, ge=1, le=jobs.MAX_PAGE)
+    since: Annotated[datetime | None, BeforeValidator(_iso_time), AfterValidator(_in_utc)] = Field(
+        None, description="Only jobs changed at or after this time: the server_time of the last page."
+    )
+
+
 @router.get(
     "",
     response_model=JobPage,
     summary="List jobs, newest first",
     responses={200: {"headers": PAGE_HEADERS}, **NOT_MODIFIED, **error_responses(422)},
-    openapi_extra=POLL_HEADERS,
+    openapi_extra=polled_route("", ListParams, **POLL_HEADERS),
 )
-async def list_jobs(
-    request: Request,
-    runtime: RuntimeDep,
-    state: Annotated[list[JobState] | None, Query(description="Keep only these states.")] = None,
-    name: Annotated[
-        str | None,
-        Query(
-            min_length=jobs.MIN_NAME,
-            max_length=200,
-            pattern=NO_NUL,
-            description=f"Substring of the name, {jobs.MIN_NAME}+ characters; A-Z and a-z match alike.",
-        ),
-    ] = None,
-    cursor: Annotated[
-        str | None, Query(max_length=100, description="next_cursor of the page before.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=jobs.MAX_PAGE)] = 50,
-    since: Annotated[
-        datetime | None,
-        BeforeValidator(_iso_time),
-        AfterValidator(_in_utc),
-        Query(description="Only jobs changed at or after this time: the server_time of the last page."),
-    ] = None,
-) -> Response:
+async def list_jobs(request: Request) -> Response:
     # async, with the reads inline: a 304 costs one read of the clock, a page one index query more
     # and the joining of kept renderings; only jobs changed since they were rendered (and filters,
     # which may read many rows) are read in the thread pool.
+    params = read_params(request, ListParams)
     user, if_none_match = principal_of(request.scope), request.headers.get("if-none-match")
+    runtime = runtime_of(request)
     await runtime.writers.before_read()
     version = runtime.reader.clock()  # before the rows: the page may be newer, never older
-    query = jobs.PageQuery(tuple(state or ()), name, user.owner_filter(), cursor, limit, since)
+    query = jobs.PageQuery(
+        tuple(params.state or ()), params.name, user.owner_filter(), params.cursor, params.limit, params.since
+    )
     page = runtime.pages.get(query, version)
     if page is None:
         page = await _join_page(runtime, query, version)
@@ -200,31 +206,32 @@ async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVer
     return Page(etag.for_page(query, index), parts.join(version.stamped_at))
 
 
+class JobParams(BaseModel):
+    job_id: int = Field(ge=1, le=jobs.MAX_ID, description="The job's id.")
+    wait_s: float = Field(
+        0,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="With an If-None-Match that is still current: wait up to this long for the job "
+        "to change (state, progress, metrics, ...) and answer as soon as it does; 304 if it did not.",
+    )
+
+
 @router.get(
     "/{job_id}",
     response_model=JobPublic,
     summary="One job",
     responses={**READ_RESPONSES, **error_responses(404, 422, 429)},
-    openapi_extra=POLL_HEADERS,
+    openapi_extra=polled_route("/{job_id}", JobParams, **POLL_HEADERS),
 )
-async def get_job(
-    request: Request,
-    job_id: JobId,
-    runtime: RuntimeDep,
-    wait_s: Annotated[
-        float,
-        Query(
-            ge=0,
-            le=MAX_WAIT_S,
-            description="With an If-None-Match that is still current: wait up to this long for the job "
-            "to change (state, progress, metrics, ...) and answer as soon as it does; 304 if it did not.",
-        ),
-    ] = 0,
-) -> Response:
+async def get_job(request: Request) -> Response:
     """The job. A long poll (`wait_s` with `If-None-Match`) answers within milliseconds of a change,
     without the caller asking again and again; a change made by another replica is seen within
     about a second."""
+    params = read_params(request, JobParams)
+    job_id, wait_s = params.job_id, params.wait_s
     user, if_none_match = principal_of(request.scope), request.headers.get("if-none-match")
+    runtime = runtime_of(request)
     await runtime.writers.before_read()
     if wait_s <= 0 or if_none_match is None:  # not a long poll: one read
         return _job_answer(runtime, job_id, user, if_none_match)
