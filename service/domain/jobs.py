@@ -8,13 +8,13 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, bindparam, func
+from sqlalchemy import Integer, Table, bindparam, func
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
@@ -28,7 +28,7 @@ from service.errors import InvalidRequest, NotFound
 from service.ledger import name_index
 from service.ledger.db import write_scope
 from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, UTCDateTime
-from service.ledger.sql import id_conditions
+from service.ledger.sql import id_chunks, id_conditions
 from service.loops.transitions import record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 
@@ -53,22 +53,51 @@ def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
     return job
 
 
-STAMP = select(col(Job.updated_at), col(Job.owner)).where(col(Job.id) == bindparam("job_id"))
+Stamp = tuple[datetime, str]  # a job's (updated_at, owner)
+
+
+def stamps(connection: Connection, job_ids: Iterable[int]) -> dict[int, Stamp]:
+    """These jobs' `updated_at`, restamped by every change to a job, its events or its metrics, and
+    their owners (a job deleted meanwhile is left out). service.api.reader runs the same statements
+    on the driver's cursor for every poll that arrived in one turn of the event loop at once."""
+    found: dict[int, Stamp] = {}
+    for chunk in id_chunks(sorted(set(job_ids))):
+        rows = connection.execute(stamps_statement(stamps_size(len(chunk))), stamps_values(chunk))
+        found.update(stamps_found(rows))
+    return found
+
+
+def stamps_size(count: int) -> int:
+    """The statement size for `count` ids: a power of two, so that a few statements serve every count."""
+    return 1 << (count - 1).bit_length()
+
+
+@functools.cache
+def stamps_statement(size: int) -> Select[int | None, datetime, str]:
+    """(id, updated_at, owner) of up to `size` jobs: parameters id0 ... id{size-1} (stamps_values)."""
+    ids = [bindparam(f"id{index}", type_=Integer) for index in range(size)]
+    return select(col(Job.id), col(Job.updated_at), col(Job.owner)).where(col(Job.id).in_(ids))
+
+
+def stamps_values(job_ids: Sequence[int]) -> dict[str, int]:
+    """The parameters of stamps_statement(stamps_size(len(job_ids))): the last id fills the rest."""
+    size = stamps_size(len(job_ids))
+    return {f"id{index}": job_ids[min(index, len(job_ids) - 1)] for index in range(size)}
+
+
+def stamps_found(rows: Iterable[Sequence[Any]]) -> dict[int, Stamp]:
+    return {int(job_id): (updated_at, owner) for job_id, updated_at, owner in rows}
 
 
 def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
-    """One job's `updated_at`, restamped by every change to it, its events or its metrics. (A poll's
-    304 path runs STAMP on the driver's cursor instead: service.api.reader.)"""
-    row = session.connection().execute(STAMP, {"job_id": job_id}).first()
-    return visible_stamp(row, job_id, viewer)
+    return visible_stamp(stamps(session.connection(), [job_id]).get(job_id), job_id, viewer)
 
 
-def visible_stamp(row: Sequence[Any] | None, job_id: int, viewer: Principal) -> datetime:
-    """The stamp in a STAMP row, if `viewer` may see the job (service.api.reader runs STAMP itself)."""
-    if row is None or not viewer.may_see(row[1]):
+def visible_stamp(stamp: Stamp | None, job_id: int, viewer: Principal) -> datetime:
+    """The job's `updated_at`, if `viewer` may see it; another user's job is as missing as no job."""
+    if stamp is None or not viewer.may_see(stamp[1]):
         raise NotFound(f"job {job_id} not found", field="job_id")
-    stamp: datetime = row[0]
-    return stamp
+    return stamp[0]
 
 
 def decode_cursor(cursor: str) -> int:
@@ -175,9 +204,7 @@ def _postgres_name_rows(
 
 
 @functools.cache
-def _page_statement(
-    dialect: str, shape: tuple[bool, ...], part: str = "all"
-) -> Select[int | None, datetime]:
+def _page_statement(dialect: str, shape: tuple[bool, ...], part: str = "all") -> Select[int | None, datetime]:
     """The statement for one combination of filters, its values bound at execution: built once,
     since building it cost more than the query itself. `part`: see _postgres_name_rows.
 

@@ -178,7 +178,7 @@ async def list_jobs(request: Request) -> Response:
     user, if_none_match = principal_of(request.scope), request.headers.get("if-none-match")
     runtime = runtime_of(request)
     await runtime.writers.before_read()
-    version = runtime.reader.clock()  # before the rows: the page may be newer, never older
+    version = await runtime.reader.clock()  # before the rows: the page may be newer, never older
     query = jobs.PageQuery(
         tuple(params.state or ()), params.name, user.owner_filter(), params.cursor, params.limit, params.since
     )
@@ -234,12 +234,12 @@ async def get_job(request: Request) -> Response:
     runtime = runtime_of(request)
     await runtime.writers.before_read()
     if wait_s <= 0 or if_none_match is None:  # not a long poll: one read
-        return _job_answer(runtime, job_id, user, if_none_match)
+        return await _job_answer(runtime, job_id, user, if_none_match)
     deadline = time.monotonic() + wait_s
     # Registered before the read, so no change can slip between them.
     with runtime.job_watch.watching(job_id, user.user) as change:
         while True:
-            answer = _job_answer(runtime, job_id, user, if_none_match)
+            answer = await _job_answer(runtime, job_id, user, if_none_match)
             remaining = deadline - time.monotonic()
             if answer.status_code != 304 or remaining <= 0:
                 return answer
@@ -249,10 +249,10 @@ async def get_job(request: Request) -> Response:
             request.scope[HELD_S] = request.scope.get(HELD_S, 0.0) + time.monotonic() - held
 
 
-def _job_answer(runtime: Runtime, job_id: int, user: Principal, if_none_match: str | None) -> Response:
+async def _job_answer(runtime: Runtime, job_id: int, user: Principal, if_none_match: str | None) -> Response:
     """All on the event loop: the job's stamp decides a 304 and finds a kept rendering; only a job
     changed since it was last rendered is read whole and rendered (by the first poll to meet it)."""
-    stamp = runtime.reader.job_stamp(job_id, user)
+    stamp = await runtime.reader.job_stamp(job_id, user)
     tag = etag.for_job(job_id, stamp)
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)

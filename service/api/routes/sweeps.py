@@ -68,7 +68,7 @@ async def list_sweeps(
     limit: Annotated[int, Query(ge=1, le=sweeps.MAX_PAGE)] = 50,
     if_none_match: IfNoneMatch = None,
 ) -> Response:
-    tag = etag.for_ledger(runtime.reader.clock(), f"sweeps.{user.owner_filter() or '*'}")
+    tag = etag.for_ledger(await runtime.reader.clock(), f"sweeps.{user.owner_filter() or '*'}")
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
 
@@ -90,7 +90,7 @@ async def get_sweep(
     sweep_id: SweepId, runtime: RuntimeDep, user: CurrentUser, if_none_match: IfNoneMatch = None
 ) -> Response:
     # The ledger clock moves with every trial's change (state, progress, metrics): one cheap read.
-    tag = etag.for_ledger(runtime.reader.clock(), f"sweep{sweep_id}.{user.user}")
+    tag = etag.for_ledger(await runtime.reader.clock(), f"sweep{sweep_id}.{user.user}")
     if etag.matches(if_none_match, tag):
         await run_in_threadpool(_check_visible, runtime, sweep_id, user)  # 404 stays 404
         return _not_modified(tag)
