@@ -67,12 +67,13 @@ def seed_jobs(database_url: str, data_dir: Path, count: int, running: int = 0) -
 def _rows(data_dir: Path, start: int, stop: int, last_finished: int) -> Iterator[dict[str, Any]]:
     now = utcnow()
     for i in range(start, stop):
+        finished = i <= last_finished
         yield {
             "id": i,
             "name": job_name(i),
             "owner": "bench",
             "backend": "slurm",
-            "state": "running" if i > last_finished else "succeeded",
+            "state": "succeeded" if finished else "running",
             "spec": SPEC,
             "attempt": 1,
             "progress_offset": 0,
@@ -80,6 +81,10 @@ def _rows(data_dir: Path, start: int, stop: int, last_finished: int) -> Iterator
             "folder": str(data_dir / "jobs" / str(i)),
             "result": {"ok": True},
             "progress": PROGRESS,
+            # A ledger's finished jobs have had their folders measured (service.domain.retention):
+            # unmeasured, housekeeping would measure and restamp 200 of them every 10 s meanwhile.
+            "folder_bytes": 0 if finished else None,
+            "folder_measured_at": now if finished else None,
             "created_at": now,
             "updated_at": now,
         }
@@ -88,7 +93,8 @@ def _rows(data_dir: Path, start: int, stop: int, last_finished: int) -> Iterator
 def _copy(connection: Connection, rows: Iterator[dict[str, Any]]) -> None:
     """PostgreSQL's COPY: an order of magnitude faster than INSERTs of the same rows."""
     columns = ("id", "name", "owner", "backend", "state", "spec", "attempt", "progress_offset",
-               "cancel_requested", "folder", "result", "progress", "created_at", "updated_at")  # fmt: skip
+               "cancel_requested", "folder", "result", "progress", "folder_bytes", "folder_measured_at",
+               "created_at", "updated_at")  # fmt: skip
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     for row in rows:
@@ -96,7 +102,7 @@ def _copy(connection: Connection, rows: Iterator[dict[str, Any]]) -> None:
             json.dumps(row[c])
             if isinstance(row[c], dict)
             else row[c].isoformat()
-            if c.endswith("_at")
+            if c.endswith("_at") and row[c] is not None
             else row[c]
             for c in columns
         )
