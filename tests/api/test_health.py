@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import pytest
@@ -68,14 +67,3 @@ def test_only_the_public_paths_answer_without_a_token(settings: Settings) -> Non
             assert client.get(path).status_code == 200, path
         for path in ("/api/v1/jobs", "/api/v1/jobs/1", "/api/v1/whoami", "/api/v1/audit", "/metrics"):
             assert client.get(path).status_code == 401, path
-
-
-def test_a_serving_app_leaves_its_start_up_heap_out_of_garbage_collection(
-    settings: Settings, fake: FakeBackend
-) -> None:
-    """service.app.freeze_startup_heap: frozen while serving, given back to the collector at shutdown
-    (a test process starts many apps: what each made must not outlive it)."""
-    gc.unfreeze()
-    with TestClient(create_app(settings, backends={"local": fake})):
-        assert gc.get_freeze_count() > 10_000
-    assert gc.get_freeze_count() == 0
