@@ -41,7 +41,6 @@ from service.domain import jobs
 from service.domain.auth import Principal
 from service.ledger.clock import CLOCK_ROW, LedgerVersion, version_of
 from service.ledger.models import Job
-from service.ledger.sql import id_chunks
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11
@@ -65,16 +64,14 @@ class LedgerReader:
         self._threads = anyio.CapacityLimiter(READ_THREADS)
 
     def _read_stamps(self, job_ids: Collection[int]) -> dict[int, jobs.Stamp]:
-        found: dict[int, jobs.Stamp] = {}
-        for chunk in id_chunks(sorted(job_ids)):
-            read = self._stamps_of(jobs.stamps_size(len(chunk)))
-            rows = self._run(functools.partial(read.all, values=jobs.stamps_values(chunk)))
-            found.update(jobs.stamps_found(rows))
-        return found
+        def execute(statement: jobs.StampStatement, values: dict[str, int]) -> list[tuple[Any, ...]]:
+            return self._run(functools.partial(self._driver_read(statement).all, values=values))
 
-    @functools.cache  # noqa: B019 - one per size (a few powers of two) for the reader's life
-    def _stamps_of(self, size: int) -> DriverRead:
-        return DriverRead(jobs.stamps_statement(size), self._engine.dialect)
+        return jobs.stamps(execute, job_ids)
+
+    @functools.cache  # noqa: B019 - one per statement (a few sizes) for the reader's life
+    def _driver_read(self, statement: jobs.StampStatement) -> DriverRead:
+        return DriverRead(statement, self._engine.dialect)
 
     async def clock(self) -> LedgerVersion:
         version = await self._clock.read(None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -56,41 +56,34 @@ def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
 Stamp = tuple[datetime, str]  # a job's (updated_at, owner)
 
 
-def stamps(connection: Connection, job_ids: Iterable[int]) -> dict[int, Stamp]:
+StampStatement = Select[int | None, datetime, str]
+# Runs a stamps statement with its values: SQLAlchemy's Connection.execute, or service.api.reader's
+# run of it on the driver's cursor.
+StampsExecute = Callable[[StampStatement, dict[str, int]], Iterable[Sequence[Any]]]
+
+
+def stamps(execute: StampsExecute, job_ids: Iterable[int]) -> dict[int, Stamp]:
     """These jobs' `updated_at`, restamped by every change to a job, its events or its metrics, and
-    their owners (a job deleted meanwhile is left out). service.api.reader runs the same statements
-    on the driver's cursor for every poll that arrived in one turn of the event loop at once."""
+    their owners (a job deleted meanwhile is left out). service.api.reader reads them for every poll
+    that arrived in one turn of the event loop at once; a few statement sizes serve every count."""
     found: dict[int, Stamp] = {}
     for chunk in id_chunks(sorted(set(job_ids))):
-        rows = connection.execute(stamps_statement(stamps_size(len(chunk))), stamps_values(chunk))
-        found.update(stamps_found(rows))
+        size = 1 << (len(chunk) - 1).bit_length()  # a power of two
+        values = {f"id{index}": chunk[min(index, len(chunk) - 1)] for index in range(size)}  # last fills
+        for job_id, updated_at, owner in execute(stamps_statement(size), values):
+            found[int(job_id)] = (updated_at, owner)
     return found
 
 
-def stamps_size(count: int) -> int:
-    """The statement size for `count` ids: a power of two, so that a few statements serve every count."""
-    return 1 << (count - 1).bit_length()
-
-
 @functools.cache
-def stamps_statement(size: int) -> Select[int | None, datetime, str]:
-    """(id, updated_at, owner) of up to `size` jobs: parameters id0 ... id{size-1} (stamps_values)."""
+def stamps_statement(size: int) -> StampStatement:
+    """(id, updated_at, owner) of up to `size` jobs: parameters id0 ... id{size-1}."""
     ids = [bindparam(f"id{index}", type_=Integer) for index in range(size)]
     return select(col(Job.id), col(Job.updated_at), col(Job.owner)).where(col(Job.id).in_(ids))
 
 
-def stamps_values(job_ids: Sequence[int]) -> dict[str, int]:
-    """The parameters of stamps_statement(stamps_size(len(job_ids))): the last id fills the rest."""
-    size = stamps_size(len(job_ids))
-    return {f"id{index}": job_ids[min(index, len(job_ids) - 1)] for index in range(size)}
-
-
-def stamps_found(rows: Iterable[Sequence[Any]]) -> dict[int, Stamp]:
-    return {int(job_id): (updated_at, owner) for job_id, updated_at, owner in rows}
-
-
 def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
-    return visible_stamp(stamps(session.connection(), [job_id]).get(job_id), job_id, viewer)
+    return visible_stamp(stamps(session.connection().execute, [job_id]).get(job_id), job_id, viewer)
 
 
 def visible_stamp(stamp: Stamp | None, job_id: int, viewer: Principal) -> datetime:
