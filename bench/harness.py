@@ -39,21 +39,14 @@ def free_port() -> int:
 def server(module_app: str, env: dict[str, str] | None = None, ready_path: str = "/healthz") -> Iterator[str]:
     """Run `uvicorn module:app` (one worker) on a free loopback port; yield its base URL."""
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        module_app,
-        "--factory",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
+    cmd = ["-m", "uvicorn", module_app, "--factory", "--host", "127.0.0.1", "--port", str(port)]
+    with _serving([*cmd, "--log-level", "warning", "--no-access-log"], port, env, ready_path) as url:
+        yield url
+
+
+@contextmanager
+def _serving(args: list[str], port: int, env: dict[str, str] | None, ready_path: str) -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -64,7 +57,7 @@ def server(module_app: str, env: dict[str, str] | None = None, ready_path: str =
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{module_app} did not start")
+                raise RuntimeError(f"{args} did not start")
             time.sleep(0.1)
         yield url
     finally:
@@ -93,10 +86,12 @@ def make_token(env: dict[str, str], user: str = "bench") -> str:
 
 @contextmanager
 def torchyard(module_app: str, env: dict[str, str]) -> Iterator[tuple[str, dict[str, str]]]:
-    """The service as users meet it (tokens checked, every request authenticated): (url, headers)."""
+    """The service as users meet it (tokens checked, every request authenticated, served as
+    `torchyard serve` serves it: bench.serve): (url, headers)."""
     env = {**BENCH_SETTINGS, **env}
     headers = {"Authorization": f"Bearer {make_token(env)}"}
-    with server(module_app, env) as url:
+    port = free_port()
+    with _serving(["-m", "bench.serve", module_app, str(port)], port, env, "/healthz") as url:
         yield url, headers
 
 

@@ -120,11 +120,9 @@ def serve(
 
     Callers need a token (`torchyard token create`) unless --dev (or TORCHYARD_DEV_MODE=true).
     """
-    import uvicorn
-
     from service.app import create_app
     from service.config import Settings
-    from service.serving import uvicorn_config
+    from service.serving import serve as serve_app
 
     overrides: dict[str, Any] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     if dev:
@@ -140,10 +138,7 @@ def serve(
         application = create_app(settings)
     except ValueError as error:
         raise _fail(str(error), EXIT_REQUEST) from None
-    config = uvicorn_config(
-        application, settings, host=settings.host, port=settings.port, log_level=log_level.lower()
-    )
-    uvicorn.Server(config).run()
+    serve_app(application, settings, host=settings.host, port=settings.port, log_level=log_level.lower())
 
 
 @app.command()
