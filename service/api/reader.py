@@ -14,8 +14,8 @@ made before a poll began is never missed. On PostgreSQL a read is a round trip t
 blocks the loop (~0.5 ms with writers busy); on SQLite it is a few µs, and the clock read runs on
 the driver's own cursor (DriverRead): SQLAlchemy's execution around it took ~20 µs (profiled).
 
-Reads that may take long (a filtered page, many jobs to render) go to worker threads on pooled
-connections instead, at most READ_THREADS at once. With one thread per waiting poll (up to 40), the
+Reads that may take long (a filtered page, many jobs to render) go to worker threads instead, at
+most READ_THREADS at once, each on a connection the reader keeps (OwnConnection, as the loop's). With one thread per waiting poll (up to 40), the
 threads and the event loop fought for the GIL: sampled under 32 polling connections, the loop spent
 a fifth of its time waiting to get the GIL back after its own clock read, and filtered pages had a
 p99 of 130-150 ms; with two threads 55-65 ms (bench.scale, 10^5 jobs, SQLite).
@@ -55,7 +55,8 @@ READ_THREADS = 2
 class LedgerReader:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._connection: Connection | None = None
+        self._on_loop = OwnConnection(engine)
+        self._off_loop_idle: list[OwnConnection] = []  # at most READ_THREADS: the limiter's bound
         clock_row = DriverRead(CLOCK_ROW, engine.dialect)
         self._clock = TurnReads[None, LedgerVersion](
             lambda _: {None: self._run(lambda connection: version_of(clock_row.first(connection)))}
@@ -107,30 +108,53 @@ class LedgerReader:
 
     async def _off_loop(self, read: Callable[[Connection], T]) -> T:
         def run() -> T:
-            with self._engine.connect() as connection:
-                return read(connection)
+            # The limiter lets READ_THREADS reads run at once, so there are never more connections
+            # than that; list.pop and append are atomic.
+            own = self._off_loop_idle.pop() if self._off_loop_idle else OwnConnection(self._engine)
+            try:
+                return own.run(read)
+            finally:
+                self._off_loop_idle.append(own)
 
         return await anyio.to_thread.run_sync(run, limiter=self._threads)
 
     def _run(self, read: Callable[[Connection], T]) -> T:
+        return self._on_loop.run(read)
+
+    def close(self) -> None:
+        for own in [self._on_loop, *self._off_loop_idle]:
+            own.close()
+
+
+class OwnConnection:
+    """A connection one reader keeps for itself, outside the pool, in autocommit.
+
+    Autocommit: each read is its own transaction, which sees every commit made before it. A pooled
+    connection cost a read on PostgreSQL four round trips (the pool's ping, the driver's BEGIN, the
+    query and the ROLLBACK that ends it); this costs one. A broken connection (the database
+    restarted) is replaced once per read, where the pool's ping found it before.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._connection: Connection | None = None
+
+    def run(self, read: Callable[[Connection], T]) -> T:
         for attempt in (1, 2):
             connection = self._connect()
             try:
                 try:
                     return read(connection)
                 finally:
-                    connection.rollback()  # end the read transaction: the next read sees new commits
+                    connection.rollback()  # ends what a read began (an ORM session's), if anything
             except DBAPIError:
-                self.close()  # a broken connection (database restarted): one fresh try
+                self.close()
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
 
     def _connect(self) -> Connection:
         if self._connection is None or self._connection.closed:
-            # Autocommit: each read is its own transaction, which sees every commit made before it.
-            # Otherwise a read on PostgreSQL was three round trips (the driver's BEGIN, the query and
-            # the ROLLBACK that ends it): measured, 6% more list 304s a second (bench.poll, R = 20).
             self._connection = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         return self._connection
 
