@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Integer, Table, bindparam, func
+from sqlalchemy import Integer, Table, bindparam, func, union_all
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
@@ -144,16 +144,18 @@ def page_index(connection: Connection, query: PageQuery) -> PageIndex:
     """
     limit = max(1, min(query.limit, MAX_PAGE))
     before = decode_cursor(query.cursor) if query.cursor else None
+    states = list(dict.fromkeys(s.value for s in query.state))  # once each: a state is a walk of its own
     values: dict[str, object] = {
-        "states": [s.value for s in query.state] or None,
+        "states": states or None,
         "name": name_index.like_pattern(query.name) if query.name else None,
         "owner": query.owner,
         "since": query.updated_since,
         "before": before,
         "limit": limit + 1,
     }
-    shape = tuple(values[key] is not None for key in _FILTERS)
+    shape = (len(states), *(values[key] is not None for key in _FILTERS[1:]))
     given = {key: value for key, value in values.items() if value is not None}
+    given.update({f"state{index}": state for index, state in enumerate(states)})
     dialect = connection.dialect.name
     if query.name and dialect == "sqlite":
         given["phrase"] = name_index.phrase(query.name)
@@ -172,7 +174,7 @@ _NEWEST = select(func.max(col(Job.id)))
 
 
 def _postgres_name_rows(
-    connection: Connection, shape: tuple[bool, ...], given: dict[str, object], before: int | None, wanted: int
+    connection: Connection, shape: tuple[int, ...], given: dict[str, object], before: int | None, wanted: int
 ) -> list[Row[int | None, datetime]]:
     """A name page on PostgreSQL: the newest RECENT_IDS ids first, then the trigram index.
 
@@ -197,15 +199,19 @@ def _postgres_name_rows(
 
 
 @functools.cache
-def _page_statement(dialect: str, shape: tuple[bool, ...], part: str = "all") -> Select[int | None, datetime]:
-    """The statement for one combination of filters, its values bound at execution: built once,
-    since building it cost more than the query itself. `part`: see _postgres_name_rows.
+def _page_statement(dialect: str, shape: tuple[int, ...], part: str = "all") -> Select[int | None, datetime]:
+    """The statement for one combination of filters (`shape`: how many states, then whether each
+    other filter is given), its values bound at execution: built once, since building it cost more
+    than the query itself. `part`: see _postgres_name_rows.
 
     A name is found through service.ledger.name_index. On SQLite its FTS5 table leads, in its own
     rowid (= job id) order, so a page of a common substring ends after its first rows instead of
     sorting every match; PostgreSQL's planner picks between its trigram index and the id order.
+    Without a name, states are walks of their own index (_state_page).
     """
     states, name, owner, since, before = shape
+    if states and not name:
+        return _state_page(states, owner, since, before)
     statement = select(col(Job.id), col(Job.updated_at))
     walked: ColumnElement[int] = JOB_TABLE.c.id  # the ids the page walks down
     if name:
@@ -217,17 +223,48 @@ def _page_statement(dialect: str, shape: tuple[bool, ...], part: str = "all") ->
             walked = fts_id  # FTS5 walks (and bounds) its own rowids, not the join's other side
     if states:
         statement = statement.where(col(Job.state).in_(bindparam("states", expanding=True)))
+    statement = _owner_since_before(statement, owner, since, before, walked)
+    if part == "recent":  # ids from `floor` up: the primary key walked back, bounded
+        statement = statement.where(walked >= bindparam("floor"))
+    elif part == "older":  # no index gives `id + 0` its order: the trigram index finds, a sort orders
+        return statement.order_by((walked + 0).desc()).limit(bindparam("limit"))
+    return statement.order_by(walked.desc()).limit(bindparam("limit"))
+
+
+def _owner_since_before(
+    statement: Select[int | None, datetime], owner: int, since: int, before: int, walked: ColumnElement[int]
+) -> Select[int | None, datetime]:
     if owner:
         statement = statement.where(col(Job.owner) == bindparam("owner"))
     if since:
         statement = statement.where(col(Job.updated_at) >= bindparam("since", type_=UTCDateTime))
     if before:
         statement = statement.where(walked < bindparam("before"))
-    if part == "recent":  # ids from `floor` up: the primary key walked back, bounded
-        statement = statement.where(walked >= bindparam("floor"))
-    elif part == "older":  # no index gives `id + 0` its order: the trigram index finds, a sort orders
-        return statement.order_by((walked + 0).desc()).limit(bindparam("limit"))
-    return statement.order_by(walked.desc()).limit(bindparam("limit"))
+    return statement
+
+
+def _state_page(count: int, owner: int, since: int, before: int) -> Select[int | None, datetime]:
+    """A page of `count` states (values state0, state1, ...): each state's newest jobs walked down
+    the (state, id) index ((owner, state, id) for one owner's), and with several states the newest
+    of their walks.
+
+    Each walk is ordered as its index is, (state, id) and not id alone, so that no planner prefers
+    the id index: PostgreSQL did for a state 99% of jobs hold, and walked back past the 10,000
+    newest (running) jobs to find 50 (1 ms, against 0.02 ms for the index; bench.scale, 10^6 jobs).
+    With `state IN (...)`, both databases read every match of the states and sorted them.
+    """
+
+    def walk(index: int) -> Select[int | None, datetime]:
+        statement = select(col(Job.id), col(Job.updated_at))
+        statement = statement.where(col(Job.state) == bindparam(f"state{index}"))
+        statement = _owner_since_before(statement, owner, since, before, JOB_TABLE.c.id)
+        return statement.order_by(col(Job.state).desc(), col(Job.id).desc()).limit(bindparam("limit"))
+
+    if count == 1:
+        return walk(0)
+    walks = [walk(index).subquery() for index in range(count)]
+    newest = union_all(*(select(w.c.id, w.c.updated_at) for w in walks)).subquery()
+    return select(newest.c.id, newest.c.updated_at).order_by(newest.c.id.desc()).limit(bindparam("limit"))
 
 
 def jobs_by_id(session: Session, job_ids: Sequence[int]) -> list[Job]:
