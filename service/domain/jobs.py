@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -64,15 +64,24 @@ StampsExecute = Callable[[StampStatement, dict[str, int]], Iterable[Sequence[Any
 
 def stamps(execute: StampsExecute, job_ids: Iterable[int]) -> dict[int, Stamp]:
     """These jobs' `updated_at`, restamped by every change to a job, its events or its metrics, and
-    their owners (a job deleted meanwhile is left out). service.api.reader reads them for every poll
-    that arrived in one turn of the event loop at once; a few statement sizes serve every count."""
+    their owners (a job deleted meanwhile is left out). service.api.reader makes the same reads
+    (stamp_reads) for every poll that arrived in one turn of the event loop at once."""
     found: dict[int, Stamp] = {}
+    for statement, values in stamp_reads(job_ids):
+        found.update(stamps_found(execute(statement, values)))
+    return found
+
+
+def stamp_reads(job_ids: Iterable[int]) -> Iterator[tuple[StampStatement, dict[str, int]]]:
+    """The statements (and their values) that read these jobs' stamps: a few sizes serve every count."""
     for chunk in id_chunks(sorted(set(job_ids))):
         size = 1 << (len(chunk) - 1).bit_length()  # a power of two
         values = {f"id{index}": chunk[min(index, len(chunk) - 1)] for index in range(size)}  # last fills
-        for job_id, updated_at, owner in execute(stamps_statement(size), values):
-            found[int(job_id)] = (updated_at, owner)
-    return found
+        yield stamps_statement(size), values
+
+
+def stamps_found(rows: Iterable[Sequence[Any]]) -> dict[int, Stamp]:
+    return {int(job_id): (updated_at, owner) for job_id, updated_at, owner in rows}
 
 
 @functools.cache

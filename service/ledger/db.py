@@ -25,6 +25,9 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
+POSTGRES_CONNECT_TIMEOUT_S = 5
+
+
 def make_engine(url: str) -> Engine:
     """An engine tuned for the ledger: WAL SQLite for one machine, pooled PostgreSQL for production."""
     ledger_clock.install()  # every session stamps the jobs it changes at commit
@@ -34,7 +37,7 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # connect_timeout: an unreachable database host must be a prompt 503, not the OS's TCP timeout
-    connect_args = {"connect_timeout": 5} if url.startswith("postgresql") else {}
+    connect_args = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
 
 

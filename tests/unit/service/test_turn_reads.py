@@ -1,5 +1,6 @@
 """The polls' first reads are made once per turn of the event loop (service.api.reader.TurnReads):
-one read for every poll that asked in the turn, begun after they asked, each answered its own."""
+one read for every poll that asked in the turn, begun after they asked, each answered its own; the
+polls that ask while a read is in flight share the next one, begun when it ends."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class Recorded:
         self.calls: list[set[int]] = []
         self.log: list[str] = []
 
-    def __call__(self, keys: Collection[int]) -> dict[int, str]:
+    async def __call__(self, keys: Collection[int]) -> dict[int, str]:
         self.calls.append(set(keys))
         self.log.append("read")
         return {key: f"value {key}" for key in keys if key % 2 == 0}
@@ -63,7 +64,7 @@ def test_a_later_turn_reads_again() -> None:
 
 
 def test_an_error_of_the_read_is_every_askers_and_a_hung_up_asker_is_left_out() -> None:
-    def broken(keys: Collection[int]) -> dict[int, str]:
+    async def broken(keys: Collection[int]) -> dict[int, str]:
         raise ConnectionError("the database is down")
 
     reads = TurnReads(broken)
@@ -78,6 +79,36 @@ def test_an_error_of_the_read_is_every_askers_and_a_hung_up_asker_is_left_out() 
     answers = run_async(scenario())
 
     assert [type(answer) for answer in answers] == [ConnectionError, ConnectionError]
+
+
+def test_the_askers_during_a_read_in_flight_share_the_next_read_begun_after_it() -> None:
+    """On PostgreSQL the loop serves on while a read is in flight; the polls that ask meanwhile
+    must not get its answer (it began before they asked), nor start reads beside it."""
+    log: list[str] = []
+    release = asyncio.Event()
+
+    async def slow(keys: Collection[int]) -> dict[int, str]:
+        log.append(f"read {sorted(keys)} begins")
+        if not release.is_set():
+            await release.wait()
+        log.append(f"read {sorted(keys)} ends")
+        return {key: f"value {key}" for key in keys}
+
+    reads = TurnReads(slow)
+
+    async def scenario() -> list[str | None]:
+        first = asyncio.ensure_future(reads.read(1))
+        await asyncio.sleep(0.01)  # the first read is in flight
+        later = [asyncio.ensure_future(reads.read(key)) for key in (2, 3)]
+        await asyncio.sleep(0.01)
+        log.append("released")
+        release.set()
+        return await asyncio.gather(first, *later)
+
+    answers = run_async(scenario())
+
+    assert answers == ["value 1", "value 2", "value 3"]
+    assert log == ["read [1] begins", "released", "read [1] ends", "read [2, 3] begins", "read [2, 3] ends"]
 
 
 def add_job(engine: Engine, owner: str) -> int:
@@ -100,9 +131,9 @@ def test_one_stamp_read_answers_each_viewer_by_what_they_may_see(
     reads: list[set[int]] = []
     stamps = reader._stamps._read_many
 
-    def recorded(keys: Collection[int]) -> dict[int, jobs.Stamp]:
+    async def recorded(keys: Collection[int]) -> dict[int, jobs.Stamp]:
         reads.append(set(keys))
-        return stamps(keys)
+        return await stamps(keys)
 
     monkeypatch.setattr(reader._stamps, "_read_many", recorded)
 
