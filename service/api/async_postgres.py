@@ -23,9 +23,29 @@ from service.api.driver_read import DriverRead
 from service.ledger.db import POSTGRES_CONNECT_TIMEOUT_S
 
 
+class AsyncPostgresPool:
+    """`size` asynchronous connections: up to `size` reads in flight, the others wait their turn."""
+
+    def __init__(self, engine: Engine, size: int) -> None:
+        self._idle = [AsyncPostgres(engine) for _ in range(size)]
+        self._turns = asyncio.Semaphore(size)
+
+    async def __call__(self, read: DriverRead, values: dict[str, Any]) -> list[tuple[Any, ...]]:
+        async with self._turns:
+            connection = self._idle.pop()
+            try:
+                return await connection(read, values)
+            finally:
+                self._idle.append(connection)
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+
+
 class AsyncPostgres:
-    """One asynchronous connection, one read at a time (its caller, a TurnReads, makes sure); a
-    broken connection (the database restarted) is replaced once per read."""
+    """One asynchronous connection, one read at a time (AsyncPostgresPool makes sure); a broken
+    connection (the database restarted) is replaced once per read."""
 
     def __init__(self, engine: Engine) -> None:
         self._driver: Any = engine.dialect.loaded_dbapi

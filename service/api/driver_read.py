@@ -16,15 +16,20 @@ if TYPE_CHECKING:
 
 class DriverRead:
     """A Core statement compiled once for the engine's driver, run on the driver's cursor: the same
-    SQL and the same values (each column's result conversion is the one SQLAlchemy would apply), less
-    the statement machinery. A driver error comes out as SQLAlchemy's (DBAPIError: an OperationalError
-    is a database that is down, as everywhere else)."""
+    SQL and the same values (each value's and each column's conversion is the one SQLAlchemy would
+    apply), less the statement machinery. A driver error comes out as SQLAlchemy's (DBAPIError: an
+    OperationalError is a database that is down, as everywhere else)."""
 
     def __init__(self, statement: Select[Unpack[tuple[Any, ...]]], dialect: Dialect) -> None:
         compiled = statement.compile(dialect=dialect)
         self.sql = compiled.string
         self._defaults = dict(compiled.params)  # literals in the statement (`id == 1`)
         self._positions = compiled.positiontup  # a positional driver's (SQLite's `?`) order; else None
+        self._bind = {
+            name: process
+            for name, bind in compiled.binds.items()
+            if (process := bind.type.dialect_impl(dialect).bind_processor(dialect)) is not None
+        }
         self._convert = [
             column.type.dialect_impl(dialect).result_processor(dialect, None)
             for column in statement.selected_columns
@@ -46,6 +51,9 @@ class DriverRead:
     def parameters(self, values: dict[str, Any]) -> Sequence[Any] | dict[str, Any]:
         """`values` (and the statement's own literals) as the driver takes them."""
         named = {**self._defaults, **values}
+        for name, process in self._bind.items():
+            if named.get(name) is not None:
+                named[name] = process(named[name])
         return [named[name] for name in self._positions] if self._positions else named
 
     def _execute(

@@ -30,20 +30,24 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Select
 from sqlmodel import Session
 
-from service.api.async_postgres import AsyncPostgres
+from service.api.async_postgres import AsyncPostgresPool
 from service.api.driver_read import DriverRead
 from service.domain import jobs
 from service.domain.auth import Principal
 from service.ledger.clock import CLOCK_ROW, LedgerVersion, version_of
 from service.ledger.models import Job
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -52,31 +56,42 @@ V = TypeVar("V")
 READ_THREADS = 2
 
 
+POSTGRES_CONNECTIONS = 4  # reads in flight from the event loop at once (PostgreSQL)
+
+
 class LedgerReader:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._on_loop = OwnConnection(engine)
         self._off_loop_idle: list[OwnConnection] = []  # at most READ_THREADS: the limiter's bound
-        # The clock's and the stamps' reads may each be in flight at once: a connection each.
-        self._fetch_clock = first_reads(engine, self._on_loop)
-        self._fetch_stamps = first_reads(engine, self._on_loop)
+        self._postgres = (
+            AsyncPostgresPool(engine, POSTGRES_CONNECTIONS)
+            if engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg2"
+            else None
+        )
         self._clock_row = DriverRead(CLOCK_ROW, engine.dialect)
         self._clock = TurnReads[None, LedgerVersion](self._read_clock)
         self._stamps = TurnReads[int, jobs.Stamp](self._read_stamps)
         self._threads = anyio.CapacityLimiter(READ_THREADS)
 
+    async def _fetch(self, read: DriverRead, values: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """On PostgreSQL the loop serves on while the server answers; SQLite answers in µs."""
+        if self._postgres is not None:
+            return await self._postgres(read, values)
+        return self._run(functools.partial(read.all, values=values))
+
     async def _read_clock(self, _: Collection[None]) -> dict[None, LedgerVersion]:
-        rows = await self._fetch_clock(self._clock_row, {})
+        rows = await self._fetch(self._clock_row, {})
         return {None: version_of(rows[0] if rows else None)}
 
     async def _read_stamps(self, job_ids: Collection[int]) -> dict[int, jobs.Stamp]:
         found: dict[int, jobs.Stamp] = {}
         for statement, values in jobs.stamp_reads(job_ids):
-            found.update(jobs.stamps_found(await self._fetch_stamps(self._driver_read(statement), values)))
+            found.update(jobs.stamps_found(await self._fetch(self._driver_read(statement), values)))
         return found
 
     @functools.cache  # noqa: B019 - one per statement (a few sizes) for the reader's life
-    def _driver_read(self, statement: jobs.StampStatement) -> DriverRead:
+    def _driver_read(self, statement: Select[Unpack[tuple[Any, ...]]]) -> DriverRead:
         return DriverRead(statement, self._engine.dialect)
 
     async def clock(self) -> LedgerVersion:
@@ -88,12 +103,20 @@ class LedgerReader:
         """The job's `updated_at`; NotFound when it does not exist or `viewer` may not see it."""
         return jobs.visible_stamp(await self._stamps.read(job_id), job_id, viewer)
 
-    def page_index(self, query: jobs.PageQuery) -> jobs.PageIndex:
-        """Only for a query that reads_a_range(); a filter may read many rows: page_index_off_loop."""
-        return self._run(functools.partial(jobs.page_index, query=query))
-
-    async def page_index_off_loop(self, query: jobs.PageQuery) -> jobs.PageIndex:
-        return await self._off_loop(functools.partial(jobs.page_index, query=query))
+    async def page_index(self, query: jobs.PageQuery) -> jobs.PageIndex:
+        """On PostgreSQL from the event loop, waiting for the server without blocking. On SQLite a
+        walk down the id index (reads_a_range) on the loop, and a filter, which may read many rows,
+        in a read thread."""
+        if self._postgres is None:
+            read = functools.partial(jobs.page_index, query=query)
+            return self._run(read) if query.reads_a_range() else await self._off_loop(read)
+        reads = jobs.page_reads("postgresql", query)
+        try:
+            statement, values = next(reads)
+            while True:
+                statement, values = reads.send(await self._postgres(self._driver_read(statement), values))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     def job(self, job_id: int, viewer: Principal) -> Job:
         """The job whole, to render it; NotFound as for job_stamp."""
@@ -129,25 +152,8 @@ class LedgerReader:
     def close(self) -> None:
         for own in [self._on_loop, *self._off_loop_idle]:
             own.close()
-        for fetch in (self._fetch_clock, self._fetch_stamps):
-            if isinstance(fetch, AsyncPostgres):
-                fetch.close()
-
-
-Fetch = Callable[[DriverRead, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
-
-
-def first_reads(engine: Engine, on_loop: OwnConnection) -> Fetch:
-    """How the polls' first reads reach the ledger from the event loop: on PostgreSQL (psycopg2)
-    through an asynchronous connection (the loop serves on while the server answers); otherwise on
-    the loop's own connection, blocking (SQLite: a few µs, less than any hand-off)."""
-    if engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg2":
-        return AsyncPostgres(engine)
-
-    async def blocking(read: DriverRead, values: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return on_loop.run(functools.partial(read.all, values=values))
-
-    return blocking
+        if self._postgres is not None:
+            self._postgres.close()
 
 
 class OwnConnection:

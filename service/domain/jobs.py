@@ -8,14 +8,14 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Integer, Table, bindparam, func, tuple_, union_all
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import Select
@@ -143,48 +143,64 @@ class PageIndex:
     next_cursor: str | None
 
 
+PageRead = tuple["Select[int | None, datetime]", dict[str, Any]]  # a statement and its values
+PageRows = Sequence[Sequence[Any]]  # what a PageRead found: (id, updated_at) rows
+PageReads = Generator[PageRead, PageRows, "PageIndex"]
+
+
 def page_index(connection: Connection, query: PageQuery) -> PageIndex:
+    """page_reads, made on `connection`."""
+    reads = page_reads(connection.dialect.name, query)
+    try:
+        statement, values = next(reads)
+        while True:
+            statement, values = reads.send(connection.execute(statement, values).all())
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def page_reads(dialect: str, query: PageQuery) -> PageReads:
     """Newest first, `limit` at a time; `updated_since` keeps only jobs changed at or after that time.
 
-    Only ids and stamps (Core): the caller renders (or finds already rendered) each job's version.
-    Passed the page's `server_time` (the clock read before this query) as `updated_since`, it yields
-    every job changed after that page, plus the jobs of the last commit the page already held (`>=`:
-    a tie is sent again rather than missed).
+    Yields the reads the page takes, one after another, and is sent what each found; returns the
+    page. Its caller makes them: page_index on a connection, service.api.reader on the event loop
+    too. Only ids and stamps (Core): the caller renders (or finds already rendered) each job's
+    version. Passed the page's `server_time` (the clock read before this query) as `updated_since`,
+    it yields every job changed after that page, plus the jobs of the last commit the page already
+    held (`>=`: a tie is sent again rather than missed).
     """
     limit = max(1, min(query.limit, MAX_PAGE))
     before = decode_cursor(query.cursor) if query.cursor else None
     states = list(dict.fromkeys(s.value for s in query.state))  # once each: a state is a walk of its own
-    values: dict[str, object] = {
-        "states": states or None,
+    values: dict[str, Any] = {
         "name": name_index.like_pattern(query.name) if query.name else None,
         "owner": query.owner,
         "since": query.updated_since,
         "before": before,
         "limit": limit + 1,
     }
-    shape = (len(states), *(values[key] is not None for key in _FILTERS[1:]))
+    shape = (len(states), *(values[key] is not None for key in _FILTERS))
     given = {key: value for key, value in values.items() if value is not None}
     given.update({f"state{index}": state for index, state in enumerate(states)})
-    dialect = connection.dialect.name
     if query.name and dialect == "sqlite":
         given["phrase"] = name_index.phrase(query.name)
     if query.name and dialect == "postgresql":
-        rows = _postgres_name_rows(connection, shape, given, before, limit + 1)
+        rows = yield from _postgres_name_rows(shape, given, before, limit + 1)
     else:
-        rows = list(connection.execute(_page_statement(dialect, shape), given).all())
+        rows = yield _page_statement(dialect, shape), given
     entries = [(job_id, stamp) for job_id, stamp in rows[:limit] if job_id is not None]
     next_cursor = encode_cursor(entries[-1][0]) if len(rows) > limit else None
     return PageIndex(entries, next_cursor)
 
 
-_FILTERS = ("states", "name", "owner", "since", "before")
+_FILTERS = ("name", "owner", "since", "before")  # after the states' count, in a page's shape
 RECENT_IDS = 5_000  # PostgreSQL: a name page looks through this many newest ids before the index
 _NEWEST = select(func.max(col(Job.id)))
 
 
 def _postgres_name_rows(
-    connection: Connection, shape: tuple[int, ...], given: dict[str, object], before: int | None, wanted: int
-) -> list[Row[int | None, datetime]]:
+    shape: tuple[int, ...], given: dict[str, Any], before: int | None, wanted: int
+) -> Generator[PageRead, PageRows, PageRows]:
     """A name page on PostgreSQL: the newest RECENT_IDS ids first, then the trigram index.
 
     Its planner walks the primary key back for a substring its statistics call common, which reads
@@ -193,18 +209,16 @@ def _postgres_name_rows(
     only a page they leave short reads the older ids, through the trigram index and a sort of its
     matches (few, or old ones).
     """
-    top = before or (connection.execute(_NEWEST).scalar() or 0) + 1
-    floor = max(1, top - RECENT_IDS)
+    if before is None:
+        newest = yield _NEWEST, {}  # type: ignore[misc]  # one column, not a page's two
+        before = (newest[0][0] or 0) + 1
+    floor = max(1, before - RECENT_IDS)
     shape = (*shape[:4], True)  # both parts bound the ids from above
-    recent = list(
-        connection.execute(
-            _page_statement("postgresql", shape, "recent"), {**given, "before": top, "floor": floor}
-        )
-    )
+    recent = yield _page_statement("postgresql", shape, "recent"), {**given, "before": before, "floor": floor}
     if len(recent) >= wanted or floor == 1:
         return recent
-    older = connection.execute(_page_statement("postgresql", shape, "older"), {**given, "before": floor})
-    return recent + list(older)[: wanted - len(recent)]
+    older = yield _page_statement("postgresql", shape, "older"), {**given, "before": floor}
+    return [*recent, *older[: wanted - len(recent)]]
 
 
 @functools.cache
@@ -231,7 +245,8 @@ def _page_statement(dialect: str, shape: tuple[int, ...], part: str = "all") -> 
             statement = statement.where(name_index.sqlite_match())
             walked = fts_id  # FTS5 walks (and bounds) its own rowids, not the join's other side
     if states:
-        statement = statement.where(col(Job.state).in_(bindparam("states", expanding=True)))
+        named: list[BindParameter[str]] = [bindparam(f"state{index}") for index in range(states)]
+        statement = statement.where(col(Job.state).in_(named))
     statement = _owner_since_before(statement, owner, since, before, walked)
     if part == "recent":  # ids from `floor` up: the primary key walked back, bounded
         statement = statement.where(walked >= bindparam("floor"))

@@ -152,7 +152,7 @@ def test_on_sqlite_a_name_page_walks_the_index_in_id_order_without_a_sort(engine
     for shape in [(False, True, False, False, False), (True, True, True, True, True)]:
         compiled = _page_statement("sqlite", shape).compile(engine)
         with engine.connect() as connection:
-            values = {"states": ["running"], "name": "%abc%", "phrase": '"abc"', "owner": "alice",
+            values = {"state0": "running", "name": "%abc%", "phrase": '"abc"', "owner": "alice",
                       "since": utcnow(), "before": 10, "limit": 51}  # fmt: skip
             expanded = compiled.construct_expanded_state(values)
             positional = tuple(expanded.parameters[key] for key in expanded.positiontup or ())

@@ -5,6 +5,7 @@ plain scan of every job answers, for one state or several, an owner's or everyon
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -12,9 +13,11 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import col
 
-from service.domain.jobs import PageQuery, _page_statement, page_index
+from service.api.reader import LedgerReader
+from service.domain.jobs import PageIndex, PageQuery, _page_statement, page_index
 from service.ledger.models import Job, utcnow
 from service.states import JobState
+from tests.support import run_async
 
 OWNERS = ("alice", "bob", "carol")
 
@@ -92,3 +95,41 @@ def test_on_sqlite_each_state_is_a_walk_of_its_index(engine: Engine) -> None:
         reads = [line for line in plan if " job " in f"{line} "]
         assert len(reads) == shape[0], plan
         assert all(line.startswith(f"SEARCH job USING INDEX {index} (") for line in reads), plan
+
+
+def test_the_readers_pages_are_page_index_pages(engine: Engine) -> None:
+    """service.api.reader makes the same reads on its own connections (PostgreSQL: asynchronous,
+    from the event loop, through the driver's cursor): the same pages, cursors and stamps."""
+    rng = random.Random(11)
+    with engine.begin() as connection:
+        add_jobs(connection, 300, rng)
+    since = utcnow() + timedelta(seconds=3)
+    queries = [
+        PageQuery(limit=20),
+        PageQuery(state=(JobState.running,), limit=7),
+        PageQuery(state=(JobState.failed, JobState.queued), owner="bob", limit=5),
+        PageQuery(name="job-1", limit=9),
+        PageQuery(name="OB-2", state=(JobState.running, JobState.succeeded), updated_since=since, limit=3),
+        PageQuery(owner="alice", updated_since=since, limit=11),
+    ]
+    reader = LedgerReader(engine)
+
+    async def pages(query: PageQuery) -> list[PageIndex]:
+        found = [await reader.page_index(query)]
+        while found[-1].next_cursor is not None and len(found) < 4:
+            query = replace(query, cursor=found[-1].next_cursor)
+            found.append(await reader.page_index(query))
+        return found
+
+    try:
+        for query in queries:
+            got = run_async(pages(query))
+            with engine.connect() as connection:
+                expected = [page_index(connection, replace(query, cursor=None))]
+                while expected[-1].next_cursor is not None and len(expected) < 4:
+                    cursor = expected[-1].next_cursor
+                    expected.append(page_index(connection, replace(query, cursor=cursor)))
+            assert got == expected, query
+            assert got[0].entries, query
+    finally:
+        reader.close()

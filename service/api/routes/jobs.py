@@ -193,10 +193,7 @@ async def list_jobs(request: Request) -> Response:
 
 
 async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVersion) -> Page:
-    if query.reads_a_range():
-        index = runtime.reader.page_index(query)
-    else:
-        index = await runtime.reader.page_index_off_loop(query)
+    index = await runtime.reader.page_index(query)
     parts = runtime.fragments.collect(index)
     missing = parts.missing()
     if 0 < len(missing) <= RENDER_INLINE:

@@ -38,7 +38,7 @@ def test_no_more_than_read_threads_long_reads_run_at_once(
 
     async def scenario() -> None:
         loop_thread.append(threading.get_ident())
-        await asyncio.gather(*(reader.page_index_off_loop(jobs.PageQuery(name="abc")) for _ in range(8)))
+        await asyncio.gather(*(reader.page_index(jobs.PageQuery(name="abc")) for _ in range(8)))
 
     run_async(scenario())
     assert most == READ_THREADS
