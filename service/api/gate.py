@@ -18,6 +18,7 @@ The caller it finds is left in the scope for the routes (service.api.deps.get_cu
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,7 +32,7 @@ from service.api.errors import database_down_response, service_error_response
 from service.api.loopback import is_loopback
 from service.api.routes.dashboard import ASSETS_PREFIX
 from service.config import Settings
-from service.domain.auth import DEV_PRINCIPAL, Principal, bearer_token
+from service.domain.auth import DEV_PRINCIPAL, Principal, TokenCheck, bearer_token
 from service.errors import Forbidden, ServiceError, TooLarge, Unauthenticated
 
 PRINCIPAL = "torchyard.principal"  # the scope key the gate leaves the caller under
@@ -106,14 +107,28 @@ class RequestGate:
         tokens = scope["app"].state.runtime.tokens
         principal: Principal | None = tokens.cached(raw)
         if principal is not None:
+            if tokens.due(raw):
+                # Ahead of time: waited on when the answer ran out, the lookup's thread starved for
+                # the GIL under load and every request of the token waited 1-2 s (bench.scale, PG).
+                self._lookup(tokens, raw)
             return principal
+        # shield: a caller that hangs up must not cancel the lookup the others are waiting for
+        return await asyncio.shield(self._lookup(tokens, raw))
+
+    def _lookup(self, tokens: TokenCheck, raw: str) -> asyncio.Future[Principal]:
+        """The token's lookup in flight, or a new one: one indexed read, off the event loop, that
+        every request for it awaits."""
         lookup = self._lookups.get(raw)
-        if lookup is None:  # one indexed read, off the event loop, that every request for it awaits
+        if lookup is None:
             lookup = asyncio.ensure_future(run_in_threadpool(tokens.lookup, raw))
             self._lookups[raw] = lookup
-            lookup.add_done_callback(lambda _: self._lookups.pop(raw, None))
-        # shield: a caller that hangs up must not cancel the lookup the others are waiting for
-        return await asyncio.shield(lookup)
+            lookup.add_done_callback(functools.partial(self._looked_up, raw))
+        return lookup
+
+    def _looked_up(self, raw: str, lookup: asyncio.Future[Principal]) -> None:
+        self._lookups.pop(raw, None)
+        if not lookup.cancelled():
+            lookup.exception()  # seen here: a lookup made ahead may have no request awaiting it
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -136,7 +136,9 @@ def may_run_code(session: Session, token: ApiToken) -> bool:
 class TokenCheck:
     """Token -> Principal, remembered for `ttl_s` seconds so a polling dashboard costs no query.
 
-    A revoked token therefore keeps working on a replica for at most `ttl_s` seconds.
+    A revoked token therefore keeps working on a replica for at most `ttl_s` seconds. An answer past
+    half its life is `due`: the caller looks it up again while it still answers from this one, so
+    a token in steady use is never waited on.
     """
 
     def __init__(self, engine: Engine, ttl_s: float) -> None:
@@ -153,6 +155,11 @@ class TokenCheck:
         if entry[1] is None:
             raise Unauthenticated("this API token is not valid (unknown or revoked)")
         return entry[1]
+
+    def due(self, raw: str) -> bool:
+        """True when this token's cached answer is past half its life: time to look it up again."""
+        entry = self._known.get(hash_token(raw))
+        return entry is None or entry[0] - self._ttl_s / 2 < time.monotonic()
 
     def lookup(self, raw: str) -> Principal:
         digest = hash_token(raw)

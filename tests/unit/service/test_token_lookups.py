@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy.engine import Engine
+from sqlmodel import select
 from starlette.types import Message, Receive, Scope, Send
 
 from service.api.gate import PRINCIPAL, RequestGate
@@ -18,6 +19,7 @@ from service.config import Settings
 from service.domain import auth
 from service.domain.auth import Principal, TokenCheck
 from service.ledger.db import session_scope
+from service.ledger.models import ApiToken
 from tests.support import run_async
 
 CALLERS = 30
@@ -136,3 +138,33 @@ def test_a_caller_that_hangs_up_does_not_cancel_the_lookup_of_the_others(
 
     assert (principal and principal.user, status) == ("bob", 200)
     assert check.lookups == 1
+
+
+def test_a_token_past_half_its_cached_life_is_looked_up_again_while_requests_go_on(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Refresh ahead: under steady use no request waits for a lookup; a revoked token is still
+    refused within the cache's life."""
+    ttl_s = 0.6
+    check = CountingCheck(engine, ttl_s)
+    token, gate = token_in(check), gate_for(tmp_path)
+
+    async def scenario() -> list[tuple[Principal | None, int]]:
+        answers = [await through_gate(gate, request_for(check, token))]  # looked up, and waited on
+        assert check.lookups == 1 and gate._lookups == {}
+        await asyncio.sleep(ttl_s / 2 + 0.05)  # past half the answer's life
+        answers += await asyncio.gather(*(through_gate(gate, request_for(check, token)) for _ in range(5)))
+        assert check.lookups == 1 and list(gate._lookups) == [token]  # answered; one lookup in flight
+        await gate._lookups[token]
+        with session_scope(engine) as session:
+            row = session.exec(select(ApiToken).where(ApiToken.token_hash == auth.hash_token(token))).one()
+            assert row.id is not None
+            auth.revoke_token(session, row.id)
+        await asyncio.sleep(ttl_s + 0.05)  # the refreshed answer, made before the revocation, ran out
+        answers.append(await through_gate(gate, request_for(check, token)))
+        return answers
+
+    answers = run_async(scenario())
+
+    assert [status for _, status in answers] == [200] * 6 + [401]
+    assert check.lookups == 3
