@@ -201,7 +201,8 @@ _NEWEST = select(func.max(col(Job.id)))
 def _postgres_name_rows(
     shape: tuple[int, ...], given: dict[str, Any], before: int | None, wanted: int
 ) -> Generator[PageRead, PageRows, PageRows]:
-    """A name page on PostgreSQL: the newest RECENT_IDS ids first, then the trigram index.
+    """A name page on PostgreSQL: the newest RECENT_IDS ids below the cursor first, then the
+    trigram index.
 
     Its planner walks the primary key back for a substring its statistics call common, which reads
     every newer job when the matches are all old ones (a name used last year, 5% of 10^6 jobs: half
@@ -209,9 +210,10 @@ def _postgres_name_rows(
     only a page they leave short reads the older ids, through the trigram index and a sort of its
     matches (few, or old ones).
     """
-    if before is None:
-        newest = yield _NEWEST, {}  # type: ignore[misc]  # one column, not a page's two
-        before = (newest[0][0] or 0) + 1
+    # Below the newest id too: a cursor beyond it (a page read just before jobs were deleted, or
+    # bench.scale's) left the window empty, and every such page sorted all the older matches.
+    newest = yield _NEWEST, {}  # type: ignore[misc]  # one column, not a page's two
+    before = min(before or MAX_ID, (newest[0][0] or 0) + 1)
     floor = max(1, before - RECENT_IDS)
     shape = (*shape[:4], True)  # both parts bound the ids from above
     recent = yield _page_statement("postgresql", shape, "recent"), {**given, "before": before, "floor": floor}

@@ -162,3 +162,16 @@ def test_on_sqlite_a_name_page_walks_the_index_in_id_order_without_a_sort(engine
             )
         assert plan.startswith(f"SCAN {name_index.FTS_TABLE} VIRTUAL TABLE"), plan
         assert "TEMP B-TREE" not in plan and "SEARCH job USING INTEGER PRIMARY KEY" in plan, plan
+
+
+def test_on_postgresql_a_cursor_beyond_the_newest_job_still_reads_the_recent_ids_first() -> None:
+    """A cursor past the newest id (jobs deleted since, or a bench's uncached walk) must not leave
+    the recent window empty: every such page then sorted all the older matches (0.5 s at 10^6)."""
+    reads = jobs.page_reads("postgresql", PageQuery(name="abc", cursor=jobs.encode_cursor(10**9), limit=2))
+    statement, _ = next(reads)
+    assert str(statement) == str(jobs._NEWEST)
+    statement, values = reads.send([(10**6,)])
+    assert (values["before"], values["floor"]) == (10**6 + 1, 10**6 + 1 - jobs.RECENT_IDS)
+    with pytest.raises(StopIteration) as done:
+        reads.send([(999, utcnow()), (998, utcnow()), (990, utcnow())])  # the window filled the page
+    assert [job_id for job_id, _ in done.value.value.entries] == [999, 998]
