@@ -105,8 +105,8 @@ class LedgerReader:
 
     async def page_index(self, query: jobs.PageQuery) -> jobs.PageIndex:
         """On PostgreSQL from the event loop, waiting for the server without blocking. On SQLite a
-        walk down the id index (reads_a_range) on the loop, and a filter, which may read many rows,
-        in a read thread."""
+        walk down an index (reads_a_range) on the loop, and a name or `since`, which may read many
+        rows, in a read thread."""
         if self._postgres is None:
             read = functools.partial(jobs.page_index, query=query)
             return self._run(read) if query.reads_a_range() else await self._off_loop(read)

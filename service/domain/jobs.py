@@ -128,10 +128,10 @@ class PageQuery:
     updated_since: datetime | None = None
 
     def reads_a_range(self) -> bool:
-        """True when the page is a walk down the id index (or the owner's), `limit` rows long: cheap
-        enough to read on the event loop. Filters may read many rows to find a page's few, and even a
-        state's index walk was a worse p99 on the loop than in the thread pool on PostgreSQL."""
-        return not (self.state or self.name or self.updated_since)
+        """True when the page is a walk down one index, `limit` rows long (the id index, the owner's,
+        or each state's: _state_page): cheap enough to read on the event loop. A name or `since`
+        may read many rows to find a page's few."""
+        return not (self.name or self.updated_since)
 
 
 @dataclass(frozen=True)
