@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
@@ -182,10 +183,7 @@ async def list_jobs(request: Request) -> Response:
     query = jobs.PageQuery(
         tuple(params.state or ()), params.name, user.owner_filter(), params.cursor, params.limit, params.since
     )
-    page = runtime.pages.get(query, version)
-    if page is None:
-        page = await _join_page(runtime, query, version)
-        runtime.pages.put(query, version, page)
+    page = await runtime.pages.joined(query, version, functools.partial(_join_page, runtime, query, version))
     if etag.matches(if_none_match, page.tag):
         return _not_modified(page.tag)
     headers = {**etag.headers(page.tag, version.stamped_at), **VARY}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 
 from service.api.fragments import Fragments, LastPages, Page
@@ -9,6 +11,7 @@ from service.domain.jobs import PageQuery
 from service.ledger.clock import LedgerVersion
 from service.ledger.models import Job
 from service.states import JobState
+from tests.support import run_async
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -68,3 +71,33 @@ def test_a_page_is_kept_only_while_the_clock_stands_still_and_within_its_bytes()
         pages.put(PageQuery(owner=f"user{n}"), now, Page(f'W/"p{n}"', b"x" * 100))
     assert pages.get(query, now) is None  # let go to stay within 1000 bytes
     assert pages.get(PageQuery(owner="user19"), now) == Page('W/"p19"', b"x" * 100)
+
+
+def test_the_polls_that_miss_one_page_together_join_it_once() -> None:
+    """A commit moves the clock under every poller at once: one join for all of them, kept for the
+    next; a newer clock joins again; a failed join is every waiter's error and keeps nothing."""
+    pages, joins = LastPages(), []
+    now, later = LedgerVersion(1, T0), LedgerVersion(2, T0 + timedelta(seconds=1))
+    query = PageQuery(owner="alice")
+
+    def join_for(version: LedgerVersion, fail: bool = False) -> Callable[[], Awaitable[Page]]:
+        async def join() -> Page:
+            joins.append(version.seq)
+            await asyncio.sleep(0.01)  # the database answers meanwhile
+            if fail:
+                raise ConnectionError("the database is down")
+            return Page(f'W/"p{version.seq}"', b"[]")
+
+        return join
+
+    async def scenario() -> None:
+        first = await asyncio.gather(*(pages.joined(query, now, join_for(now)) for _ in range(20)))
+        assert {page.tag for page in first} == {'W/"p1"'} and joins == [1]
+        assert await pages.joined(query, now, join_for(now)) == first[0] and joins == [1]  # kept
+        failing = [pages.joined(query, later, join_for(later, fail=True)) for _ in range(5)]
+        failed = await asyncio.gather(*failing, return_exceptions=True)
+        assert all(isinstance(answer, ConnectionError) for answer in failed) and joins == [1, 2]
+        assert pages.get(query, later) is None
+        assert (await pages.joined(query, later, join_for(later))).tag == 'W/"p2"' and joins == [1, 2, 2]
+
+    run_async(scenario())
