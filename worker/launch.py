@@ -64,6 +64,7 @@ class RankLauncher:
                  env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.device,
                  env.master_addr)
         apply_env(spec)
+        take_cancel_signal()
         preempted = watch_preemption()
 
         try:
@@ -144,6 +145,19 @@ def apply_env(spec: RunSpec) -> None:
     os.environ[CHECKPOINT_DIR_ENV] = str(files.checkpoints)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.resources.cpus_per_task))
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+def take_cancel_signal() -> None:
+    """Let SIGINT reach this rank as a cancel (KeyboardInterrupt), whatever the process it came from did.
+
+    A cancel reaches a rank as SIGINT: the local backend's, and a peer's that ends a stuck job. A
+    process started with SIGINT ignored passes that on to its children, and Python leaves an
+    ignored SIGINT ignored; a shell starts every background job so (`torchyard serve &`, and CI
+    scripts). The ranks then ignored every cancel until SIGKILL came.
+    """
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if on_main_thread and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def watch_preemption() -> threading.Event:

@@ -24,8 +24,11 @@ from tests.support import ROOT
 
 pytestmark = pytest.mark.integration
 
+# The demo is stopped with Ctrl-C: SIGINT as a terminal's foreground process has it, even when the
+# tests run as a background job (a shell starts those with SIGINT ignored, and children inherit it).
 RUN_DEMO = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from service.cli.main import main
 try:
     main()

@@ -7,6 +7,8 @@ import logging
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ import cloudpickle  # type: ignore[import-untyped]
 import pytest
 from submitit.helpers import DelayedSubmission
 
+from tests.support import ROOT
 from worker import distributed
 from worker.launch import RankLauncher, apply_env, setup_logging, watch_preemption
 from worker.spec import RunSpec, parse_error_text
@@ -157,3 +160,31 @@ def test_preemption_signal_is_noticed_and_passed_on(bare_process: None) -> None:
     assert not event.is_set()
     os.kill(os.getpid(), signal.SIGUSR2)
     assert event.wait(5) and seen == [signal.SIGUSR2]
+
+
+# A rank started from a process that ignores SIGINT (a shell's background job) inherits that.
+IGNORING_PARENT = """
+import signal, subprocess, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+sys.exit(subprocess.call([sys.executable, "-c", sys.argv[1]]))
+"""
+RANK = """
+import os, signal, time
+from worker.launch import take_cancel_signal
+print("inherited ignored:", signal.getsignal(signal.SIGINT) == signal.SIG_IGN, flush=True)
+take_cancel_signal()
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(10)
+    print("SIGINT was ignored")
+except KeyboardInterrupt:
+    print("cancelled")
+"""
+
+
+def test_a_rank_takes_sigint_as_a_cancel_even_when_its_parent_ignored_it() -> None:
+    """The local backend and a peer ending a stuck job cancel ranks with SIGINT."""
+    done = subprocess.run(
+        [sys.executable, "-c", IGNORING_PARENT, RANK], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.splitlines() == ["inherited ignored: True", "cancelled"], done.stdout + done.stderr
