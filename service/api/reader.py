@@ -54,8 +54,6 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 READ_THREADS = 2
-
-
 POSTGRES_CONNECTIONS = 4  # reads in flight from the event loop at once (PostgreSQL)
 
 
@@ -90,7 +88,7 @@ class LedgerReader:
             found.update(jobs.stamps_found(await self._fetch(self._driver_read(statement), values)))
         return found
 
-    @functools.cache  # noqa: B019 - one per statement (a few sizes) for the reader's life
+    @functools.cache  # noqa: B019 - one per statement (stamp sizes, page shapes) for the reader's life
     def _driver_read(self, statement: Select[Unpack[tuple[Any, ...]]]) -> DriverRead:
         return DriverRead(statement, self._engine.dialect)
 
@@ -114,7 +112,7 @@ class LedgerReader:
         try:
             statement, values = next(reads)
             while True:
-                statement, values = reads.send(await self._postgres(self._driver_read(statement), values))
+                statement, values = reads.send(await self._fetch(self._driver_read(statement), values))
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
