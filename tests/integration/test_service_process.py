@@ -16,8 +16,11 @@ from tests.serving import free_port
 from tests.support import ROOT
 
 # The real app, runtime and loops, plus one route that reports this process's frozen heap.
+# SIGINT as a terminal's foreground process has it, even when the tests run as a background job (a
+# shell starts those with SIGINT ignored; uvicorn then re-raises the signal it caught into nothing).
 SERVE = """
-import gc, sys
+import gc, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from service.app import create_app
 from service.config import Settings
 from service.serving import serve
