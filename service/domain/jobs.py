@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -57,18 +57,15 @@ Stamp = tuple[datetime, str]  # a job's (updated_at, owner)
 
 
 StampStatement = Select[int | None, datetime, str]
-# Runs a stamps statement with its values: SQLAlchemy's Connection.execute, or service.api.reader's
-# run of it on the driver's cursor.
-StampsExecute = Callable[[StampStatement, dict[str, int]], Iterable[Sequence[Any]]]
 
 
-def stamps(execute: StampsExecute, job_ids: Iterable[int]) -> dict[int, Stamp]:
+def stamps(connection: Connection, job_ids: Iterable[int]) -> dict[int, Stamp]:
     """These jobs' `updated_at`, restamped by every change to a job, its events or its metrics, and
     their owners (a job deleted meanwhile is left out). service.api.reader makes the same reads
     (stamp_reads) for every poll that arrived in one turn of the event loop at once."""
     found: dict[int, Stamp] = {}
     for statement, values in stamp_reads(job_ids):
-        found.update(stamps_found(execute(statement, values)))
+        found.update(stamps_found(connection.execute(statement, values)))
     return found
 
 
@@ -92,7 +89,7 @@ def stamps_statement(size: int) -> StampStatement:
 
 
 def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
-    return visible_stamp(stamps(session.connection().execute, [job_id]).get(job_id), job_id, viewer)
+    return visible_stamp(stamps(session.connection(), [job_id]).get(job_id), job_id, viewer)
 
 
 def visible_stamp(stamp: Stamp | None, job_id: int, viewer: Principal) -> datetime:
