@@ -130,7 +130,6 @@ class LedgerCollector:
         yield polls
         yield scheduler
 
-
     @staticmethod
     def _disk(runtime: Runtime) -> Iterable[Metric]:
         with Session(runtime.engine) as session:

@@ -37,7 +37,6 @@ import anyio.to_thread
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Select
-from sqlmodel import Session
 
 from service.api.async_postgres import AsyncPostgresPool
 from service.api.driver_read import DriverRead
@@ -116,21 +115,21 @@ class LedgerReader:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
-    def job(self, job_id: int, viewer: Principal) -> Job:
+    async def job(self, job_id: int, viewer: Principal) -> Job:
         """The job whole, to render it; NotFound as for job_stamp."""
+        found = await self.jobs([job_id])
+        return jobs.visible_job(found[0] if found else None, job_id, viewer)
 
-        def read(connection: Connection) -> Job:
-            with Session(bind=connection) as session:
-                return jobs.get_job(session, job_id, viewer)
-
-        return self._run(read)
-
-    def jobs(self, job_ids: list[int]) -> list[Job]:
-        """These jobs whole, to render a few that changed without a thread hop (see the route)."""
-        return self._run(functools.partial(_jobs_on, job_ids=job_ids))
+    async def jobs(self, job_ids: list[int]) -> list[Job]:
+        """These jobs whole, to render a few that changed without a thread hop (see the route); on
+        PostgreSQL the loop serves on while the server answers, as for the first reads."""
+        found: list[Job] = []
+        for statement, values in jobs.job_reads(job_ids):
+            found.extend(jobs.jobs_found(await self._fetch(self._driver_read(statement), values)))
+        return found
 
     async def jobs_off_loop(self, job_ids: list[int]) -> list[Job]:
-        return await self._off_loop(functools.partial(_jobs_on, job_ids=job_ids))
+        return await self._off_loop(functools.partial(jobs.jobs_by_id, job_ids=job_ids))
 
     async def _off_loop(self, read: Callable[[Connection], T]) -> T:
         def run() -> T:
@@ -238,8 +237,3 @@ class TurnReads(Generic[K, V]):
             self._in_flight = None
             if self._waiting:  # asked while this read was in flight
                 self._start()
-
-
-def _jobs_on(connection: Connection, job_ids: list[int]) -> list[Job]:
-    with Session(bind=connection) as session:
-        return jobs.jobs_by_id(session, job_ids)

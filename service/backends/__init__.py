@@ -25,4 +25,3 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
 
         backends["slurm"] = SlurmBackend(settings)
     return backends
-

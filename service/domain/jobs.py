@@ -8,14 +8,15 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sqlalchemy import Integer, Table, bindparam, func, tuple_, union_all
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql import selectable
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import Select
@@ -28,9 +29,12 @@ from service.errors import InvalidRequest, NotFound
 from service.ledger import name_index
 from service.ledger.db import write_scope
 from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, UTCDateTime
-from service.ledger.sql import id_chunks, id_conditions
+from service.ledger.sql import id_chunks
 from service.loops.transitions import record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
 MAX_PAGE = 500
 JOB_TABLE: Table = Job.__table__  # type: ignore[attr-defined]
@@ -47,7 +51,11 @@ def job_folder(settings: Settings, job_id: int) -> Path:
 
 def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
     """The job, if it exists and `viewer` may see it; another user's job is as missing as no job."""
-    job = session.get(Job, job_id)
+    return visible_job(session.get(Job, job_id), job_id, viewer)
+
+
+def visible_job(job: Job | None, job_id: int, viewer: Principal) -> Job:
+    """`job`, if it exists and `viewer` may see it (NotFound as for get_job)."""
     if job is None or not viewer.may_see(job.owner):
         raise NotFound(f"job {job_id} not found", field="job_id")
     return job
@@ -70,11 +78,25 @@ def stamps(connection: Connection, job_ids: Iterable[int]) -> dict[int, Stamp]:
 
 
 def stamp_reads(job_ids: Iterable[int]) -> Iterator[tuple[StampStatement, dict[str, int]]]:
-    """The statements (and their values) that read these jobs' stamps: a few sizes serve every count."""
+    """The statements (and their values) that read these jobs' stamps."""
+    return _id_reads(stamps_statement, job_ids)
+
+
+def job_reads(job_ids: Iterable[int]) -> Iterator[tuple[JobRowStatement, dict[str, int]]]:
+    """The statements (and their values) that read these jobs whole: rows for jobs_found."""
+    return _id_reads(_job_rows_statement, job_ids)
+
+
+S = TypeVar("S")
+
+
+def _id_reads(statement: Callable[[int], S], job_ids: Iterable[int]) -> Iterator[tuple[S, dict[str, int]]]:
+    """`statement(size)` for each chunk of the ids: a few sizes serve every count, so each statement
+    is built (and compiled) once."""
     for chunk in id_chunks(sorted(set(job_ids))):
         size = 1 << (len(chunk) - 1).bit_length()  # a power of two
         values = {f"id{index}": chunk[min(index, len(chunk) - 1)] for index in range(size)}  # last fills
-        yield stamps_statement(size), values
+        yield statement(size), values
 
 
 def stamps_found(rows: Iterable[Sequence[Any]]) -> dict[int, Stamp]:
@@ -86,6 +108,24 @@ def stamps_statement(size: int) -> StampStatement:
     """(id, updated_at, owner) of up to `size` jobs: parameters id0 ... id{size-1}."""
     ids = [bindparam(f"id{index}", type_=Integer) for index in range(size)]
     return select(col(Job.id), col(Job.updated_at), col(Job.owner)).where(col(Job.id).in_(ids))
+
+
+JobRowStatement: TypeAlias = "selectable.Select[Unpack[tuple[Any, ...]]]"  # Core: the table's columns
+
+
+@functools.cache
+def _job_rows_statement(size: int) -> JobRowStatement:
+    """Every column of up to `size` jobs: parameters id0 ... id{size-1}."""
+    ids = [bindparam(f"id{index}", type_=Integer) for index in range(size)]
+    return JOB_TABLE.select().where(JOB_TABLE.c.id.in_(ids))
+
+
+def jobs_found(rows: Iterable[Sequence[Any]]) -> list[Job]:
+    """The jobs whose rows job_reads read (each column in the table's order)."""
+    return [Job(**dict(zip(_JOB_FIELDS, row, strict=True))) for row in rows]
+
+
+_JOB_FIELDS = [column.key for column in JOB_TABLE.c]
 
 
 def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:
@@ -301,11 +341,12 @@ def _state_page(
     return select(newest.c.id, newest.c.updated_at).order_by(newest.c.id.desc()).limit(bindparam("limit"))
 
 
-def jobs_by_id(session: Session, job_ids: Sequence[int]) -> list[Job]:
-    """These jobs as they are now, in no particular order (a job deleted meanwhile is left out)."""
+def jobs_by_id(connection: Connection, job_ids: Iterable[int]) -> list[Job]:
+    """These jobs as they are now, in no particular order (a job deleted meanwhile is left out).
+    service.api.reader makes the same reads (job_reads) from the event loop."""
     found: list[Job] = []
-    for condition in id_conditions(col(Job.id), job_ids):
-        found.extend(session.exec(select(Job).where(condition)).all())
+    for statement, values in job_reads(job_ids):
+        found.extend(jobs_found(connection.execute(statement, values)))
     return found
 
 

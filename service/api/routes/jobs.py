@@ -195,7 +195,7 @@ async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVer
     parts = runtime.fragments.collect(index)
     missing = parts.missing()
     if 0 < len(missing) <= RENDER_INLINE:
-        runtime.fragments.complete(parts, runtime.reader.jobs(missing))
+        runtime.fragments.complete(parts, await runtime.reader.jobs(missing))
     elif missing:
         runtime.fragments.complete(parts, await runtime.reader.jobs_off_loop(missing))
     return Page(etag.for_page(query, index), parts.join(version.stamped_at))
@@ -253,7 +253,7 @@ async def _job_answer(runtime: Runtime, job_id: int, user: Principal, if_none_ma
         return _not_modified(tag)
     body = runtime.fragments.get(job_id, stamp)
     if body is None:  # the tag names the version rendered, which may be newer than the stamp read
-        stamp, body = runtime.fragments.render(runtime.reader.job(job_id, user))
+        stamp, body = runtime.fragments.render(await runtime.reader.job(job_id, user))
         tag = etag.for_job(job_id, stamp)
     return Response(body, media_type=JSON, headers={**etag.headers(tag), **VARY})
 
