@@ -27,7 +27,7 @@ from datetime import datetime
 
 from service.domain import jobs
 from service.ledger.clock import LedgerVersion
-from service.ledger.models import Job, JobPage, JobPublic
+from service.ledger.models import JobPage, JobPublic
 
 MAX_BYTES = 64 * 2**20  # about 50,000 typical jobs; a page of 500 needs well under 1 MiB
 PAGES_MAX_BYTES = 16 * 2**20
@@ -54,9 +54,9 @@ class Fragments:
             self.hits += 1
             return kept[1]
 
-    def render(self, job: Job) -> tuple[datetime, bytes]:
+    def render(self, job: jobs.JobRow) -> tuple[datetime, bytes]:
         """Render the job as it is in `job` and keep it under its stamp: (stamp, JSON)."""
-        public = JobPublic.model_validate(job, from_attributes=True)
+        public = JobPublic.model_validate(job)
         body = public.model_dump_json().encode()
         self._keep(public.id, public.updated_at, body)
         return public.updated_at, body
@@ -70,12 +70,12 @@ class Fragments:
                 parts.bodies[job_id] = body
         return parts
 
-    def complete(self, parts: PageParts, found: list[Job]) -> None:
+    def complete(self, parts: PageParts, found: list[jobs.JobRow]) -> None:
         """Render the jobs collect() found no rendering for, read whole (`found`). A job changed since
         the index was read is rendered as it is now (newer than the page's tag, never older); one
         deleted meanwhile is left out."""
         for job in found:
-            parts.bodies[job.id or 0] = self.render(job)[1]
+            parts.bodies[job["id"]] = self.render(job)[1]
 
     def size(self) -> tuple[int, int]:
         """(renderings kept, their bytes)."""

@@ -42,8 +42,8 @@ from service.api.async_postgres import AsyncPostgresPool
 from service.api.driver_read import DriverRead
 from service.domain import jobs
 from service.domain.auth import Principal
+from service.domain.jobs import JobRow
 from service.ledger.clock import CLOCK_ROW, LedgerVersion, version_of
-from service.ledger.models import Job
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11
@@ -115,20 +115,22 @@ class LedgerReader:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
-    async def job(self, job_id: int, viewer: Principal) -> Job:
+    async def job(self, job_id: int, viewer: Principal) -> JobRow:
         """The job whole, to render it; NotFound as for job_stamp."""
         found = await self.jobs([job_id])
-        return jobs.visible_job(found[0] if found else None, job_id, viewer)
+        stamp = (found[0]["updated_at"], found[0]["owner"]) if found else None
+        jobs.visible_stamp(stamp, job_id, viewer)
+        return found[0]
 
-    async def jobs(self, job_ids: list[int]) -> list[Job]:
+    async def jobs(self, job_ids: list[int]) -> list[JobRow]:
         """These jobs whole, to render a few that changed without a thread hop (see the route); on
         PostgreSQL the loop serves on while the server answers, as for the first reads."""
-        found: list[Job] = []
+        found: list[JobRow] = []
         for statement, values in jobs.job_reads(job_ids):
             found.extend(jobs.jobs_found(await self._fetch(self._driver_read(statement), values)))
         return found
 
-    async def jobs_off_loop(self, job_ids: list[int]) -> list[Job]:
+    async def jobs_off_loop(self, job_ids: list[int]) -> list[JobRow]:
         return await self._off_loop(functools.partial(jobs.jobs_by_id, job_ids=job_ids))
 
     async def _off_loop(self, read: Callable[[Connection], T]) -> T:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Column, Integer, MetaData, Table, Text, bindparam
+from sqlalchemy import Column, Integer, MetaData, Table, Text, bindparam, literal_column
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import col
 
@@ -93,11 +93,12 @@ def sqlite_match() -> ColumnElement[bool]:
     return fts.c[FTS_TABLE].match(bindparam("phrase"))
 
 
-def name_like(dialect: str) -> ColumnElement[bool]:
-    """The exact rule, on the job row: SQLite's LIKE folds ASCII only; ILIKE under "C" does the same."""
+def name_like(dialect: str, *, by_index: bool = True) -> ColumnElement[bool]:
+    """The exact rule, on the job row: SQLite's LIKE folds ASCII only; ILIKE under "C" does the same.
+    `by_index=False` (PostgreSQL): the same rule on `name || ''`, an expression no index holds, so
+    that the planner tests the rows it walks instead of reading the trigram index."""
     name = col(Job.name)
     if dialect == "sqlite":
-        condition: ColumnElement[bool] = name.like(bindparam("name"), escape="/")
-    else:
-        condition = name.collate("C").ilike(bindparam("name"), escape="/")
-    return condition
+        return name.like(bindparam("name"), escape="/")
+    tested = name if by_index else name.concat(literal_column("''")).self_group()
+    return tested.collate("C").ilike(bindparam("name"), escape="/")

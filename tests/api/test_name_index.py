@@ -90,10 +90,12 @@ def substrings(names: list[str], rng: random.Random, count: int) -> Iterator[str
             yield "".join(rng.choice(PIECES) for _ in range(3))[:8].ljust(3, "x")
 
 
-@pytest.mark.parametrize("recent_ids", [jobs.RECENT_IDS, 97])  # 97: PostgreSQL's pages in two parts
+# (13, 97): PostgreSQL's pages in all their parts (_postgres_name_rows)
+@pytest.mark.parametrize("near_ids, recent_ids", [(jobs.NEAR_IDS, jobs.RECENT_IDS), (13, 97)])
 def test_indexed_names_answer_what_a_plain_scan_answers(
-    engine: Engine, recent_ids: int, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, near_ids: int, recent_ids: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(jobs, "NEAR_IDS", near_ids)
     monkeypatch.setattr(jobs, "RECENT_IDS", recent_ids)
     rng = random.Random(19)
     names = varied_names(3000, rng)
@@ -164,14 +166,54 @@ def test_on_sqlite_a_name_page_walks_the_index_in_id_order_without_a_sort(engine
         assert "TEMP B-TREE" not in plan and "SEARCH job USING INTEGER PRIMARY KEY" in plan, plan
 
 
-def test_on_postgresql_a_cursor_beyond_the_newest_job_still_reads_the_recent_ids_first() -> None:
-    """A cursor past the newest id (jobs deleted since, or a bench's uncached walk) must not leave
-    the recent window empty: every such page then sorted all the older matches (0.5 s at 10^6)."""
-    reads = jobs.page_reads("postgresql", PageQuery(name="abc", cursor=jobs.encode_cursor(10**9), limit=2))
+NAME_PAGE_PARTS = ("near", "recent", "older")
+
+
+def postgres_name_parts(
+    query: PageQuery, found: list[list[int]]
+) -> tuple[list[tuple[str, int, int]], list[int]]:
+    """The parts a PostgreSQL name page (a name alone) read after the newest id (10^6), as (part,
+    before, floor), when each found the ids in `found`; and the page's ids."""
+    statements = {_page_statement("postgresql", (0, True, False, False, True), p): p for p in NAME_PAGE_PARTS}
+    reads = jobs.page_reads("postgresql", query)
     statement, _ = next(reads)
     assert str(statement) == str(jobs._NEWEST)
-    statement, values = reads.send([(10**6,)])
-    assert (values["before"], values["floor"]) == (10**6 + 1, 10**6 + 1 - jobs.RECENT_IDS)
-    with pytest.raises(StopIteration) as done:
-        reads.send([(999, utcnow()), (998, utcnow()), (990, utcnow())])  # the window filled the page
-    assert [job_id for job_id, _ in done.value.value.entries] == [999, 998]
+    parts = []
+    try:
+        statement, values = reads.send([(10**6,)])
+        for ids in found:
+            parts.append((statements[statement], values["before"], values.get("floor", 0)))
+            statement, values = reads.send([(job_id, utcnow()) for job_id in ids])
+    except StopIteration as done:
+        return parts, [job_id for job_id, _ in done.value.entries]
+    raise AssertionError(f"more reads than expected: {parts}")
+
+
+def test_on_postgresql_a_cursor_beyond_the_newest_job_still_reads_the_near_ids_first() -> None:
+    """A cursor past the newest id (jobs deleted since, or a bench's uncached walk) must not leave
+    the windows empty: every such page then sorted all the older matches (0.5 s at 10^6)."""
+    query = PageQuery(name="abc", cursor=jobs.encode_cursor(10**9), limit=2)
+    parts, page = postgres_name_parts(query, [[999_999, 999_998, 999_990]])  # the near ids filled the page
+    assert parts == [("near", 10**6 + 1, 10**6 + 1 - jobs.NEAR_IDS)]
+    assert page == [999_999, 999_998]
+
+
+def test_on_postgresql_a_rare_name_goes_from_the_near_ids_to_the_index() -> None:
+    """No match among the near ids: the trigram index next, once (the planner's pick for the
+    recent ids read it too)."""
+    parts, page = postgres_name_parts(PageQuery(name="abc", limit=5), [[], [17]])
+    top = 10**6 + 1
+    assert parts == [("near", top, top - jobs.NEAR_IDS), ("older", top - jobs.NEAR_IDS, 0)]
+    assert page == [17]
+
+
+def test_on_postgresql_a_name_the_near_ids_hold_reads_the_recent_ids_before_the_index() -> None:
+    top = 10**6 + 1
+    near, recent = top - 5, top - jobs.NEAR_IDS - 1
+    parts, page = postgres_name_parts(PageQuery(name="abc", limit=5), [[near], [recent], [3, 2]])
+    assert parts == [
+        ("near", top, top - jobs.NEAR_IDS),
+        ("recent", top - jobs.NEAR_IDS, top - jobs.RECENT_IDS),
+        ("older", top - jobs.RECENT_IDS, 0),
+    ]
+    assert page == [near, recent, 3, 2]

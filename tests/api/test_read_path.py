@@ -25,7 +25,7 @@ from service.app import create_app
 from service.config import Settings
 from service.ledger.clock import CLOCK_ROW, read_version_on
 from service.ledger.db import write_scope
-from service.ledger.models import Job, utcnow
+from service.ledger.models import Job, JobPublic, utcnow
 from tests.conftest import Login
 from tests.support import get_job, runtime_of, submit
 
@@ -323,3 +323,35 @@ def test_the_readers_driver_read_answers_as_sqlalchemy_does(api: TestClient) -> 
         with pytest.raises(DBAPIError):
             DriverRead(CLOCK_ROW, engine.dialect).first(connection)
         connection.invalidate()
+
+
+def test_a_job_is_rendered_from_its_columns_as_from_its_orm_object(api: TestClient) -> None:
+    """The reader renders a job from its columns (service.domain.jobs.job_reads), not from a Job: the
+    same JSON as JobPublic of the ORM's Job, every JSON column, time and enum included."""
+    job_id = submit(api, name="columns", retries={"max": 3, "backoff_s": 1, "on": ["preemption"]})["id"]
+    with write_scope(runtime_of(api).engine) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.progress = {"step": 7, "total": 10, "loss": 0.25}
+        job.placement = [{"rank": 0, "host": "n1", "local_rank": 0, "gpu": None}]
+        job.result = [1, {"a": None}]
+        job.started_at = utcnow()
+        job.cancel_requested = True
+        session.add(job)
+    compared = set()
+    for _ in range(100):  # the fake backend moves the job on: compare answers of the version read
+        with write_scope(runtime_of(api).engine) as session:  # no writes: the job as the ORM reads it now
+            expected = JobPublic.model_validate(session.get(Job, job_id), from_attributes=True)
+        want = expected.model_dump(mode="json")
+        for route, answer in (
+            ("job", api.get(f"{JOBS}/{job_id}")),
+            ("list", api.get(JOBS, params={"name": "columns"})),
+        ):
+            assert answer.status_code == 200, answer.text
+            got = answer.json()["items"][0] if route == "list" else answer.json()
+            if got["updated_at"] == want["updated_at"]:
+                assert got == want
+                compared.add(route)
+        if compared == {"job", "list"}:
+            return
+    raise AssertionError(f"the job never stood still long enough to compare: {compared}")

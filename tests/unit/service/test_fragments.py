@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 
 from service.api.fragments import Fragments, LastPages, Page
-from service.domain.jobs import PageQuery
+from service.domain.jobs import JobRow, PageQuery
 from service.ledger.clock import LedgerVersion
 from service.ledger.models import Job
 from service.states import JobState
@@ -16,7 +16,8 @@ from tests.support import run_async
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def job(job_id: int, stamp: datetime, name: str = "job") -> Job:
+def job(job_id: int, stamp: datetime, name: str = "job") -> JobRow:
+    """A job's columns, as the reader reads them (service.domain.jobs.job_reads)."""
     return Job(
         id=job_id,
         name=name,
@@ -29,7 +30,7 @@ def job(job_id: int, stamp: datetime, name: str = "job") -> Job:
         cancel_requested=False,
         created_at=T0,
         updated_at=stamp,
-    )
+    ).model_dump()
 
 
 def test_a_rendering_answers_only_for_its_own_version() -> None:
