@@ -15,12 +15,16 @@ shares the cores: the loop serves other requests while it waits (service.api.asy
 SQLite it is a few µs, blocking. Both run on the driver's own cursor (service.api.driver_read):
 SQLAlchemy's execution around the clock read took ~20 µs (profiled).
 
-Reads that may take long (a filtered page, many jobs to render) go to worker threads instead, at
-most READ_THREADS at once, each on a connection the reader keeps (OwnConnection). With one thread
-per waiting poll (up to 40), the threads and the event loop fought for the GIL: sampled under 32
-polling connections, the loop spent a fifth of its time waiting to get the GIL back after its own
-clock read, and filtered pages had a p99 of 130-150 ms; with two threads 55-65 ms (bench.scale,
-10^5 jobs, SQLite).
+On SQLite a page is read on the loop too, but within a budget (ON_LOOP_BUDGET_S): a filter may
+read many rows to find a page's few (a name with a state its matches seldom hold), and SQLite stops
+such a read when the budget is spent (its progress handler); the page is then read in a worker
+thread. Reads that may take long (many jobs to render, a page past its budget) go to worker
+threads, at most READ_THREADS at once, each on a connection the reader keeps (OwnConnection). With
+one thread per waiting poll (up to 40), the threads and the event loop fought for the GIL: sampled
+under 32 polling connections, the loop spent a fifth of its time waiting to get the GIL back after
+its own clock read, and filtered pages had a p99 of 130-150 ms; with two threads 55-65 ms
+(bench.scale, 10^5 jobs, SQLite). Even two threads cost a name page 0.6-1 ms of CPU more than
+the same read on the loop (10^6 jobs, in-process).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -53,6 +58,8 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 READ_THREADS = 2
+ON_LOOP_BUDGET_S = 0.002  # SQLite: how long a page read may hold the loop before a thread takes it
+BUDGET_CHECK_STEPS = 1000  # SQLite virtual machine steps between looks at the clock (a few µs)
 POSTGRES_CONNECTIONS = 4  # reads in flight from the event loop at once (PostgreSQL)
 
 
@@ -101,12 +108,13 @@ class LedgerReader:
         return jobs.visible_stamp(await self._stamps.read(job_id), job_id, viewer)
 
     async def page_index(self, query: jobs.PageQuery) -> jobs.PageIndex:
-        """On PostgreSQL from the event loop, waiting for the server without blocking. On SQLite a
-        walk down an index (reads_a_range) on the loop, and a name or `since`, which may read many
-        rows, in a read thread."""
+        """On PostgreSQL from the event loop, waiting for the server without blocking. On SQLite on
+        the loop within its budget, and in a read thread when that ran out."""
         if self._postgres is None:
-            read = functools.partial(jobs.page_index, query=query)
-            return self._run(read) if query.reads_a_range() else await self._off_loop(read)
+            page = self._run(functools.partial(self._page_within_budget, query=query))
+            if page is not None:
+                return page
+            return await self._off_loop(functools.partial(self._page_on, query=query))
         reads = jobs.page_reads("postgresql", query)
         try:
             statement, values = next(reads)
@@ -114,6 +122,29 @@ class LedgerReader:
                 statement, values = reads.send(await self._fetch(self._driver_read(statement), values))
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
+
+    def _page_on(self, connection: Connection, query: jobs.PageQuery) -> jobs.PageIndex:
+        """A SQLite page's reads on the driver's cursor (SQLAlchemy's execution and row conversion
+        cost a name page a tenth of its time)."""
+
+        def fetch(statement: jobs.PageStatement, values: dict[str, Any]) -> jobs.PageRows:
+            return self._driver_read(statement).all(connection, values)
+
+        return jobs.drive_page_reads(jobs.page_reads("sqlite", query), fetch)
+
+    def _page_within_budget(self, connection: Connection, query: jobs.PageQuery) -> jobs.PageIndex | None:
+        """_page_on, or None when SQLite stopped it at ON_LOOP_BUDGET_S."""
+        driver: Any = connection.connection.driver_connection  # sqlite3's Connection
+        deadline = time.perf_counter() + ON_LOOP_BUDGET_S
+        driver.set_progress_handler(lambda: time.perf_counter() > deadline, BUDGET_CHECK_STEPS)
+        try:
+            return self._page_on(connection, query)
+        except DBAPIError as error:
+            if str(error.orig) == "interrupted":  # what sqlite3 says of a read its handler stopped
+                return None
+            raise
+        finally:
+            driver.set_progress_handler(None, 0)
 
     async def job(self, job_id: int, viewer: Principal) -> JobRow:
         """The job whole, to render it; NotFound as for job_stamp."""

@@ -164,12 +164,6 @@ class PageQuery:
     limit: int = 50
     updated_since: datetime | None = None
 
-    def reads_a_range(self) -> bool:
-        """True when the page is a walk down one index, `limit` rows long (the id index, the owner's,
-        or each state's: _state_page): cheap enough to read on the event loop. A name or `since`
-        may read many rows to find a page's few."""
-        return not (self.name or self.updated_since)
-
 
 @dataclass(frozen=True)
 class PageIndex:
@@ -180,18 +174,27 @@ class PageIndex:
     next_cursor: str | None
 
 
-PageRead = tuple["Select[int | None, datetime]", dict[str, Any]]  # a statement and its values
+PageStatement = Select[int | None, datetime]
+PageRead = tuple[PageStatement, dict[str, Any]]  # a statement and its values
 PageRows = Sequence[Sequence[Any]]  # what a PageRead found: (id, updated_at) rows
 PageReads = Generator[PageRead, PageRows, "PageIndex"]
 
 
 def page_index(connection: Connection, query: PageQuery) -> PageIndex:
     """page_reads, made on `connection`."""
-    reads = page_reads(connection.dialect.name, query)
+    return drive_page_reads(
+        page_reads(connection.dialect.name, query), lambda s, v: connection.execute(s, v).all()
+    )
+
+
+def drive_page_reads(
+    reads: PageReads, fetch: Callable[[PageStatement, dict[str, Any]], PageRows]
+) -> PageIndex:
+    """Make a page's reads (page_reads) one after another with `fetch`: the page."""
     try:
         statement, values = next(reads)
         while True:
-            statement, values = reads.send(connection.execute(statement, values).all())
+            statement, values = reads.send(fetch(statement, values))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 

@@ -1,4 +1,5 @@
-"""Long reads of the read path (service.api.reader) leave the event loop, READ_THREADS at a time."""
+"""Long reads of the read path (service.api.reader) leave the event loop, READ_THREADS at a time; a
+SQLite page is read on the loop until its budget runs out."""
 
 from __future__ import annotations
 
@@ -8,12 +9,30 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy.engine import Connection
+from sqlalchemy import insert
+from sqlalchemy.engine import Connection, Engine
 
 from service.api.reader import READ_THREADS, LedgerReader
 from service.domain import jobs
-from service.ledger.db import make_engine
+from service.ledger.db import make_engine, migrate
+from service.ledger.models import Job, utcnow
+from service.states import JobState
 from tests.support import run_async
+
+
+def sqlite_ledger(tmp_path: Path, names: list[str]) -> Engine:
+    engine = make_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    migrate(engine)
+    now = utcnow()
+    rows = [
+        {"name": name, "owner": "alice", "backend": "local", "state": JobState.succeeded.value, "spec": {},
+         "attempt": 1, "progress_offset": 0, "cancel_requested": False, "created_at": now, "updated_at": now}
+        for name in names
+    ]  # fmt: skip
+    if rows:
+        with engine.begin() as connection:
+            connection.execute(insert(Job), rows)
+    return engine
 
 
 def test_no_more_than_read_threads_long_reads_run_at_once(
@@ -22,7 +41,7 @@ def test_no_more_than_read_threads_long_reads_run_at_once(
     running, most, lock = 0, 0, threading.Lock()
     loop_thread: list[int] = []
 
-    def slow_page_index(connection: Connection, query: jobs.PageQuery) -> jobs.PageIndex:
+    def slow_page(connection: Connection, query: jobs.PageQuery) -> jobs.PageIndex:
         nonlocal running, most
         assert threading.get_ident() not in loop_thread  # never on the event loop
         with lock:
@@ -33,8 +52,9 @@ def test_no_more_than_read_threads_long_reads_run_at_once(
             running -= 1
         return jobs.PageIndex([], None)
 
-    monkeypatch.setattr(jobs, "page_index", slow_page_index)
-    reader = LedgerReader(make_engine(f"sqlite:///{tmp_path / 'ledger.db'}"))
+    reader = LedgerReader(sqlite_ledger(tmp_path, []))
+    monkeypatch.setattr(reader, "_page_within_budget", lambda connection, query: None)  # always past it
+    monkeypatch.setattr(reader, "_page_on", slow_page)
 
     async def scenario() -> None:
         loop_thread.append(threading.get_ident())
@@ -42,3 +62,38 @@ def test_no_more_than_read_threads_long_reads_run_at_once(
 
     run_async(scenario())
     assert most == READ_THREADS
+
+
+def test_a_sqlite_page_is_read_on_the_loop_until_its_budget_runs_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name whose 60,000 matches are all in another state reads every match to find none: SQLite
+    stops it on the loop, and a read thread answers it whole. A page found quickly stays on the loop."""
+    engine = sqlite_ledger(tmp_path, [f"same-{n}" for n in range(60_000)])
+    reader = LedgerReader(engine)
+    threads: list[tuple[str, int]] = []
+    page_on = reader._page_on
+
+    def recorded(connection: Connection, query: jobs.PageQuery) -> jobs.PageIndex:
+        threads.append((query.name or "", threading.get_ident()))
+        return page_on(connection, query)
+
+    monkeypatch.setattr(reader, "_page_on", recorded)
+    slow = jobs.PageQuery(name="same", state=(JobState.running,))
+    quick = jobs.PageQuery(name="same-59999")
+    loop_thread = 0
+
+    async def scenario() -> tuple[jobs.PageIndex, jobs.PageIndex]:
+        nonlocal loop_thread
+        loop_thread = threading.get_ident()
+        await reader.page_index(quick)  # its statement compiled, once, within the budget too
+        threads.clear()
+        return await reader.page_index(slow), await reader.page_index(quick)
+
+    slow_page, quick_page = run_async(scenario())
+    with engine.connect() as connection:
+        assert slow_page == jobs.page_index(connection, slow) and slow_page.entries == []
+        assert quick_page == jobs.page_index(connection, quick) and len(quick_page.entries) == 1
+    on_loop = [(name, ident == loop_thread) for name, ident in threads]
+    assert on_loop == [("same", True), ("same", False), ("same-59999", True)]
+    reader.close()
