@@ -18,7 +18,7 @@ SQLAlchemy's execution around the clock read took ~20 µs (profiled).
 On SQLite a page is read on the loop too, but within a budget (ON_LOOP_BUDGET_S): a filter may
 read many rows to find a page's few (a name with a state its matches seldom hold), and SQLite stops
 such a read when the budget is spent (its progress handler); the page is then read in a worker
-thread. Reads that may take long (many jobs to render, a page past its budget) go to worker
+thread. Reads that may take long (a page past its budget) go to worker
 threads, at most READ_THREADS at once, each on a connection the reader keeps (OwnConnection). With
 one thread per waiting poll (up to 40), the threads and the event loop fought for the GIL: sampled
 under 32 polling connections, the loop spent a fifth of its time waiting to get the GIL back after
@@ -154,15 +154,12 @@ class LedgerReader:
         return found[0]
 
     async def jobs(self, job_ids: list[int]) -> list[JobRow]:
-        """These jobs whole, to render a few that changed without a thread hop (see the route); on
-        PostgreSQL the loop serves on while the server answers, as for the first reads."""
+        """These jobs whole, to render those that changed: reads by id, from the loop as the first
+        reads (a page of 500 changed jobs is a few ms on SQLite, and rendering them takes longer)."""
         found: list[JobRow] = []
         for statement, values in jobs.job_reads(job_ids):
             found.extend(jobs.jobs_found(await self._fetch(self._driver_read(statement), values)))
         return found
-
-    async def jobs_off_loop(self, job_ids: list[int]) -> list[JobRow]:
-        return await self._off_loop(functools.partial(jobs.jobs_by_id, job_ids=job_ids))
 
     async def _off_loop(self, read: Callable[[Connection], T]) -> T:
         def run() -> T:

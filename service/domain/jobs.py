@@ -359,15 +359,6 @@ def _state_page(
     return select(newest.c.id, newest.c.updated_at).order_by(newest.c.id.desc()).limit(bindparam("limit"))
 
 
-def jobs_by_id(connection: Connection, job_ids: Iterable[int]) -> list[JobRow]:
-    """These jobs as they are now, in no particular order (a job deleted meanwhile is left out).
-    service.api.reader makes the same reads (job_reads) from the event loop."""
-    found: list[JobRow] = []
-    for statement, values in job_reads(job_ids):
-        found.extend(jobs_found(connection.execute(statement, values)))
-    return found
-
-
 def count_by_state_and_backend(session: Session) -> dict[tuple[str, str], int]:
     """How many jobs per (state, backend): one GROUP BY over the (state, backend) index."""
     query = select(Job.state, Job.backend, func.count()).group_by(col(Job.state), col(Job.backend))

@@ -66,10 +66,6 @@ IdempotencyKey = Annotated[
     ),
 ]
 MAX_WAIT_S = 30.0  # a long poll holds a connection; clients ask again rather than wait for minutes
-# A few jobs changed since they were rendered (the usual page of a busy ledger) are rendered on the
-# event loop: the first poll to meet a change renders it and every later one finds it, where 50
-# pollers in the thread pool rendered the same change at once and took the writers' GIL turns.
-RENDER_INLINE = 8
 RECHECK_S = 1.0  # a waiting long poll reads the job again this often: other replicas do not wake it
 VARY = {"Vary": "Authorization"}  # each caller sees their own jobs: a shared cache must not mix them
 
@@ -194,10 +190,8 @@ async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVer
     index = await runtime.reader.page_index(query)
     parts = runtime.fragments.collect(index)
     missing = parts.missing()
-    if 0 < len(missing) <= RENDER_INLINE:
+    if missing:  # rendered on the event loop: the first poll to meet a change renders it, later ones find it
         runtime.fragments.complete(parts, await runtime.reader.jobs(missing))
-    elif missing:
-        runtime.fragments.complete(parts, await runtime.reader.jobs_off_loop(missing))
     return Page(etag.for_page(query, index), parts.join(version.stamped_at))
 
 
