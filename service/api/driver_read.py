@@ -44,7 +44,8 @@ class DriverRead:
     def all(self, connection: Connection, values: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Every row, converted; the driver's transaction is ended, as by `first`."""
         return [
-            self.converted(row) for row in self._execute(connection, values, lambda cursor: cursor.fetchall())
+            self.converted(row)
+            for row in self._execute(connection, values, lambda cursor: cursor.fetchall())
         ]
 
     def parameters(self, values: dict[str, Any]) -> Sequence[Any] | dict[str, Any]:

@@ -130,6 +130,7 @@ class LedgerCollector:
         yield polls
         yield scheduler
 
+
     @staticmethod
     def _disk(runtime: Runtime) -> Iterable[Metric]:
         with Session(runtime.engine) as session:

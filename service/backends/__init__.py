@@ -25,3 +25,4 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
 
         backends["slurm"] = SlurmBackend(settings)
     return backends
+

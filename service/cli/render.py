@@ -61,7 +61,7 @@ WAITING = ("pending", "requeued")  # in the scheduler's queue: it may have a sta
 
 
 def start_estimate(job: Job, now: datetime | None = None) -> str:
-    """ "starts in about 12 min, reason: Resources" for a job the scheduler has an estimate for, else ""."""
+    """"starts in about 12 min, reason: Resources" for a job the scheduler has an estimate for, else ""."""
     expected = parse_time(job.get("expected_start_at"))
     if job.get("state") not in WAITING or expected is None:
         return ""

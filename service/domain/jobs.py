@@ -95,15 +95,19 @@ def _id_reads(statement: Callable[[int], S], job_ids: Iterable[int]) -> Iterator
         yield statement(size), values
 
 
+def _ids_in(size: int) -> ColumnElement[bool]:
+    """`job.id IN (:id0, ..., :id{size-1})`: the condition of the statements _id_reads fills."""
+    return JOB_TABLE.c.id.in_([bindparam(f"id{index}", type_=Integer) for index in range(size)])
+
+
 def stamps_found(rows: Iterable[Sequence[Any]]) -> dict[int, Stamp]:
     return {int(job_id): (updated_at, owner) for job_id, updated_at, owner in rows}
 
 
 @functools.cache
 def stamps_statement(size: int) -> StampStatement:
-    """(id, updated_at, owner) of up to `size` jobs: parameters id0 ... id{size-1}."""
-    ids = [bindparam(f"id{index}", type_=Integer) for index in range(size)]
-    return select(col(Job.id), col(Job.updated_at), col(Job.owner)).where(col(Job.id).in_(ids))
+    """(id, updated_at, owner) of up to `size` jobs (_ids_in)."""
+    return select(col(Job.id), col(Job.updated_at), col(Job.owner)).where(_ids_in(size))
 
 
 JobRowStatement: TypeAlias = "selectable.Select[Unpack[tuple[Any, ...]]]"  # Core: the table's columns
@@ -111,21 +115,18 @@ JobRowStatement: TypeAlias = "selectable.Select[Unpack[tuple[Any, ...]]]"  # Cor
 
 @functools.cache
 def _job_rows_statement(size: int) -> JobRowStatement:
-    """Every column of up to `size` jobs: parameters id0 ... id{size-1}."""
-    ids = [bindparam(f"id{index}", type_=Integer) for index in range(size)]
-    return JOB_TABLE.select().where(JOB_TABLE.c.id.in_(ids))
+    """Every column of up to `size` jobs (_ids_in)."""
+    return JOB_TABLE.select().where(_ids_in(size))
 
 
 JobRow = dict[str, Any]  # a job's columns by name: what its public JSON is rendered from
+_JOB_FIELDS = [column.key for column in JOB_TABLE.c]
 
 
 def jobs_found(rows: Iterable[Sequence[Any]]) -> list[JobRow]:
     """The jobs whose rows job_reads read (each column in the table's order). Not Job objects:
     building one cost 110 µs, ten times its share of the read (a page of 50 changed jobs)."""
     return [dict(zip(_JOB_FIELDS, row, strict=True)) for row in rows]
-
-
-_JOB_FIELDS = [column.key for column in JOB_TABLE.c]
 
 
 def job_stamp(session: Session, job_id: int, viewer: Principal) -> datetime:

@@ -164,7 +164,8 @@ def check_python_runs_jobs(python: str) -> None:
 
 def _modules_lacking(python: str) -> str:
     probe = (
-        f"import importlib.util as u\nprint(', '.join(m for m in {JOB_MODULES!r} if u.find_spec(m) is None))"
+        "import importlib.util as u\n"
+        f"print(', '.join(m for m in {JOB_MODULES!r} if u.find_spec(m) is None))"
     )
     try:
         done = subprocess.run(

@@ -120,8 +120,8 @@ class JobCreate(JobBase):
     )
     checkpoints: CheckpointPolicy | None = Field(
         default=None,
-        description='Which of rank 0\'s checkpoints are kept as the job runs, e.g. {"keep_last": 2, '
-        '"keep_best": {"metric": "loss", "goal": "min"}}; none: every one.',
+        description="Which of rank 0's checkpoints are kept as the job runs, e.g. {\"keep_last\": 2, "
+        "\"keep_best\": {\"metric\": \"loss\", \"goal\": \"min\"}}; none: every one.",
     )
     code: str | None = Field(
         default=None,

@@ -176,12 +176,8 @@ def record_submissions(session: Session, accepted: Sequence[Submission]) -> None
             claimed_at=None,
         ),
         [
-            {
-                "b_id": one.job_id,
-                "b_reason": one.reason,
-                "b_external_id": one.external_id,
-                "b_attempt": one.attempt,
-            }
+            {"b_id": one.job_id, "b_reason": one.reason, "b_external_id": one.external_id,
+             "b_attempt": one.attempt}
             for one in accepted
         ],
     )
