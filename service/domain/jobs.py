@@ -224,7 +224,7 @@ def page_reads(dialect: str, query: PageQuery) -> PageReads:
     given = {key: value for key, value in values.items() if value is not None}
     given.update({f"state{index}": state for index, state in enumerate(states)})
     if query.name and dialect == "sqlite":
-        given["phrase"] = name_index.phrase(query.name)
+        given["candidates"] = name_index.candidates(query.name)
     if query.name and dialect == "postgresql":
         rows = yield from _postgres_name_rows(shape, given, before, limit + 1)
     else:

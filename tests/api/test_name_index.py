@@ -130,6 +130,21 @@ def test_on_sqlite_the_list_matches_like_as_it_did_before_the_index(engine: Engi
             assert walk(connection, PageQuery(name=substring, limit=500)) == list(plain), substring
 
 
+def test_a_name_holding_the_substrings_ends_but_not_the_substring_is_left_out(engine: Engine) -> None:
+    # On SQLite FTS5 is asked for the first and last trigram only (name_index.candidates)
+    names = ["abc-def", "def-abc", "abcXdef", "xABCdefx", "abc", "abcdef", 'a"bcd"ef', 'bcd"ef']
+    with engine.begin() as connection:
+        add_jobs(connection, names)
+    with engine.connect() as connection:
+        assert walk(connection, PageQuery(name="abcdef")) == [6, 4]
+        assert walk(connection, PageQuery(name='bcd"e')) == [8, 7]
+        assert walk(connection, PageQuery(name="abc")) == [6, 5, 4, 3, 2, 1]
+    assert name_index.candidates('a"bcde') == '"a""b" AND "cde"'
+    assert name_index.candidates("abc") == '"abc"'
+    assert name_index.candidates("0659065") == '"065" AND "906"'  # not "065" alone
+    assert name_index.candidates("abcABC") == '"abc" AND "cAB"'  # not ABC: FTS5 folds case
+
+
 def test_the_index_follows_inserts_renames_and_deletes(engine: Engine) -> None:
     with engine.begin() as connection:
         add_jobs(connection, ["alpha-one", "beta-two", "alpha-three"])
@@ -154,7 +169,7 @@ def test_on_sqlite_a_name_page_walks_the_index_in_id_order_without_a_sort(engine
     for shape in [(False, True, False, False, False), (True, True, True, True, True)]:
         compiled = _page_statement("sqlite", shape).compile(engine)
         with engine.connect() as connection:
-            values = {"state0": "running", "name": "%abc%", "phrase": '"abc"', "owner": "alice",
+            values = {"state0": "running", "name": "%abc%", "candidates": '"abc"', "owner": "alice",
                       "since": utcnow(), "before": 10, "limit": 51}  # fmt: skip
             expanded = compiled.construct_expanded_state(values)
             positional = tuple(expanded.parameters[key] for key in expanded.positiontup or ())
