@@ -32,6 +32,7 @@ from service.backends.base import BackendStatus, SubmitOutcome
 from service.backends.job_env import JobEnvironment
 from service.backends.slurm_states import UnknownSlurmState, map_slurm_state
 from service.backends.slurm_submit import (
+    arrays_dir,
     check_argv,
     check_folder,
     group_key,
@@ -479,7 +480,7 @@ class SlurmBackend:
         return submit_group(
             specs,
             params,
-            arrays_dir=self._settings.data_dir / "slurm-arrays",
+            arrays_dir=arrays_dir(self._settings.data_dir),
             sbatch=functools.partial(self._sbatch, account=account, environment=environment),
             python=job_environment.python,
             parallelism=parallelism,

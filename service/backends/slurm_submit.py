@@ -104,6 +104,24 @@ def check_folder(folder: Path) -> None:
         raise ValueError(f"job folder has a control character: {str(folder)!r}")
 
 
+def arrays_dir(data_dir: Path) -> Path:
+    """Where the array folders (array_root) are made."""
+    return data_dir / "slurm-arrays"
+
+
+def array_job_ids(root: Path, jobs_root: Path) -> set[int]:
+    """The ids of the jobs an array folder links to: its `<index>` links point into their folders."""
+    ids: set[int] = set()
+    for entry in os.scandir(root):
+        if entry.is_symlink():
+            target = Path(os.readlink(entry.path))
+            if target.is_relative_to(jobs_root) and target != jobs_root:
+                first = target.relative_to(jobs_root).parts[0]
+                if first.isdigit():
+                    ids.add(int(first))
+    return ids
+
+
 def array_root(arrays_dir: Path) -> Path:
     """A new `<arrays_dir>/<uuid>` for one job array; its folder template is `<root>/%a`.
 

@@ -15,6 +15,8 @@ stored numbers.
 from __future__ import annotations
 
 import logging
+import shutil
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -24,6 +26,7 @@ from sqlalchemy import Select, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
+from service.backends import slurm_submit
 from service.config import Settings
 from service.domain import job_folders
 from service.domain.storage import jobs_root
@@ -37,6 +40,7 @@ Removing = Literal["files", "folder"]  # everything but the logs; the whole fold
 TERMINAL = [state.value for state in TERMINAL_STATES]
 ACTIVE = [state.value for state in ACTIVE_STATES]
 MEASURE_BATCH = 200  # ended jobs measured per tick; more wait for the next
+ARRAY_FOLDER_GRACE_S = 3600.0  # an array folder younger than this is left: its links may be under way
 
 
 @dataclass(frozen=True)
@@ -233,3 +237,44 @@ def _own_folder(settings: Settings, job_id: int, folder: str | None) -> Path | N
             log.warning("job %d's folder %s is not %s: retention leaves it alone", job_id, folder, expected)
         return None
     return expected
+
+
+def prune_array_folders(engine: Engine, settings: Settings) -> int:
+    """Remove the folders of SLURM job arrays (service.backends.slurm_submit.array_root) whose jobs
+    have all ended, or are gone from the ledger; returns how many went.
+
+    An array's tasks need its folder only while they run: it is their working directory, and
+    `<folder>/%a` leads each to its job's folder. SLURM keeps its own copy of the batch script. The
+    folder holds that script and one link per job; removing it removes the links, never what they
+    point to. Kept otherwise, one folder per array (a sweep, a batch of jobs) piled up for ever.
+    """
+    arrays = slurm_submit.arrays_dir(settings.data_dir)
+    if not arrays.is_dir():
+        return 0
+    made_before = time.time() - ARRAY_FOLDER_GRACE_S
+    folders = {
+        entry: slurm_submit.array_job_ids(entry, jobs_root(settings))
+        for entry in arrays.iterdir()
+        if entry.is_dir() and not entry.is_symlink() and entry.lstat().st_mtime < made_before
+    }
+    unfinished: set[int] = set()
+    ids = sorted(set().union(*folders.values()))
+    with session_scope(engine) as session:
+        for start in range(0, len(ids), MEASURE_BATCH):
+            query = select(col(Job.id)).where(
+                col(Job.id).in_(ids[start : start + MEASURE_BATCH]), col(Job.state).not_in(TERMINAL)
+            )
+            unfinished.update(session.execute(query).scalars())
+    removed = 0
+    for folder, job_ids in folders.items():
+        if job_ids & unfinished:
+            continue
+        try:
+            shutil.rmtree(folder)
+        except OSError as error:  # this one only: the next pass tries again
+            log.warning("retention: cannot remove the array folder %s: %s", folder, error)
+            continue
+        removed += 1
+    if removed:
+        log.info("retention: removed %d array folder(s) whose jobs have all ended", removed)
+    return removed

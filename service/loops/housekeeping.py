@@ -1,6 +1,6 @@
 """The housekeeping loop: retention passes (every `gc_interval_s`, the first at start, which also
-finishes a pass a restart cut short) with the collection of unused code snapshots, and, between them,
-the sizes of the folders of jobs that ended.
+finishes a pass a restart cut short) with the collection of unused code snapshots and of the folders
+of SLURM arrays whose jobs have ended, and, between them, the sizes of the folders of jobs that ended.
 
 Every replica runs one; the work is idempotent (a folder another replica moved is simply gone).
 """
@@ -42,6 +42,7 @@ class Housekeeper:
         report = retention.run_pass(self._engine, self._settings)
         self.freed_bytes += report.freed
         self._collect_code()
+        retention.prune_array_folders(self._engine, self._settings)
         self.last_pass_at = time.time()
         return report
 

@@ -7,6 +7,7 @@ by the next one, with no half-deleted folder ever at a job's name.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -15,10 +16,12 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from service.backends import slurm_submit
 from service.config import Settings
 from service.domain import job_folders, retention
 from service.domain.storage import jobs_root, prepare_data_dir
 from service.ledger.models import Job, JobEvent, JobMetric, UserQuota, utcnow
+from service.loops.housekeeping import Housekeeper
 from service.states import JobState
 
 DAY = timedelta(days=1)
@@ -230,3 +233,42 @@ def test_folder_sizes_are_measured_when_jobs_end_and_for_running_jobs(data: Sett
     assert retention.measure_unfinished(engine, data) == 1
     measured = job_row(engine, running.id)
     assert measured.folder_bytes == size and measured.folder_measured_at is not None
+
+
+def test_an_array_folder_goes_once_every_job_it_links_to_has_ended(data: Settings, engine: Engine) -> None:
+    ended = add_job(engine, data, JobState.succeeded, ended_days_ago=0.1)
+    failed = add_job(engine, data, JobState.failed, ended_days_ago=0.1)
+    running = add_job(engine, data, JobState.running)
+    arrays = slurm_submit.arrays_dir(data.data_dir)
+
+    def array_of(*jobs: Path, age_s: float = retention.ARRAY_FOLDER_GRACE_S + 60) -> Path:
+        root = slurm_submit.array_root(arrays)
+        slurm_submit.link_array_folders(root, [job / "submitit" for job in jobs])
+        (root / "12_submission.sh").write_text("#!/bin/bash\n")
+        made = time.time() - age_s
+        os.utime(root, (made, made))
+        return root
+
+    def folder(job: Job) -> Path:
+        return Path(job.folder or "")
+
+    all_ended = array_of(folder(ended), folder(failed))
+    one_running = array_of(folder(ended), folder(running))
+    young = array_of(folder(ended), age_s=10)  # its links may still be being made
+    of_deleted_jobs = array_of(jobs_root(data) / "999999")  # a job gone from the ledger
+    Housekeeper(engine, data).run_pass()
+    assert not all_ended.exists() and not of_deleted_jobs.exists()
+    assert one_running.is_dir() and young.is_dir()
+    # the links went, not what they lead to
+    assert (folder(ended) / "submitit" / "42_0_log.out").read_text() == "rank 0 says hello\n"
+    assert (folder(failed) / "submitit" / "42_0_log.out").is_file()
+
+    with Session(engine) as session:
+        job = session.get(Job, running.id)
+        assert job is not None
+        job.state, job.finished_at = JobState.cancelled, utcnow()
+        session.add(job)
+        session.commit()
+    assert retention.prune_array_folders(engine, data) == 1
+    assert not one_running.exists() and young.is_dir()
+    assert sorted(path.name for path in arrays.iterdir()) == [young.name]
