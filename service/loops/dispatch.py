@@ -132,7 +132,7 @@ class Dispatcher:
                 .with_for_update(skip_locked=True)
             )
             rows = sweep_claims.within_room(list(session.connection().execute(query).mappings()), room)
-            rest = sweep_claims.rest_of_sweeps(rows, self._backends)
+            rest = sweep_claims.rest_of_sweeps(rows, self._backends, room)
             if rest is not None:  # the whole sweep, so that it leaves as one array
                 more = core_select(*_CLAIM_COLUMNS).where(waiting, rest).order_by(col(Job.id))
                 rows += list(session.connection().execute(more.with_for_update(skip_locked=True)).mappings())

@@ -6,6 +6,11 @@
 - On one that does not (local), the dispatcher is the throttle: a sweep with max_parallel trials
   under way gets no more claimed, and its waiting trials are left out of the claim query, so that they
   cannot fill every batch and starve other jobs.
+- On an array backend too, once some of a sweep's trials are under way (a trial waiting then is a
+  retry): its array's throttle holds only its own tasks, and a retry sent as an array of its own ran
+  beside them, max_parallel + 1 at once. Such trials wait for room as on a local backend, and the
+  trials under way count every task the array still holds, queued ones too, so that the array cannot
+  fill the room a retry took.
 """
 
 from __future__ import annotations
@@ -32,20 +37,18 @@ def under_way() -> ColumnElement[bool]:
 def room_left(
     session: Session, waiting: ColumnElement[bool], backends: Mapping[str, Backend]
 ) -> dict[int, int]:
-    """Sweeps throttled by the dispatcher that have trials `waiting`: how many more may start now."""
-    throttled = [name for name, backend in backends.items() if not backend.runs_arrays]
-    if not throttled:
-        return {}
+    """Sweeps throttled by the dispatcher that have trials `waiting`: how many more may start now.
+    A sweep on an array backend is one of them only while some of its trials are under way."""
     waiting_sweeps = (
         core_select(col(Job.sweep_id))
-        .where(waiting, col(Job.sweep_id).is_not(None), col(Job.backend).in_(throttled))
+        .where(waiting, col(Job.sweep_id).is_not(None))
         .distinct()
         .scalar_subquery()
     )
-    query = core_select(col(Sweep.id), col(Sweep.max_parallel)).where(
+    query = core_select(col(Sweep.id), col(Sweep.max_parallel), col(Sweep.backend)).where(
         col(Sweep.id).in_(waiting_sweeps), col(Sweep.max_parallel).is_not(None)
     )
-    limits = {sweep_id: limit for sweep_id, limit in session.execute(query)}
+    limits = {sweep_id: (limit, backend) for sweep_id, limit, backend in session.execute(query)}
     if not limits:
         return {}
     counted = (
@@ -54,7 +57,11 @@ def room_left(
         .group_by(col(Job.sweep_id))
     )
     busy = {sweep_id: count for sweep_id, count in session.execute(counted)}
-    return {sweep_id: max(0, (limit or 0) - busy.get(sweep_id, 0)) for sweep_id, limit in limits.items()}
+    return {
+        sweep_id: max(0, (limit or 0) - busy.get(sweep_id, 0))
+        for sweep_id, (limit, backend) in limits.items()
+        if busy.get(sweep_id) or not _runs_arrays(backends, backend)
+    }
 
 
 def not_full(room: Mapping[int, int]) -> ColumnElement[bool]:
@@ -77,10 +84,17 @@ def within_room(rows: Sequence[RowMapping], room: Mapping[int, int]) -> list[Row
     return kept
 
 
-def rest_of_sweeps(rows: Sequence[RowMapping], backends: Mapping[str, Backend]) -> ColumnElement[bool] | None:
-    """For the sweeps on array backends that `rows` holds some of: the condition that selects their
-    other waiting trials (None when there are none), so that each sweep leaves as one array."""
-    sweeps = {row["sweep_id"] for row in rows if row["sweep_id"] is not None and _arrays(backends, row)}
+def rest_of_sweeps(
+    rows: Sequence[RowMapping], backends: Mapping[str, Backend], room: Mapping[int, int]
+) -> ColumnElement[bool] | None:
+    """For the sweeps on array backends that `rows` holds some of, and that are not waiting for room:
+    the condition that selects their other waiting trials (None when there are none), so that each
+    sweep leaves as one array."""
+    sweeps = {
+        sweep_id
+        for sweep_id, backend in ((row["sweep_id"], row["backend"]) for row in rows)
+        if sweep_id is not None and sweep_id not in room and _runs_arrays(backends, backend)
+    }
     if not sweeps:
         return None
     taken = [row["id"] for row in rows]
@@ -98,6 +112,6 @@ def array_groups(session: Session, sweep_ids: Collection[int]) -> dict[int, Arra
     }
 
 
-def _arrays(backends: Mapping[str, Backend], row: RowMapping) -> bool:
-    backend = backends.get(row["backend"])
+def _runs_arrays(backends: Mapping[str, Backend], name: str) -> bool:
+    backend = backends.get(name)
     return backend is not None and backend.runs_arrays

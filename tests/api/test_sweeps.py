@@ -223,3 +223,29 @@ def test_retries_apply_to_each_trial_on_its_own(api: TestClient, fake: FakeBacke
     wait_state(api, first, "succeeded")
     wait_state(api, second, "succeeded")
     assert api.get(f"{SWEEPS}/{sweep.json()['id']}").json()["counts"] == {"succeeded": 2}
+
+
+def test_on_an_array_backend_a_retried_trial_waits_for_room_under_max_parallel(
+    api: TestClient, fake_slurm: FakeBackend
+) -> None:
+    # The array's throttle holds only its own tasks: a retry sent at once ran beside max_parallel others.
+    fast = {"max": 1, "backoff_s": 0.1, "on": ["node_failure"]}
+    job = {"entrypoint": TRAIN, "backend": "slurm", "retries": fast}
+    sweep = api.post(SWEEPS, json=sweep_body(grid={"lr": [1, 2, 3]}, job=job, max_parallel=2)).json()
+    first, second, third = (trial["job_id"] for trial in sweep["trials"])
+    wait_for(lambda: fake_slurm.submit_calls, what="the sweep's array")
+    assert [sorted(call) for call in fake_slurm.submit_calls] == [[first, second, third]]
+    for trial in (first, second):  # the third is the array's queued task: it counts too
+        fake_slurm.set_status(trial, JobState.running)
+        wait_state(api, trial, "running")
+    wait_state(api, third, "pending")
+    fake_slurm.set_status(first, JobState.failed, "node failure", exit_code=1, kind="node_failure")
+    wait_state(api, first, "retrying")
+    time.sleep(0.6)  # the backoff, then many dispatch intervals: two trials are under way, of at most 2
+    assert len(fake_slurm.submit_calls) == 1
+    assert api.get(f"{JOBS}/{first}").json()["state"] == "retrying"
+    fake_slurm.finish(second, 0.5)
+    wait_for(lambda: len(fake_slurm.submit_calls) == 2, what="the retry, once a trial ended")
+    assert fake_slurm.submit_calls[1:] == [[first]]
+    assert wait_state(api, first, "pending")["attempt"] == 2
+    assert fake_slurm.specs[first].kwargs["lr"] == 1
