@@ -11,8 +11,9 @@ compared case-insensitively and every other character exactly (what SQLite's LIK
 - PostgreSQL: a pg_trgm GIN index on job.name under the "C" collation, the collation the ILIKE runs
   under (it folds ASCII only, whatever the database's locale).
 
-The migration builds it (DDL below); the models do not know it (SQLModel has no virtual tables or
-operator classes), so a schema comparison leaves out what IS_INDEX_OBJECT names.
+Migration 0010 built it from a frozen copy of the DDL below (a change to the index is a revision of
+its own); bench.seed builds it again from this one. The models do not know it (SQLModel has no
+virtual tables or operator classes), so a schema comparison leaves out what is_model_object names.
 """
 
 from __future__ import annotations
