@@ -32,6 +32,7 @@ from service.domain import job_folders
 from service.domain.storage import jobs_root
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, UserQuota, utcnow
+from service.ledger.sql import id_conditions
 from service.states import ACTIVE_STATES, TERMINAL_STATES
 
 log = logging.getLogger(__name__)
@@ -252,18 +253,16 @@ def prune_array_folders(engine: Engine, settings: Settings) -> int:
     if not arrays.is_dir():
         return 0
     made_before = time.time() - ARRAY_FOLDER_GRACE_S
+    root = jobs_root(settings)
     folders = {
-        entry: slurm_submit.array_job_ids(entry, jobs_root(settings))
+        entry: slurm_submit.array_job_ids(entry, root)
         for entry in arrays.iterdir()
         if entry.is_dir() and not entry.is_symlink() and entry.lstat().st_mtime < made_before
     }
     unfinished: set[int] = set()
-    ids = sorted(set().union(*folders.values()))
     with session_scope(engine) as session:
-        for start in range(0, len(ids), MEASURE_BATCH):
-            query = select(col(Job.id)).where(
-                col(Job.id).in_(ids[start : start + MEASURE_BATCH]), col(Job.state).not_in(TERMINAL)
-            )
+        for condition in id_conditions(col(Job.id), set().union(*folders.values())):
+            query = select(col(Job.id)).where(condition, col(Job.state).not_in(TERMINAL))
             unfinished.update(session.execute(query).scalars())
     removed = 0
     for folder, job_ids in folders.items():

@@ -90,11 +90,8 @@ def rest_of_sweeps(
     """For the sweeps on array backends that `rows` holds some of, and that are not waiting for room:
     the condition that selects their other waiting trials (None when there are none), so that each
     sweep leaves as one array."""
-    sweeps = {
-        sweep_id
-        for sweep_id, backend in ((row["sweep_id"], row["backend"]) for row in rows)
-        if sweep_id is not None and sweep_id not in room and _runs_arrays(backends, backend)
-    }
+    on_arrays = {row["sweep_id"] for row in rows if _runs_arrays(backends, row["backend"])}
+    sweeps = on_arrays - {None} - room.keys()
     if not sweeps:
         return None
     taken = [row["id"] for row in rows]
