@@ -60,6 +60,7 @@ def seed_jobs(database_url: str, data_dir: Path, count: int, running: int = 0) -
             connection.execute(text(statement))
         if not is_sqlite(database_url):  # the sequence COPY did not move
             connection.execute(text("SELECT setval('job_id_seq', :count)"), {"count": max(count, 1)})
+    name_index.merge_segments(engine)  # as the service's first housekeeping pass leaves it
     if not is_sqlite(database_url):
         # What a ledger that grew over months has had, and autovacuum would otherwise do during the
         # measurement: statistics, hint bits and the visibility map set, the load's pages written

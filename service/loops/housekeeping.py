@@ -1,6 +1,7 @@
 """The housekeeping loop: retention passes (every `gc_interval_s`, the first at start, which also
 finishes a pass a restart cut short) with the collection of unused code snapshots and of the folders
-of SLURM arrays whose jobs have ended, and, between them, the sizes of the folders of jobs that ended.
+of SLURM arrays whose jobs have ended and the merging of the name index's segments (SQLite), and,
+between them, the sizes of the folders of jobs that ended.
 
 Every replica runs one; the work is idempotent (a folder another replica moved is simply gone).
 """
@@ -15,6 +16,7 @@ from sqlalchemy.engine import Engine
 
 from service.config import Settings
 from service.domain import code_store, retention
+from service.ledger import name_index
 from service.ledger.db import session_scope
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class Housekeeper:
         self.freed_bytes += report.freed
         self._collect_code()
         retention.prune_array_folders(self._engine, self._settings)
+        name_index.merge_segments(self._engine, stop=self._stop)
         self.last_pass_at = time.time()
         return report
 

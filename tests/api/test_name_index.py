@@ -5,6 +5,7 @@ SQLite the index leads in id order (no sort of every match)."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -232,3 +233,35 @@ def test_on_postgresql_a_name_the_near_ids_hold_reads_the_recent_ids_before_the_
         ("older", top - jobs.RECENT_IDS, 0),
     ]
     assert page == [near, recent, 3, 2]
+
+
+def test_on_sqlite_housekeeping_merges_the_index_into_one_piece(engine: Engine) -> None:
+    if engine.dialect.name != "sqlite":
+        assert name_index.merge_segments(engine) == 0  # PostgreSQL's GIN index merges itself
+        return
+    rng = random.Random(3)
+    names = varied_names(600, rng)
+    for first in range(0, len(names), 20):  # a write transaction each: a segment each, merged in fours
+        with engine.begin() as connection:
+            add_jobs(connection, names[first : first + 20], first_id=first + 1)
+    table = name_index.FTS_TABLE
+
+    def pages() -> int:
+        with engine.connect() as connection:
+            return int(connection.execute(text(f"SELECT count(*) FROM {table}_data")).scalar_one())
+
+    before = pages()
+    assert name_index.merge_segments(engine) > 0
+    assert pages() < before
+    assert name_index.merge_segments(engine) == 0  # one piece: nothing left to merge
+    stop = threading.Event()
+    stop.set()
+    with engine.begin() as connection:
+        add_jobs(connection, ["late"], first_id=len(names) + 1)
+    assert name_index.merge_segments(engine, stop=stop) == 0  # a stopping housekeeper merges nothing
+    assert name_index.merge_segments(engine) > 0  # what it left
+    with engine.connect() as connection:
+        connection.execute(text(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)"))
+        for substring in substrings(names, rng, 40):
+            query = PageQuery(name=substring, limit=500)
+            assert walk(connection, query) == scanned(connection, query), substring

@@ -20,6 +20,7 @@ from service.backends import slurm_submit
 from service.config import Settings
 from service.domain import job_folders, retention
 from service.domain.storage import jobs_root, prepare_data_dir
+from service.ledger import name_index
 from service.ledger.models import Job, JobEvent, JobMetric, UserQuota, utcnow
 from service.loops.housekeeping import Housekeeper
 from service.states import JobState
@@ -272,3 +273,10 @@ def test_an_array_folder_goes_once_every_job_it_links_to_has_ended(data: Setting
     assert retention.prune_array_folders(engine, data) == 1
     assert not one_running.exists() and young.is_dir()
     assert sorted(path.name for path in arrays.iterdir()) == [young.name]
+
+
+def test_a_pass_leaves_the_name_index_in_one_piece(data: Settings, engine: Engine) -> None:
+    for _ in range(12):  # a write transaction each: a segment each in SQLite's index
+        add_job(engine, data, JobState.queued)
+    Housekeeper(engine, data).run_pass()
+    assert name_index.merge_segments(engine) == 0
