@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from sqlmodel import Session
 
@@ -117,6 +119,28 @@ def _list_fields(params: type[BaseModel]) -> frozenset[str]:
         return origin in (list, tuple, set, frozenset)
 
     return frozenset(name for name, field in params.model_fields.items() if is_list(field.annotation))
+
+
+class PolledRoute(APIRoute):
+    """A route whose endpoint takes nothing but the Request (an async one, answering a Response) is
+    called directly; any other route is FastAPI's as usual.
+
+    FastAPI's request handler still ran for such an endpoint: its body and dependency machinery and
+    its telemetry operations, with nothing to solve. Measured with py-spy on a quiet job list (the
+    50 newest of 100,000, 32 connections), that was 16% of the event loop's time. What the polls
+    read, read_params and principal_of read from the request; their schema is polled_route's.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        wanted = self.dependant
+        only_the_request = wanted.request_param_name is not None and not (
+            wanted.path_params or wanted.query_params or wanted.header_params or wanted.cookie_params
+            or wanted.body_params or wanted.dependencies
+        )  # fmt: skip
+        if only_the_request and inspect.iscoroutinefunction(self.endpoint):
+            endpoint: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
+            return endpoint
+        return super().get_route_handler()
 
 
 def polled_route(path: str, params: type[BaseModel], **headers: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import pytest
 from fastapi import FastAPI, Path, Query
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from httpx import Response
 from pydantic import BaseModel
@@ -17,9 +18,10 @@ from sqlalchemy import insert
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
 
-from service.api.deps import AUTHORIZATION
+from service.api.deps import AUTHORIZATION, PolledRoute
 from service.api.driver_read import DriverRead
 from service.api.fragments import Fragments
+from service.api.routes import jobs as jobs_routes
 from service.api.routes.jobs import JobParams, ListParams
 from service.app import create_app
 from service.config import Settings
@@ -262,6 +264,18 @@ def test_the_polled_routes_document_their_parameters_as_fastapi_would() -> None:
     for path, params in ((JOBS, ListParams), (f"{JOBS}/{{job_id}}", JobParams)):
         served = [p for p in paths[path]["get"]["parameters"] if p["in"] != "header"]
         assert served == declared(params, path), path
+
+
+def test_the_polled_routes_are_called_without_fastapis_request_handler() -> None:
+    """deps.PolledRoute: an endpoint taking only the Request is the route's handler itself; a route
+    with parameters or dependencies keeps FastAPI's."""
+    routes = {route.endpoint: route for route in jobs_routes.router.routes if isinstance(route, APIRoute)}
+    for direct in (jobs_routes.list_jobs, jobs_routes.get_job):
+        assert routes[direct].get_route_handler() is direct
+    solved: list[Any] = [jobs_routes.create_job, jobs_routes.get_events, jobs_routes.cancel_job]
+    for endpoint in solved:
+        route = routes[endpoint]
+        assert isinstance(route, PolledRoute) and route.get_route_handler() is not endpoint
 
 
 @pytest.mark.parametrize(

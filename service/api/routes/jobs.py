@@ -17,6 +17,7 @@ from service.api import etag
 from service.api.deps import (
     AUTHORIZATION,
     CurrentUser,
+    PolledRoute,
     RuntimeDep,
     SessionDep,
     polled_route,
@@ -46,7 +47,7 @@ from service.runtime import Runtime
 from service.states import JobState
 from worker.spec import MAX_COUNT
 
-router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], route_class=PolledRoute)
 
 JobId = Annotated[int, Path(ge=1, le=jobs.MAX_ID, description="The job's id.")]
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL: refuse it here rather than fail the query
