@@ -15,7 +15,6 @@ from service.app import create_app
 from service.config import Settings
 from service.ledger.db import session_scope
 from service.ledger.models import UserQuota
-from tests.conftest import Login
 from tests.fakes import FakeBackend
 from tests.serving import serve
 from tests.support import JOBS, authorize, login_headers, runtime_of
@@ -55,9 +54,7 @@ def test_a_job_bigger_than_the_users_limit_is_refused_with_403(tight: TestClient
     assert "4 GPUs (nodes x gpus_per_node); your limit is 2" in message(too_many_gpus)
 
 
-def test_unfinished_jobs_are_capped_per_user_and_freed_when_they_finish(
-    tight: TestClient, fake: FakeBackend, login: Login
-) -> None:
+def test_unfinished_jobs_are_capped_per_user_and_freed_when_they_finish(tight: TestClient) -> None:
     ids = [tight.post(JOBS, json=BODY).json()["id"] for _ in range(3)]
     over = tight.post(JOBS, json=BODY)
     bob = tight.post(JOBS, json=BODY, headers=_login(tight, "bob"))
@@ -110,8 +107,6 @@ def test_a_users_own_limits_override_the_defaults(tight: TestClient) -> None:
 
 
 def _login(api: TestClient, user: str) -> dict[str, str]:
-    from tests.support import login_headers
-
     return login_headers(api.app, user)
 
 
