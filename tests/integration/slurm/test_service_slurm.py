@@ -313,8 +313,10 @@ def test_a_job_behind_a_blocker_shows_the_schedulers_start_estimate(api: Api) ->
                             kwargs={"seconds": 1}, resources=cluster)
 
         def estimated() -> dict[str, Any] | None:
+            # Both: squeue can give a start time before the scheduler has looked at the job, while
+            # its reason is still "None" (no reason, in the ledger), as it was in one CI run.
             job = api.job(waiter["id"])
-            return job if job["state"] == "pending" and job["expected_start_at"] else None
+            return job if job["state"] == "pending" and job["expected_start_at"] and job["reason"] else None
 
         waiting = wait_for(estimated, 60, "a start estimate for the waiting job")
         expected = parse_time(waiting["expected_start_at"])
