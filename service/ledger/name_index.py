@@ -34,6 +34,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import col
 
+from service.ledger.db import writer_turn
 from service.ledger.models import Job
 
 MIN_LENGTH = 3  # a trigram index finds nothing shorter
@@ -98,8 +99,10 @@ def merge_segments(
     left to merge, `budget_s` has passed or `stop` is set; the number of steps that merged something.
     PostgreSQL: nothing (its GIN index merges its pending entries itself).
 
-    After each step it waits as long as the step took: a writer waiting for SQLite's lock retries
-    on its own schedule, and a step begun at once after the last would take the lock before it.
+    Each step takes this process's writer turn (db.writer_turn), as the loops' writes do, so they
+    wait on that lock rather than in SQLite's busy handler. After each step it waits as long as the
+    step took: the lock is not first come, first served, and a step begun at once after the last
+    could take it again before a waiting writer.
     """
     if engine.dialect.name != "sqlite":
         return 0
@@ -108,7 +111,7 @@ def merge_segments(
     stop = stop or threading.Event()
     while time.monotonic() < deadline and not stop.is_set():
         started = time.monotonic()
-        with engine.begin() as connection:
+        with writer_turn(engine), engine.begin() as connection:
             driver: Any = connection.connection.driver_connection  # sqlite3's Connection
             before = driver.total_changes
             connection.exec_driver_sql(SQLITE_MERGE_STEP)
