@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
@@ -143,12 +144,21 @@ class Reconciler:
                 result = read_result(files, job.run_attempt)
                 if result is None:  # not a whole result (yet): the next tick reads it again
                     continue
-                ingest_progress(session, job, files.progress)
-                job.result = result["value"]
-                self._move(session, job, JobState.succeeded, "completed")
-                self._reap_later(backend_name, external_id)
+                self._succeed(session, job, files, result["value"], backend_name)
                 ended += 1
         return ended
+
+    def _succeed(self, session: Session, job: Job, files: JobFiles, value: Any, backend_name: str) -> None:
+        """Rank 0 has written its result: the job is done for its user; its processes are only exiting.
+
+        The progress file is read first, again: rank 0 wrote its last lines (the final epoch's loss)
+        just before its result, perhaps after this tick last read the file, and no tick reads an ended
+        job's progress again. One CI run lost a final loss that way."""
+        ingest_progress(session, job, files.progress)
+        job.result = value
+        self._move(session, job, JobState.succeeded, "completed")
+        if job.external_id is not None:
+            self._reap_later(backend_name, job.external_id)
 
     def _reap_later(self, backend_name: str, external_id: str) -> None:
         """A job ended by its result: if its processes still run REAP_GRACE_S from now (a job may write
@@ -255,16 +265,14 @@ class Reconciler:
             errors = rank_errors(files, job.run_attempt)
             if errors:
                 # One rank raised while the others still run: end the attempt now rather than let
-                # the survivors wait out the rendezvous timeout.
+                # the survivors wait out the rendezvous timeout. Rank 0 may have written progress
+                # since this tick read it, and no tick reads an ended attempt's progress again.
+                ingest_progress(session, job, files.progress)
                 end_attempt(session, job, from_rank_errors(job, errors), status.exit_code)
                 return True
             result = read_result(files, job.run_attempt)
             if result is not None:
-                # Rank 0 has its result: the job is done for its user; the processes are only exiting.
-                job.result = result["value"]
-                self._move(session, job, JobState.succeeded, "completed")
-                if job.external_id is not None:
-                    self._reap_later(backend_name, job.external_id)
+                self._succeed(session, job, files, result["value"], backend_name)
                 return False
         if not is_terminal(target):
             self._move(session, job, target, status.reason)

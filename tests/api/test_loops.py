@@ -7,6 +7,7 @@ cause a poll; the scheduler's states and words reach the ledger.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -19,12 +20,14 @@ from sqlalchemy import event
 
 from service.app import create_app
 from service.config import Settings
+from service.domain import job_files
 from service.ledger.db import session_scope
 from service.ledger.models import utcnow
 from service.loops.transitions import record_waiting
 from service.states import JobState
 from tests.fakes import FakeBackend
 from tests.support import JOBS, authorize, get_job, runtime_of, submit, wait_for, wait_state
+from worker.spec import JobFiles
 
 
 def events(api: TestClient, job_id: int) -> list[dict[str, Any]]:
@@ -307,6 +310,44 @@ def test_a_rank_that_raises_fails_the_job_and_stops_the_others(api: TestClient, 
     assert failed["reason"].startswith("rank 1 raised:")
     assert "ValueError: bad batch" in failed["reason"]
     assert [job["external_id"]] in fake.cancel_calls
+
+
+@pytest.mark.parametrize("ending", ["result", "error"])
+def test_what_rank_0_reported_just_before_its_attempt_ended_reaches_the_ledger(
+    quiet_api: TestClient, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    api = quiet_api
+    reconciler = runtime_of(api).reconciler
+    job_id = submit(api)["id"]
+    wait_state(api, job_id, "submitted")
+    files = fake.specs[job_id].files
+
+    def report(step: int) -> None:
+        with files.progress.open("a") as handle:
+            handle.write(json.dumps({"step": step, "metrics": {"loss": 1 / step}, "attempt": 1}) + "\n")
+
+    report(1)
+    reconciler.reconcile_once("local")
+    assert get_job(api, job_id)["state"] == "running"
+    # Rank 0 reports its last loss and ends (its result, or a traceback) after the tick has read the
+    # progress file and before it looks for the file that ends the attempt.
+    looked_for = job_files.read_result if ending == "result" else job_files.rank_errors
+
+    def ended_meanwhile(job_files: JobFiles, attempt: int | None) -> Any:
+        report(2)
+        if ending == "result":
+            files.result.write_text(json.dumps({"attempt": attempt, "value": "done"}))
+        else:
+            files.error(0).write_text("Traceback (most recent call last):\nValueError: diverged\n")
+        return looked_for(job_files, attempt)
+
+    monkeypatch.setattr(f"service.loops.reconcile.{looked_for.__name__}", ended_meanwhile)
+
+    reconciler.reconcile_once("local")
+
+    assert get_job(api, job_id)["state"] == ("succeeded" if ending == "result" else "failed")
+    metrics = api.get(f"{JOBS}/{job_id}/metrics").raise_for_status().json()
+    assert [(m["step"], m["value"]) for m in metrics] == [(1, 1.0), (2, 0.5)]
 
 
 def test_a_job_that_ends_without_a_result_is_failed_not_succeeded(api: TestClient, fake: FakeBackend) -> None:
