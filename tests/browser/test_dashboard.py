@@ -217,7 +217,7 @@ def _page_through(page: Page) -> None:
 def _alive(pid: str) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between open and read
         return False
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
