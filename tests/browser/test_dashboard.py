@@ -217,7 +217,7 @@ def _page_through(page: Page) -> None:
 def _alive(pid: str) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between open and read
+    except OSError:  # gone before the open (ENOENT), or between the open and the read (ESRCH)
         return False
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
