@@ -123,15 +123,17 @@ class Dispatcher:
         with write_scope(self._engine) as session:
             self._recover_stale_claims(session)
             waiting = and_(_due(), col(Job.claimed_by).is_(None))
-            room = sweep_claims.room_left(session, waiting, self._backends)
+            seen = sweep_claims.room_left(session, waiting, self._backends)
             query = (
                 core_select(*_CLAIM_COLUMNS)
-                .where(waiting, sweep_claims.not_full(room))
+                .where(waiting, sweep_claims.not_full(seen))
                 .order_by(col(Job.id))
                 .limit(self._settings.dispatch_batch_size)
                 .with_for_update(skip_locked=True)
             )
-            rows = sweep_claims.within_room(list(session.connection().execute(query).mappings()), room)
+            found = list(session.connection().execute(query).mappings())
+            room = sweep_claims.room_now(session, [row["sweep_id"] for row in found], self._backends)
+            rows = sweep_claims.within_room(found, room)
             rest = sweep_claims.rest_of_sweeps(rows, self._backends, room)
             if rest is not None:  # the whole sweep, so that it leaves as one array
                 more = core_select(*_CLAIM_COLUMNS).where(waiting, rest).order_by(col(Job.id))

@@ -38,16 +38,44 @@ def room_left(
     session: Session, waiting: ColumnElement[bool], backends: Mapping[str, Backend]
 ) -> dict[int, int]:
     """Sweeps throttled by the dispatcher that have trials `waiting`: how many more may start now.
-    A sweep on an array backend is one of them only while some of its trials are under way."""
+    A sweep on an array backend is one of them only while some of its trials are under way.
+
+    Read before the claim's query, to leave full sweeps out of it (not_full); on PostgreSQL a sweep
+    committed after this read can still be in the claim's rows, so what is claimed is cut to
+    room_now's word (within_room)."""
     waiting_sweeps = (
         core_select(col(Job.sweep_id))
         .where(waiting, col(Job.sweep_id).is_not(None))
         .distinct()
         .scalar_subquery()
     )
+    return _room(session, col(Sweep.id).in_(waiting_sweeps), backends)
+
+
+def room_now(
+    session: Session, sweep_ids: Collection[int | None], backends: Mapping[str, Backend]
+) -> dict[int, int]:
+    """room_left for these sweeps (the claim's rows'), counted after their rows are locked.
+
+    PostgreSQL reads each statement at its own snapshot (READ COMMITTED): a sweep committed between
+    room_left's read and the claim's query was claimed whole, max_parallel or not (seen in CI: six
+    trials of a sweep of max_parallel 2 at once). Counted here, after the claim's query, every trial
+    it holds is seen; and the sweeps' rows locked (in id order) make a second replica's claim wait
+    until this one's claims are committed and counted."""
+    wanted = sorted(sweep_id for sweep_id in set(sweep_ids) if sweep_id is not None)
+    if not wanted:
+        return {}
+    return _room(session, col(Sweep.id).in_(wanted), backends, lock=True)
+
+
+def _room(
+    session: Session, sweeps: ColumnElement[bool], backends: Mapping[str, Backend], lock: bool = False
+) -> dict[int, int]:
     query = core_select(col(Sweep.id), col(Sweep.max_parallel), col(Sweep.backend)).where(
-        col(Sweep.id).in_(waiting_sweeps), col(Sweep.max_parallel).is_not(None)
+        sweeps, col(Sweep.max_parallel).is_not(None)
     )
+    if lock:  # NO KEY UPDATE: new jobs naming the sweep (a foreign key's KEY SHARE) are not held up
+        query = query.order_by(col(Sweep.id)).with_for_update(key_share=True)
     limits = {sweep_id: (limit, backend) for sweep_id, limit, backend in session.execute(query)}
     if not limits:
         return {}

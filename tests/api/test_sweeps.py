@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
 from service.ledger.models import Job, JobMetric, Sweep
+from service.loops import sweep_claims
 from service.states import JobState
 from tests.conftest import Login
 from tests.fakes import FakeBackend
@@ -204,6 +205,32 @@ def test_locally_max_parallel_trials_run_at_once(api: TestClient, fake: FakeBack
     assert submitted() == ids[:3]
     other = api.post(JOBS, json={"name": "other", "entrypoint": TRAIN}).json()  # not starved by the sweep
     wait_for(lambda: other["id"] in submitted(), what="a job outside the sweep dispatched")
+
+
+def test_a_sweep_committed_during_a_claim_is_still_held_to_max_parallel(
+    api: TestClient, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim looks for sweeps waiting for room, then for the jobs to claim. On PostgreSQL each
+    statement sees the commits made before it began: a sweep committed between the two was claimed
+    whole (in one CI run: all six trials of a sweep of max_parallel 2)."""
+    if runtime_of(api).engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's writers take turns: no commit falls inside the dispatcher's claim")
+    made: list[dict[str, Any]] = []
+    looked = sweep_claims.room_left
+
+    def sweep_arrives_after_the_look(*args: Any) -> dict[int, int]:
+        room = looked(*args)
+        if not made:  # committed by the intake thread while the dispatcher's claim goes on
+            made.append(api.post(SWEEPS, json=sweep_body(max_parallel=2)).json())
+        return room
+
+    monkeypatch.setattr(sweep_claims, "room_left", sweep_arrives_after_the_look)
+    wait_for(lambda: made, what="the sweep, posted inside a claim")
+    ids = [trial["job_id"] for trial in made[0]["trials"]]
+
+    wait_for(lambda: fake.submit_calls, what="a submission")
+    time.sleep(0.5)  # many dispatch intervals: no third goes out while two are under way
+    assert [job_id for call in fake.submit_calls for job_id in call] == ids[:2]
 
 
 def test_retries_apply_to_each_trial_on_its_own(api: TestClient, fake: FakeBackend) -> None:

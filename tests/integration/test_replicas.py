@@ -9,11 +9,13 @@ cleared once the backend has answered.) The in-process test looks at the claim q
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,8 @@ from sqlmodel import Session, select
 
 from service.config import Settings
 from service.ledger.db import make_engine, migrate
-from service.ledger.models import Job
+from service.ledger.models import Job, Sweep
+from service.loops import sweep_claims
 from service.loops.dispatch import Dispatcher
 from service.states import JobState
 from tests.fakes import FakeBackend
@@ -275,13 +278,7 @@ def test_two_dispatchers_racing_on_postgres_claim_with_skip_locked(ledger: sa.En
         while dispatcher.dispatch_once():
             pass
 
-    threads = [threading.Thread(target=drain, args=(one,)) for one in dispatchers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    for engine in engines:
-        engine.dispose()
+    run_together([functools.partial(drain, one) for one in dispatchers], engines)
 
     assert claims and all(claim.rstrip().endswith("FOR UPDATE SKIP LOCKED") for claim in claims), claims[:1]
     submitted = Counter(job_id for fake in fakes for call in fake.submit_calls for job_id in call)
@@ -290,3 +287,59 @@ def test_two_dispatchers_racing_on_postgres_claim_with_skip_locked(ledger: sa.En
     with Session(ledger) as session:
         states = Counter(JobState(job.state) for job in session.exec(select(Job)))
     assert states == {JobState.submitted: 300}
+
+
+def test_two_dispatchers_hold_a_sweep_to_its_max_parallel_together(
+    ledger: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each claim counts a sweep's trials under way after locking the sweep's row: a second replica's
+    claim, made while the first one's is still open, waits for it and counts its trials."""
+    with Session(ledger) as session:
+        sweep = Sweep(name="s", owner="alice", backend="local", request={}, size=10, max_parallel=2,
+                      metric="loss", goal="min")  # fmt: skip
+        session.add(sweep)
+        session.flush()
+        for n in range(10):
+            session.add(Job(name=f"t-{n}", backend="local", sweep_id=sweep.id,
+                            folder=str(tmp_path / "jobs" / str(n)),
+                            spec={"entrypoint": "worker.tasks.faults:sleep", "resources": {}}))  # fmt: skip
+        session.commit()
+    # A batch of 4: the first claim locks 4 trials (and starts 2), the second finds 4 others.
+    settings = Settings(data_dir=tmp_path, database_url=str(ledger.url), dispatch_batch_size=4,
+                        job_accounts="service")  # fmt: skip
+    fakes = [FakeBackend("local"), FakeBackend("local")]
+    engines = [make_engine(ledger.url.render_as_string(hide_password=False)) for _ in fakes]
+    first, second = (
+        Dispatcher(engine, {"local": fake}, settings) for engine, fake in zip(engines, fakes, strict=True)
+    )
+    counted = sweep_claims.room_now
+    first_counted = threading.Event()
+
+    def first_claim_stays_open(*args: Any) -> dict[int, int]:
+        room = counted(*args)
+        if not first_counted.is_set():
+            first_counted.set()
+            time.sleep(1.0)  # the second claim runs meanwhile
+        return room
+
+    monkeypatch.setattr(sweep_claims, "room_now", first_claim_stays_open)
+
+    def second_claim() -> None:
+        first_counted.wait(timeout=30)
+        second.dispatch_once()
+
+    run_together([first.dispatch_once, second_claim], engines)
+
+    submitted = [job_id for fake in fakes for call in fake.submit_calls for job_id in call]
+    assert len(submitted) == 2, [fake.submit_calls for fake in fakes]
+
+
+def run_together(work: list[Callable[[], object]], engines: list[sa.Engine]) -> None:
+    """Each of `work` in a thread of its own, until all are done; then the replicas' engines closed."""
+    threads = [threading.Thread(target=one) for one in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for engine in engines:
+        engine.dispose()
