@@ -62,7 +62,7 @@ def room_now(
     trials of a sweep of max_parallel 2 at once). Counted here, after the claim's query, every trial
     it holds is seen; and the sweeps' rows locked (in id order) make a second replica's claim wait
     until this one's claims are committed and counted."""
-    wanted = sorted(sweep_id for sweep_id in set(sweep_ids) if sweep_id is not None)
+    wanted = [sweep_id for sweep_id in set(sweep_ids) if sweep_id is not None]  # locked in id order below
     if not wanted:
         return {}
     return _room(session, col(Sweep.id).in_(wanted), backends, lock=True)
