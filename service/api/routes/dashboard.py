@@ -63,8 +63,7 @@ def states_js() -> str:
     )
 
 
-def mount(app: FastAPI) -> None:
-    """The page at / and its scripts and styles under /dashboard/ (StaticFiles answers 304s itself).
-    The router goes first: its states.js is found before the static files are looked in."""
-    app.include_router(router)
+def mount_assets(app: FastAPI) -> None:
+    """The page's scripts and styles under /dashboard/ (StaticFiles answers 304s itself), after the
+    router's routes (the app's): its states.js is found before the static files are looked in."""
     app.mount(ASSETS_PREFIX, StaticFiles(directory=DASHBOARD_DIR), name="dashboard")
