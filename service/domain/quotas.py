@@ -20,9 +20,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from sqlalchemy import func
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col
 
 from service.config import Settings
 from service.errors import Forbidden, LimitExceeded
@@ -85,8 +85,15 @@ def limits_for(session: Session, user: str, settings: Settings) -> Limits:
 
 
 def count_unfinished(session: Session, user: str) -> int:
-    query = select(func.count()).where(Job.owner == user, col(Job.state).in_(UNFINISHED))
-    return int(session.exec(query).one())
+    # Core, and built once: the intake counts in every commit that admits jobs under a limit.
+    return int(session.connection().execute(_COUNT_UNFINISHED, {"owner": user}).scalar_one())
+
+
+_COUNT_UNFINISHED = (
+    select(func.count())
+    .select_from(Job)
+    .where(col(Job.owner) == bindparam("owner"), col(Job.state).in_(UNFINISHED))
+)
 
 
 def too_many_unfinished(active: int, limit: int, asked: int = 1) -> RetryLater:

@@ -47,6 +47,9 @@ from worker.spec import ArrayGroup, JobFiles, RunSpec
 log = logging.getLogger(__name__)
 
 CLAIM_TTL = timedelta(seconds=60)
+# How often a dispatcher looks for claims a dead one left (and at every tick while some are left):
+# the look is a query of its own, a tenth of a one-job tick's CPU.
+STALE_CHECK_EVERY_S = 5.0
 _CLAIM_COLUMNS = (
     col(Job.id),
     col(Job.name),
@@ -75,6 +78,7 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchyard-dispatch", daemon=True)
         self.last_duration_s = 0.0
+        self._next_stale_check = 0.0  # time.monotonic(): the first tick looks
 
     # ---------------------------------------------------------------- loop
 
@@ -121,7 +125,9 @@ class Dispatcher:
         (no state change, nothing a reader sees), so it is one SELECT and one UPDATE.
         """
         with write_scope(self._engine) as session:
-            self._recover_stale_claims(session)
+            if time.monotonic() >= self._next_stale_check:
+                left = self._recover_stale_claims(session)
+                self._next_stale_check = time.monotonic() + (0.0 if left else STALE_CHECK_EVERY_S)
             waiting = and_(_due(), col(Job.claimed_by).is_(None))
             seen = sweep_claims.room_left(session, waiting, self._backends)
             query = (
@@ -199,11 +205,13 @@ class Dispatcher:
             unpack_into(store_root(self._settings), spec.code, files.folder)
         return spec
 
-    def _recover_stale_claims(self, session: Session) -> None:
+    def _recover_stale_claims(self, session: Session) -> bool:
         """Claims left by a dispatcher that died: adopt what the backend has, free the rest for a new
-        submission, and keep the ones the backend cannot tell yet (its sbatch may still be running)."""
+        submission, and keep the ones the backend cannot tell yet (its sbatch may still be running).
+        True when some are kept: they are looked at again at the next tick."""
         query = select(Job).where(_due(), col(Job.claimed_by).is_not(None))
         unsure: dict[str, list[Job]] = defaultdict(list)
+        kept = False
         for job in session.exec(query).all():
             if not self._is_stale(job):
                 continue
@@ -218,7 +226,10 @@ class Dispatcher:
             for job, folder in zip(jobs, folders, strict=True):
                 if folder in answers:
                     _release_claim(session, job, answers[folder])
+                else:
+                    kept = True
         session.flush()  # the claim below is a Core query: it sees freed jobs only once they are written
+        return kept
 
     def _recovered_by_backend(self, backend_name: str, folders: list[Path]) -> dict[Path, str | None]:
         backend = self._backends.get(backend_name)

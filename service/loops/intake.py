@@ -37,6 +37,8 @@ MAX_BATCH = 500
 _JOBS: Table = Job.__table__  # type: ignore[attr-defined]
 _EVENTS: Table = JobEvent.__table__  # type: ignore[attr-defined]
 _AUDIT: Table = AuditEntry.__table__  # type: ignore[attr-defined]
+# SQLite: a write that changes nothing, to take the database's write lock (_UnfinishedCount)
+_TAKE_WRITE_LOCK = update(_JOBS).where(false()).values(name=_JOBS.c.name)
 
 Key = tuple[str, str]  # (owner, idempotency key)
 Stored = TypeVar("Stored", Job, Sweep)
@@ -305,7 +307,7 @@ class _UnfinishedCount:
         if not owners:
             return
         if session.get_bind().dialect.name == "sqlite":
-            session.execute(update(_JOBS).where(false()).values(name=_JOBS.c.name))
+            session.connection().execute(_TAKE_WRITE_LOCK)
         for owner in sorted(owners):
             if session.get_bind().dialect.name == "postgresql":
                 session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"quota:{owner}"))))

@@ -3,6 +3,7 @@ again, and a job the backend cannot tell about yet keeps its claim (no second su
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from sqlmodel import Session, select
 
 from service.config import Settings
 from service.ledger.models import Job, JobEvent, utcnow
-from service.loops.dispatch import Dispatcher
+from service.loops.dispatch import STALE_CHECK_EVERY_S, Dispatcher
 from service.states import JobState
 from tests.fakes import FakeBackend
 
@@ -108,6 +109,27 @@ def test_a_job_the_backend_cannot_tell_about_yet_keeps_its_claim_until_it_can(
 
     fake.undecided, fake.recover_error = set(), None
     recovering.dispatch_once()
+
+    assert fake.submit_calls == [[job_id]]
+    assert ledger(engine)[job_id] == (JobState.submitted, fake.external_id(job_id), None)
+
+
+def test_a_dispatcher_that_found_no_stale_claims_looks_again_after_a_few_seconds(
+    engine: Engine, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look for a dead dispatcher's claims is a query of its own: made at the first tick, at
+    every tick while claims are kept (the test above), and otherwise every STALE_CHECK_EVERY_S."""
+    fake = FakeBackend("slurm")
+    watching = dispatcher(engine, settings, fake)
+    watching.dispatch_once()  # nothing is claimed yet
+    (job_id,) = stale_claims(engine, tmp_path, 1)
+
+    watching.dispatch_once()
+
+    assert ledger(engine)[job_id] == (JobState.queued, None, DEAD_REPLICA)
+    later = time.monotonic() + STALE_CHECK_EVERY_S
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    watching.dispatch_once()
 
     assert fake.submit_calls == [[job_id]]
     assert ledger(engine)[job_id] == (JobState.submitted, fake.external_id(job_id), None)
