@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
@@ -18,6 +19,9 @@ from service.api.routes import metrics as metrics_routes
 from service.backends.base import Backend
 from service.config import Settings, get_settings
 from service.runtime import Runtime
+
+if TYPE_CHECKING:  # FastAPI before its native OpenTelemetry takes the argument as an extra
+    from fastapi.telemetry import TelemetryConfig
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,7 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
         version="0.1.0",
         summary="Launch PyTorch distributed training on this machine or a SLURM cluster.",
         lifespan=lifespan,
+        telemetry=_telemetry(settings),
     )
     app.state.settings = settings  # what it was made with, for whoever serves it (tests.serving)
     install_error_handlers(app)
@@ -78,3 +83,12 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
     app.router.routes[:0] = [route for router in ROUTERS for route in router.routes]
     dashboard.mount_assets(app)
     return app
+
+
+def _telemetry(settings: Settings) -> TelemetryConfig:
+    """FastAPI's own OpenTelemetry, off unless asked for. When on, FastAPI asks OpenTelemetry's global
+    providers on every request whether one is configured: 15-25 µs of a polled list's ~190 µs
+    (in-process), for spans that only an operator's OTel SDK would collect. The service's own
+    figures are at /metrics either way."""
+    enabled = settings.opentelemetry
+    return {"tracing": enabled, "metrics": enabled, "logs": enabled}

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     max_long_polls: int = Field(1000, ge=1, description="Long polls held at once, in all (more get 429).")
     max_long_polls_per_user: int = Field(50, ge=1, description="Long polls one user may hold at once.")
     token_cache_s: float = Field(2.0, ge=0, description="How long a checked token is remembered.")
+    opentelemetry: bool = Field(
+        False, description="FastAPI's OpenTelemetry spans, metrics and logs, for a service under an OTel SDK."
+    )
     allowed_entrypoints: CommaList = Field(
         default_factory=lambda: ["worker.tasks."], description="Module prefixes jobs may call."
     )

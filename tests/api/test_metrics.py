@@ -126,3 +126,27 @@ def test_disk_in_metrics_and_on_the_job_comes_from_stored_sizes(
     assert free is not None and abs(free - shutil.disk_usage(settings.data_dir).free) < 100 * 2**20
     assert sample(text, "torchyard_data_dir_size_bytes") == shutil.disk_usage(settings.data_dir).total
     assert sample(text, "torchyard_retention_freed_bytes_total") == 0
+
+
+@pytest.mark.parametrize("opentelemetry", [False, True])
+def test_requests_ask_opentelemetry_only_when_turned_on(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, opentelemetry: bool
+) -> None:
+    """FastAPI's native telemetry looks up OpenTelemetry's global providers on each request when on;
+    off (the default) no request pays for it."""
+    from opentelemetry import trace
+
+    asked: list[int] = []
+    provider = trace.get_tracer_provider
+
+    def counted_provider() -> trace.TracerProvider:
+        asked.append(1)
+        return provider()
+
+    monkeypatch.setattr(trace, "get_tracer_provider", counted_provider)
+    turned = settings.model_copy(update={"opentelemetry": opentelemetry})
+    app = create_app(turned, backends={"local": FakeBackend("local")})
+    with TestClient(app) as client:
+        asked.clear()  # start-up's own look
+        assert authorize(client).get("/api/v1/jobs").status_code == 200
+    assert bool(asked) is opentelemetry
