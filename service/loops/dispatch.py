@@ -109,7 +109,7 @@ class Dispatcher:
         started = time.perf_counter()
         claimed = self._claim()
         by_backend: dict[str, list[RunSpec]] = defaultdict(list)
-        for backend_name, spec in claimed:
+        for backend_name, spec in self._prepare_all(claimed):
             by_backend[backend_name].append(spec)
         for backend_name, specs in by_backend.items():
             self._submit(backend_name, specs)
@@ -118,11 +118,13 @@ class Dispatcher:
 
     # ---------------------------------------------------------------- claim
 
-    def _claim(self) -> list[tuple[str, RunSpec]]:
-        """Up to a batch of queued jobs, marked as this replica's, with their folders made.
+    def _claim(self) -> list[tuple[RowMapping, ArrayGroup | None]]:
+        """Up to a batch of queued jobs, marked as this replica's (those cancelled meanwhile end here).
 
         Core rather than ORM objects: a batch is hundreds of rows, and the claim is bookkeeping only
-        (no state change, nothing a reader sees), so it is one SELECT and one UPDATE.
+        (no state change, nothing a reader sees), so it is one SELECT and one UPDATE. The job folders
+        are made after it commits (_prepare_all): on SQLite the claim holds the one write lock, and
+        a sweep's hundreds of folders (or a large code snapshot) would hold every new job's commit.
         """
         with write_scope(self._engine) as session:
             if time.monotonic() >= self._next_stale_check:
@@ -145,42 +147,59 @@ class Dispatcher:
                 more = core_select(*_CLAIM_COLUMNS).where(waiting, rest).order_by(col(Job.id))
                 rows += list(session.connection().execute(more.with_for_update(skip_locked=True)).mappings())
             groups = sweep_claims.array_groups(session, {row["sweep_id"] for row in rows} - {None})
-            accounts = functools.cache(Account.of_job)  # one passwd lookup per account, not per job
-            claimed: list[tuple[str, RunSpec]] = []
-            unfit: list[tuple[int, str]] = []  # (job id, why it ends here) for the ORM path below
-            for row in rows:
-                if row["cancel_requested"]:
-                    unfit.append((row["id"], ""))
-                    continue
-                try:
-                    spec = self._prepare(row, groups.get(row["sweep_id"]), accounts)
-                except (OSError, tarfile.TarError) as error:  # tarfile's: the job's code snapshot
-                    unfit.append((row["id"], f"cannot write the job folder: {error}"))
-                    continue
-                except KeyError:  # pwd or grp: the account or group is gone since admission
-                    account = row["run_as"]
-                    unfit.append(
-                        (
-                            row["id"],
-                            f"the Unix account '{account}' (or the job folder group) "
-                            "no longer exists on the service's host",
-                        )
-                    )
-                    continue
-                claimed.append((row["backend"], spec))
-            for condition in id_conditions(col(Job.id), [spec.job_id for _, spec in claimed]):
+            claimed = [(row, groups.get(row["sweep_id"])) for row in rows if not row["cancel_requested"]]
+            for condition in id_conditions(col(Job.id), [row["id"] for row, _ in claimed]):
                 session.execute(
                     update(Job).where(condition).values(claimed_by=self._replica, claimed_at=utcnow()),
                     execution_options={"synchronize_session": False},
                 )
-            for job_id, failure in unfit:
-                job = session.get(Job, job_id)
-                assert job is not None  # locked by the SELECT above
-                if failure:
-                    record_transition(session, job, JobState.failed, failure)
-                else:
+            for row in rows:
+                if row["cancel_requested"]:
+                    job = session.get(Job, row["id"])
+                    assert job is not None  # locked by the SELECT above
                     record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
             return claimed
+
+    def _prepare_all(self, claimed: list[tuple[RowMapping, ArrayGroup | None]]) -> list[tuple[str, RunSpec]]:
+        """The claimed jobs' specs, their folders made; a job whose folder cannot be made fails here.
+        An unexpected error releases the batch's claims (its jobs are submitted at a later tick)."""
+        accounts = functools.cache(Account.of_job)  # one passwd lookup per account, not per job
+        ready: list[tuple[str, RunSpec]] = []
+        unfit: list[tuple[int, str]] = []  # (job id, why it ends here)
+        try:
+            for row, group in claimed:
+                try:
+                    ready.append((row["backend"], self._prepare(row, group, accounts)))
+                except (OSError, tarfile.TarError) as error:  # tarfile's: the job's code snapshot
+                    unfit.append((row["id"], f"cannot write the job folder: {error}"))
+                except KeyError:  # pwd or grp: the account or group is gone since admission
+                    unfit.append(
+                        (
+                            row["id"],
+                            f"the Unix account '{row['run_as']}' (or the job folder group) "
+                            "no longer exists on the service's host",
+                        )
+                    )
+        except Exception as error:
+            self._release([row["id"] for row, _ in claimed], f"dispatch failed, will retry: {error}")
+            raise
+        if unfit:
+            self._fail_unfit(unfit)
+        return ready
+
+    def _fail_unfit(self, unfit: list[tuple[int, str]]) -> None:
+        """End the jobs whose folder could not be made, unless a user's cancel got there first."""
+        with write_scope(self._engine) as session:
+            for job_id, failure in unfit:
+                job = session.get(Job, job_id, with_for_update=True)
+                if job is None or job.claimed_by != self._replica or is_terminal(JobState(job.state)):
+                    continue
+                job.claimed_by = job.claimed_at = None
+                session.add(job)
+                if job.cancel_requested:
+                    record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
+                else:
+                    record_transition(session, job, JobState.failed, failure)
 
     def _prepare(
         self, job: RowMapping, group: ArrayGroup | None, accounts: Callable[[str | None], Account]

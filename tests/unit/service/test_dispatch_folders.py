@@ -1,0 +1,96 @@
+"""The dispatcher makes job folders after its claim has committed: a job whose folder cannot be made
+fails alone, and making folders (a sweep's hundreds, a large code snapshot) holds up no other write."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from service.config import Settings
+from service.ledger.db import write_scope
+from service.ledger.models import Job, JobEvent
+from service.loops import dispatch
+from service.loops.dispatch import Dispatcher
+from service.states import JobState
+from tests.fakes import FakeBackend
+
+SPEC = {"entrypoint": "worker.tasks.faults:sleep", "resources": {}}
+
+
+def queued(engine: Engine, settings: Settings, count: int) -> list[int]:
+    ids: list[int] = []
+    with Session(engine) as session:
+        for n in range(count):
+            job = Job(name=f"j{n}", backend="slurm", spec=SPEC)
+            session.add(job)
+            session.flush()
+            assert job.id is not None
+            job.folder = str(settings.data_dir / "jobs" / str(job.id))
+            ids.append(job.id)
+        session.commit()
+    return ids
+
+
+def state_and_claim(engine: Engine, job_id: int) -> tuple[str, str | None, str | None]:
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        last = session.exec(
+            select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id.desc())  # type: ignore[union-attr]
+        ).first()
+        return job.state, job.claimed_by, last.reason if last else None
+
+
+def test_a_job_whose_folder_cannot_be_made_fails_and_the_rest_of_the_batch_is_submitted(
+    engine: Engine, settings: Settings
+) -> None:
+    blocked, fine = queued(engine, settings, 2)
+    planted = settings.data_dir / "jobs" / str(blocked)
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text("a file where the job's folder goes")
+    fake = FakeBackend("slurm")
+
+    Dispatcher(engine, {"slurm": fake}, settings).dispatch_once()
+
+    state, claimed_by, reason = state_and_claim(engine, blocked)
+    assert (state, claimed_by) == (JobState.failed, None)
+    assert reason is not None and reason.startswith("cannot write the job folder")
+    assert fake.submit_calls == [[fine]]
+    assert state_and_claim(engine, fine)[:2] == (JobState.submitted, None)
+
+
+def test_a_write_to_a_claimed_job_is_not_held_while_its_folder_is_made(
+    engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel, a new job's commit: on SQLite every write waited for the claim's turn to write
+    (write_scope), on PostgreSQL a write to a claimed job for its row lock, while the claim made the
+    folders."""
+    (job_id,) = queued(engine, settings, 1)
+    make_folder = dispatch.make_job_folder
+    written: list[int] = []
+
+    def touch() -> None:
+        with write_scope(engine) as session:
+            job = session.get(Job, job_id, with_for_update=True)
+            assert job is not None
+            job.reason = "touched"
+            written.append(job_id)
+
+    def make_then_write(*args: Any) -> None:
+        make_folder(*args)
+        writer = threading.Thread(target=touch)
+        writer.start()
+        writer.join(timeout=2)
+        assert written == [job_id], "a write waited for the folders"
+
+    monkeypatch.setattr(dispatch, "make_job_folder", make_then_write)
+    fake = FakeBackend("slurm")
+
+    Dispatcher(engine, {"slurm": fake}, settings).dispatch_once()
+
+    assert fake.submit_calls == [[job_id]]
+    assert state_and_claim(engine, job_id)[:2] == (JobState.submitted, None)
