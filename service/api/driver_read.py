@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Select
+from sqlalchemy.types import TypeEngine
+
+from service.ledger.models import UTCDateTime
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11
@@ -30,10 +34,7 @@ class DriverRead:
             for name, bind in compiled.binds.items()
             if (process := bind.type.dialect_impl(dialect).bind_processor(dialect)) is not None
         }
-        self._convert = [
-            column.type.dialect_impl(dialect).result_processor(dialect, None)
-            for column in statement.selected_columns
-        ]
+        self._convert = [_converter(column.type, dialect) for column in statement.selected_columns]
         self._error: type[Exception] = dialect.loaded_dbapi.Error
 
     def first(self, connection: Connection, **values: Any) -> tuple[Any, ...] | None:
@@ -81,3 +82,26 @@ class DriverRead:
         """A driver's row as SQLAlchemy would have returned it."""
         converted = zip(self._convert, row, strict=True)
         return tuple(value if convert is None else convert(value) for convert, value in converted)
+
+
+TIMES_KEPT = 8192  # distinct times kept converted, for every read of one engine together
+
+
+def _converter(column_type: TypeEngine[Any], dialect: Dialect) -> Callable[[Any], Any] | None:
+    if isinstance(column_type, UTCDateTime):
+        return _utc_times(dialect)
+    return column_type.dialect_impl(dialect).result_processor(dialect, None)
+
+
+@functools.cache
+def _utc_times(dialect: Dialect) -> Callable[[Any], Any] | None:
+    """SQLAlchemy's conversion of a UTCDateTime column, one result kept per distinct value.
+
+    SQLite hands times back as text, and turning one into an aware datetime costs ~2.5 µs: 130 µs
+    of the ~1 ms a list page took to read its 51 (id, updated_at) rows (in-process, 10^6 jobs).
+    Polls read the same stamps again and again (a job's stamp is the one of the commit that last
+    changed it, which every job of that commit shares), and a datetime never changes, so each
+    distinct text is converted once while it is among the TIMES_KEPT most recently read.
+    """
+    process = UTCDateTime().dialect_impl(dialect).result_processor(dialect, None)
+    return None if process is None else functools.lru_cache(maxsize=TIMES_KEPT)(process)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import pytest
@@ -15,12 +16,13 @@ from fastapi.testclient import TestClient
 from httpx import Response
 from pydantic import BaseModel
 from sqlalchemy import insert
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
-from sqlmodel import col
+from sqlmodel import Session, col, select
 from starlette.routing import Mount, Route
 
 from service.api.deps import AUTHORIZATION, PolledRoute
-from service.api.driver_read import DriverRead
+from service.api.driver_read import TIMES_KEPT, DriverRead
 from service.api.fragments import Fragments
 from service.api.routes import jobs as jobs_routes
 from service.api.routes.jobs import JobParams, ListParams
@@ -385,3 +387,33 @@ def test_a_job_is_rendered_from_its_columns_as_from_its_orm_object(api: TestClie
         if compared == {"job", "list"}:
             return
     raise AssertionError(f"the job never stood still long enough to compare: {compared}")
+
+
+
+def test_a_time_read_again_is_converted_once_and_at_most_so_many_are_kept(engine: Engine) -> None:
+    """DriverRead converts each distinct stored time once (SQLite hands times back as text), while it
+    is among the TIMES_KEPT most recently read: the aware datetime SQLAlchemy makes, and memory
+    bounded whatever the number of distinct times polled."""
+    for n in range(3):  # each commit stamps its job with the ledger clock's time
+        with Session(engine) as session:
+            session.add(Job(name=f"t{n}", backend="local", spec={}))
+            session.commit()
+    statement = select(col(Job.updated_at)).order_by(col(Job.id))
+    read = DriverRead(statement, engine.dialect)
+    with engine.connect() as connection:
+        first = [row[0] for row in read.all(connection, {})]
+        again = [row[0] for row in read.all(connection, {})]
+        expected = [row[0] for row in connection.execute(statement)]
+    assert first == expected and len(set(first)) == 3 and all(stamp.tzinfo is not None for stamp in first)
+    assert all(one is other for one, other in zip(first, again, strict=True))
+
+    def as_stored(stamp: datetime) -> object:
+        """What the driver hands back for this time, a new object each call."""
+        if engine.dialect.name == "sqlite":
+            return stamp.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return stamp + timedelta(0)
+
+    for n in range(TIMES_KEPT):  # as many other times push the first one out
+        read.converted((as_stored(first[0] + timedelta(microseconds=n + 1)),))
+    (converted_again,) = read.converted((as_stored(first[0]),))
+    assert converted_again == first[0] and converted_again is not first[0]
