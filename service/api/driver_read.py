@@ -34,7 +34,11 @@ class DriverRead:
             for name, bind in compiled.binds.items()
             if (process := bind.type.dialect_impl(dialect).bind_processor(dialect)) is not None
         }
-        self._convert = [_converter(column.type, dialect) for column in statement.selected_columns]
+        self._convert = [  # (column index, conversion): the columns that have one
+            (index, convert)
+            for index, column in enumerate(statement.selected_columns)
+            if (convert := _converter(column.type, dialect)) is not None
+        ]
         self._error: type[Exception] = dialect.loaded_dbapi.Error
 
     def first(self, connection: Connection, **values: Any) -> tuple[Any, ...] | None:
@@ -79,9 +83,12 @@ class DriverRead:
         return DBAPIError.instance(self.sql, parameters, error, self._error)
 
     def converted(self, row: Sequence[Any]) -> tuple[Any, ...]:
-        """A driver's row as SQLAlchemy would have returned it."""
-        converted = zip(self._convert, row, strict=True)
-        return tuple(value if convert is None else convert(value) for convert, value in converted)
+        """A driver's row as SQLAlchemy would have returned it. Only the columns that have a
+        conversion are looked at: a page's rows took 2 µs each through a generator over all."""
+        values = list(row)
+        for index, convert in self._convert:
+            values[index] = convert(values[index])
+        return tuple(values)
 
 
 TIMES_KEPT = 8192  # distinct times kept converted, for every read of one engine together
