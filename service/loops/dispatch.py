@@ -47,6 +47,9 @@ from worker.spec import ArrayGroup, JobFiles, RunSpec
 log = logging.getLogger(__name__)
 
 CLAIM_TTL = timedelta(seconds=60)
+# A claim whose folders take long to make (a large sweep, large code snapshots) is renewed this
+# often: one older than CLAIM_TTL is another replica's to take over.
+CLAIM_RENEW_S = CLAIM_TTL.total_seconds() / 6
 # How often a dispatcher looks for claims a dead one left (and at every tick while some are left):
 # the look is a query of its own, a tenth of a one-job tick's CPU.
 STALE_CHECK_EVERY_S = 5.0
@@ -166,8 +169,13 @@ class Dispatcher:
         accounts = functools.cache(Account.of_job)  # one passwd lookup per account, not per job
         ready: list[tuple[str, RunSpec]] = []
         unfit: list[tuple[int, str]] = []  # (job id, why it ends here)
+        ids = [row["id"] for row, _ in claimed]
+        started = renewed = time.monotonic()
         try:
             for row, group in claimed:
+                if time.monotonic() - renewed > CLAIM_RENEW_S:
+                    self._renew_claims(ids)
+                    renewed = time.monotonic()
                 try:
                     ready.append((row["backend"], self._prepare(row, group, accounts)))
                 except (OSError, tarfile.TarError) as error:  # tarfile's: the job's code snapshot
@@ -181,11 +189,23 @@ class Dispatcher:
                         )
                     )
         except Exception as error:
-            self._release([row["id"] for row, _ in claimed], f"dispatch failed, will retry: {error}")
+            self._release(ids, f"dispatch failed, will retry: {error}")
             raise
+        if time.monotonic() - started > CLAIM_RENEW_S:  # the submission starts with a fresh claim
+            self._renew_claims(ids)
         if unfit:
             self._fail_unfit(unfit)
         return ready
+
+    def _renew_claims(self, job_ids: Sequence[int]) -> None:
+        with write_scope(self._engine) as session:
+            for condition in id_conditions(col(Job.id), job_ids):
+                session.execute(
+                    update(Job)
+                    .where(condition, col(Job.claimed_by) == self._replica)
+                    .values(claimed_at=utcnow()),
+                    execution_options={"synchronize_session": False},
+                )
 
     def _fail_unfit(self, unfit: list[tuple[int, str]]) -> None:
         """End the jobs whose folder could not be made, unless a user's cancel got there first."""

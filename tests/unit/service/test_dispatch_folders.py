@@ -4,6 +4,8 @@ fails alone, and making folders (a sweep's hundreds, a large code snapshot) hold
 from __future__ import annotations
 
 import threading
+import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -94,3 +96,30 @@ def test_a_write_to_a_claimed_job_is_not_held_while_its_folder_is_made(
 
     assert fake.submit_calls == [[job_id]]
     assert state_and_claim(engine, job_id)[:2] == (JobState.submitted, None)
+
+
+def test_a_claim_whose_folders_take_long_is_renewed_so_no_other_replica_takes_it_over(
+    engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim older than CLAIM_TTL is another replica's to take over (its dispatcher looks dead):
+    while a batch's folders are made, its claims are renewed every CLAIM_RENEW_S."""
+    ids = queued(engine, settings, 3)
+    make_folder = dispatch.make_job_folder
+    seen: list[datetime] = []  # the first job's claimed_at, as each folder is made
+
+    def slow_make(*args: Any) -> None:
+        with Session(engine) as session:
+            job = session.get(Job, ids[0])
+            assert job is not None and job.claimed_at is not None
+            seen.append(job.claimed_at)
+        time.sleep(0.05)
+        make_folder(*args)
+
+    monkeypatch.setattr(dispatch, "make_job_folder", slow_make)
+    monkeypatch.setattr(dispatch, "CLAIM_RENEW_S", 0.01)
+    fake = FakeBackend("slurm")
+
+    Dispatcher(engine, {"slurm": fake}, settings).dispatch_once()
+
+    assert seen[0] < seen[1] < seen[2]
+    assert fake.submit_calls == [ids]
