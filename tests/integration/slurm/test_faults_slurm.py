@@ -128,6 +128,8 @@ def test_sigkill_with_twenty_jobs_in_flight_on_both_backends(tmp_path: Path) -> 
     workdir = tmp_path / "cwd"
     env = service_env(tmp_path / "data", f"sqlite:///{database}", default_backend="slurm",
                       reconcile_interval_s="1")
+    slow = tmp_path / "slow-sbatch"  # while it exists, a real sbatch waits 5 s before it runs
+    env["PATH"] = f"{slow_sbatch(tmp_path / 'bin', tmp_path / 'sbatch-started', 5, slow)}:{env['PATH']}"
     token = ledger_token(f"sqlite:///{database}")
     since = slurm_now()
     # Started first, still running (or pending behind them) when the service dies.
@@ -160,12 +162,16 @@ def test_sigkill_with_twenty_jobs_in_flight_on_both_backends(tmp_path: Path) -> 
             case.id = api.submit(**case.body())["id"]
         # All at once, and the kill as soon as the last is answered: the dispatcher takes a batch
         # within milliseconds of its commit, so one POST after another would leave nothing queued.
+        # Even so it could hand the whole burst over before the last answer reached us (it did once):
+        # the burst's SLURM jobs wait in a slow sbatch, so the kill always catches some claimed.
+        slow.touch()
         with ThreadPoolExecutor(len(burst)) as pool:
             answers = pool.map(lambda one: api.submit(**one.body()), burst)
             for case, created in zip(burst, answers, strict=True):
                 case.id = created["id"]
     finally:
         first.kill()
+        slow.unlink(missing_ok=True)  # an sbatch begun before the kill still waits, and then runs
     at_kill = ledger_states(database)
     before = {one["id"]: one["external_id"] for one in _rows(database)}
     time.sleep(3)  # jobs run on, and some end, with nobody watching
