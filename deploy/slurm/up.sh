@@ -106,6 +106,11 @@ setup_network() {
   for i in $NODE_IDS; do
     ns=$(node_ns "$i")
     veth=$(node_veth "$i")
+    # A name left in /run/netns by a machine that restarted is a plain file, no longer a namespace.
+    if [ -e "/run/netns/$ns" ] && ! ip -n "$ns" link show lo >/dev/null 2>&1; then
+      log "namespace $ns is stale: making it again"
+      ip netns del "$ns" 2>/dev/null || rm -f "/run/netns/$ns"
+    fi
     [ -e "/run/netns/$ns" ] || ip netns add "$ns"
     if ! ip link show "$veth" >/dev/null 2>&1; then
       ip link add "$veth" type veth peer name eth0 netns "$ns"
@@ -232,6 +237,25 @@ ensure_accounts() {  # users whose jobs run as themselves (service.accounts); ho
     id -u "$name" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$name"
   done
 }
+
+# On failure, say what the daemons said: CI keeps only this script's output.
+explain_failure() {
+  local rc=$? file
+  [ "$rc" = 0 ] && return 0
+  log "failed (exit status $rc); the daemons' last words:"
+  for file in /var/log/slurm/mariadb.log /var/log/slurm/slurmdbd.log /var/log/slurm/slurmctld.log \
+    /var/log/slurm/slurmd-n*.log; do
+    [ -f "$file" ] || continue
+    echo "---- tail $file" >&2
+    tail -n 15 "$file" >&2
+  done
+  echo "---- daemons running" >&2
+  pgrep -a 'munged|mariadbd|slurmdbd|slurmctld|slurmd' >&2 || true
+  echo "---- sinfo" >&2
+  timeout 5 sinfo -N -o '%N %T %E' >&2 || true
+  exit "$rc"
+}
+trap explain_failure EXIT
 
 REAL_MEM_MB=$(awk '/^MemTotal:/ { print int($2 / 1024 * 0.9) }' /proc/meminfo)
 install_packages
