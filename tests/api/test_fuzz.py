@@ -539,19 +539,26 @@ def test_links_from_a_created_job_lead_to_it(service: Service, settings: Setting
     schema = schemathesis.openapi.from_dict(with_links(served), config=config)
     machine = workflow(schema.as_state_machine(), walk)
     started = time.monotonic()
-    machine.run(
-        settings=hypothesis_settings(
-            max_examples=50,
-            stateful_step_count=10,
-            derandomize=True,
-            database=None,
-            deadline=None,
-            # No shrinking, as schemathesis runs state machines: its replays of a failing scenario
-            # meet jobs the service's loops have moved on meanwhile, and can end in Flaky instead.
-            phases=[Phase.generate],
-            suppress_health_check=list(HealthCheck),
+    # Which link a step follows depends on what the service answered, and its loops move jobs on
+    # meanwhile: a run can miss a link that it usually takes. A longer run draws the same scenarios
+    # first and more after them, so the walk goes on until every link below has led somewhere.
+    for examples in (50, 100, 200):
+        machine.run(
+            settings=hypothesis_settings(
+                max_examples=examples,
+                stateful_step_count=10,
+                derandomize=True,
+                database=None,
+                deadline=None,
+                # No shrinking, as schemathesis runs state machines: its replays of a failing
+                # scenario meet jobs the service's loops have moved on meanwhile, and can end in
+                # Flaky instead.
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
         )
-    )
+        if not _links_missing(walk):
+            break
     elapsed = time.monotonic() - started
     print(
         f"\nstateful: {walk.tally.total} calls in {elapsed:.1f} s, {walk.scenarios} scenarios, "
@@ -560,17 +567,24 @@ def test_links_from_a_created_job_lead_to_it(service: Service, settings: Setting
     for link, count in sorted(walk.followed.items()):
         print(f"  {link}: {count} ({walk.to_own_job[link]})")
     assert walk.created > 0, walk.tally.report()
-    # create -> read, create -> cancel, read -> cancel, cancel -> read: each on the job made before.
-    for link in (
+    assert not _links_missing(walk), (_links_missing(walk), walk.to_own_job, walk.followed)
+    statuses = walk.tally.all_statuses()
+    assert statuses[201] > 0 and statuses[200] > 0, dict(statuses)
+
+
+def _links_missing(walk: Walk) -> list[str]:
+    """The links the walk must have followed and has not: create -> read, create -> cancel,
+    read -> cancel and cancel -> read, each on the job made before it, and create -> list."""
+    own_job = (
         f"POST {JOBS} -> [201] GetJob",
         f"POST {JOBS} -> [201] CancelJob",
         f"GET {JOB} -> [200] CancelJob",
         f"POST {JOB}/cancel -> [200] GetJob",
-    ):
-        assert walk.to_own_job[link] > 0, (link, walk.to_own_job)
-    assert walk.followed[f"POST {JOBS} -> [201] ListByName"] > 0, walk.followed  # create -> list
-    statuses = walk.tally.all_statuses()
-    assert statuses[201] > 0 and statuses[200] > 0, dict(statuses)
+    )
+    missing = [link for link in own_job if walk.to_own_job[link] == 0]
+    if walk.followed[f"POST {JOBS} -> [201] ListByName"] == 0:
+        missing.append(f"POST {JOBS} -> [201] ListByName")
+    return missing
 
 
 # ---------------------------------------------------------------- what the fuzzer found, pinned
