@@ -103,13 +103,18 @@ def merge_segments(
     wait on that lock rather than in SQLite's busy handler. After each step it waits as long as the
     step took: the lock is not first come, first served, and a step begun at once after the last
     could take it again before a waiting writer.
+
+    At most as many steps as rewriting the index as it stood at the start takes: every write adds a
+    segment, and merging that into the one large segment rewrites the large one, so under steady
+    writes the merge never runs out of work and would rewrite the whole index until the budget ends.
     """
     if engine.dialect.name != "sqlite":
         return 0
     steps = 0
+    most = _one_rewrite_steps(engine)
     deadline = time.monotonic() + budget_s
     stop = stop or threading.Event()
-    while time.monotonic() < deadline and not stop.is_set():
+    while steps < most and time.monotonic() < deadline and not stop.is_set():
         started = time.monotonic()
         with writer_turn(engine), engine.begin() as connection:
             driver: Any = connection.connection.driver_connection  # sqlite3's Connection
@@ -122,6 +127,15 @@ def merge_segments(
         steps += 1
         stop.wait(time.monotonic() - started)
     return steps
+
+
+def _one_rewrite_steps(engine: Engine) -> int:
+    """The steps one rewrite of the whole index takes: its pages (rows of FTS5's data table), a step's
+    worth at a time, and one more for the step that finds nothing left (a merge to one piece
+    measured 19 steps for 2,430 rows)."""
+    with engine.connect() as connection:
+        pages = int(connection.exec_driver_sql(f"SELECT count(*) FROM {FTS_TABLE}_data").scalar_one())
+    return -(-pages // MERGE_STEP_PAGES) + 1
 
 
 # FTS5's table as SQLAlchemy sees it: its rowid is the job id, its hidden column of its own name the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -221,6 +222,44 @@ def test_on_postgresql_a_rare_name_goes_from_the_near_ids_to_the_index() -> None
     top = 10**6 + 1
     assert parts == [("near", top, top - jobs.NEAR_IDS), ("older", top - jobs.NEAR_IDS, 0)]
     assert page == [17]
+
+
+def test_under_steady_writes_a_merge_rewrites_the_index_once_and_stops(engine: Engine) -> None:
+    """Each write adds a segment that merging folds into the large one by rewriting it: a merge that
+    went on while there was something to merge ran for its whole budget, every housekeeping pass."""
+    if engine.dialect.name != "sqlite":
+        return
+    names = varied_names(3000, random.Random(5))
+    for first in range(0, len(names), 100):
+        with engine.begin() as connection:
+            add_jobs(connection, names[first : first + 100], first_id=first + 1)
+    assert name_index.merge_segments(engine) > 0  # one piece, as housekeeping leaves it
+    table = name_index.FTS_TABLE
+    with engine.connect() as connection:
+        pages = int(connection.execute(text(f"SELECT count(*) FROM {table}_data")).scalar_one())
+    most = -(-pages // name_index.MERGE_STEP_PAGES) + 1  # a step's pages at a time, and the last look
+    writing = threading.Event()
+    writing.set()
+
+    def write() -> None:  # a job a transaction, as the intake writes under a steady trickle
+        next_id = len(names) + 1
+        while writing.is_set():
+            with engine.begin() as connection:
+                add_jobs(connection, [f"late-{next_id}"], first_id=next_id)
+            next_id += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        time.sleep(0.2)  # segments to merge before the merge starts
+        started = time.monotonic()
+        steps = name_index.merge_segments(engine, budget_s=20.0)
+        took = time.monotonic() - started
+    finally:
+        writing.clear()
+        writer.join()
+    assert 0 < steps <= most, (steps, most)
+    assert took < 10.0, took  # the budget is not what ends it
 
 
 def test_on_postgresql_a_name_the_near_ids_hold_reads_the_recent_ids_before_the_index() -> None:
