@@ -16,6 +16,7 @@ Run: .venv/bin/python -m bench.sweep [--rounds 3] [--trials 200]
 from __future__ import annotations
 
 import argparse
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -70,6 +71,21 @@ def queued(ids: list[str]) -> bool:
     """Whether SLURM still holds any of these jobs (squeue refuses ids it has forgotten: not an error)."""
     done = subprocess.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i"], capture_output=True, text=True)
     return bool(ids) and bool(done.stdout.strip())
+
+
+def create_cost_us(folder: Path, count: int = 200) -> float:
+    """CPU microseconds per mkdir in `folder`: the service makes four files a trial before its
+    sbatch (two folders, a link, a pickle), the hand-written array one. What a create costs varies
+    on one disk from 20 to 650 µs (ext4's search for a free inode), so the ratios mean little
+    without it."""
+    scratch = folder / "create-cost"
+    scratch.mkdir()
+    started = time.process_time()
+    for index in range(count):
+        (scratch / str(index)).mkdir()
+    cost = (time.process_time() - started) / count * 1e6
+    shutil.rmtree(scratch)
+    return cost
 
 
 def one_sweep(client: httpx.Client, ledger: Path, trials: int) -> float:
@@ -138,6 +154,7 @@ def rounds(
     to_hand: list[float] = []
     to_posts: list[float] = []
     for n in range(count):
+        print(f"    (a mkdir in the data folder's file system costs {create_cost_us(tmp):.0f} µs of CPU)")
         before = last_id(ledger)
         with blocker():
             hand_s = by_hand(tmp, trials)
