@@ -125,12 +125,24 @@ setup_network() {
 start_munge() {
   if pid_alive /run/munge/munged.pid munged; then return 0; fi
   log "starting munged"
+  if [ ! -s /etc/munge/munge.key ]; then  # as for MariaDB: the package made it, an image may not hold it
+    log "no munge key: making one"
+    install -d -o munge -g munge -m 0700 /etc/munge
+    runuser -u munge -- mungekey --create --keyfile=/etc/munge/munge.key
+  fi
   runuser -u munge -- /usr/sbin/munged
   wait_for 10 "munge" bash -c 'munge -n | unmunge'
 }
 
 start_mariadb() {
   if ! mariadb-admin --connect-timeout=1 ping >/dev/null 2>&1; then
+    # The package makes the system tables when it is installed; a machine image can hold the package
+    # with an empty data folder, and mariadbd then aborts ("Can't open and lock privilege tables").
+    if [ ! -d /var/lib/mysql/mysql ]; then
+      log "MariaDB's data folder has no system tables: making them"
+      install -d -o mysql -g mysql /var/lib/mysql
+      mariadb-install-db --user=mysql --datadir=/var/lib/mysql --skip-test-db >>/var/log/slurm/mariadb.log 2>&1
+    fi
     log "starting MariaDB"
     # Unix socket only: slurmdbd talks to it as "localhost", nothing listens on TCP.
     setsid mariadbd --user=mysql --skip-networking --pid-file=/run/mysqld/mysqld.pid \
