@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from service.accounts import Account
+from service.backends import slurm_submit
 from service.backends.slurm import CommandResult, SlurmBackend
 from service.backends.slurm_submit import share_throttle
 from service.config import Settings
@@ -294,3 +296,48 @@ def test_each_account_s_jobs_go_out_in_an_sbatch_of_its_own_run_as_it(
     assert chdir.split("=", 1)[1] == str(specs[1].files.submitit)  # the job's own folder
     assert all(env is None for argv, env in zip(commands.calls, commands.environments, strict=True)
                if "--parsable" not in argv)  # other commands: the scheduler's minimal environment
+
+
+def test_every_elements_link_stands_when_sbatch_runs(
+    commands: FakeCommands, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The links are made on a helper thread while the pickles are written; sbatch waits for them,
+    since an element may start as soon as sbatch answers. A slow link maker must not be overtaken."""
+    real = slurm_submit.link_array_folders
+
+    def slow_links(root: Path, folders: Sequence[Path]) -> None:
+        time.sleep(0.3)
+        real(root, folders)
+
+    monkeypatch.setattr(slurm_submit, "link_array_folders", slow_links)
+    specs = [make(tmp_path, n) for n in range(1, 6)]
+    seen: list[Path] = []
+
+    def sbatch(argv: Sequence[str]) -> CommandResult:
+        script = Path(argv[2])
+        for index, spec in enumerate(specs):
+            link = script.parent / str(index)
+            assert link.is_symlink() and link.resolve() == spec.files.submitit.resolve(), index
+        seen.append(script)
+        return ok("100;torchyard\n")
+
+    commands.on("scontrol", config())
+    commands.on("sbatch", sbatch)
+    outcomes = backend(commands, tmp_path).submit(specs)
+    assert [o.external_id for o in outcomes] == [f"100_{n}" for n in range(5)]
+    assert len(seen) == 1
+
+
+def test_a_link_that_cannot_be_made_fails_the_array_before_sbatch(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(root: Path, folders: Sequence[Path]) -> None:
+        raise PermissionError(13, "Permission denied", str(root / "0"))
+
+    monkeypatch.setattr(slurm_submit, "link_array_folders", no_links)
+    specs = [make(tmp_path, n) for n in (1, 2)]
+    outcomes = backend(commands, tmp_path).submit(specs)
+    assert all(o.error is not None and "Permission denied" in o.error for o in outcomes), outcomes
+    assert commands.named("sbatch") == []
+    for spec in specs:  # no pickle left staged for a job that was never submitted
+        assert list(spec.files.submitit.iterdir()) == []
