@@ -307,8 +307,7 @@ def submit_group(
     An array's links are made on a helper thread while this one writes the pickles, and sbatch waits
     for them: both are file creations, whose cost is the kernel's (0.02-0.6 ms each on one disk),
     not the interpreter's, and in different folders. Measured for 200 trials with slow creates, a
-    sweep went from 160-530 ms to 114-411 ms, POST to accepted. (Stop 28 saw a helper fight this
-    thread for the interpreter, when the pickles were cloudpickle's.)
+    sweep went from 160-530 ms to 114-411 ms, POST to accepted.
     """
     folders = [spec.files.submitit for spec in specs]
     if len(specs) == 1:
