@@ -151,11 +151,7 @@ class Dispatcher:
                 rows += list(session.connection().execute(more.with_for_update(skip_locked=True)).mappings())
             groups = sweep_claims.array_groups(session, {row["sweep_id"] for row in rows} - {None})
             claimed = [(row, groups.get(row["sweep_id"])) for row in rows if not row["cancel_requested"]]
-            for condition in id_conditions(col(Job.id), [row["id"] for row, _ in claimed]):
-                session.execute(
-                    update(Job).where(condition).values(claimed_by=self._replica, claimed_at=utcnow()),
-                    execution_options={"synchronize_session": False},
-                )
+            _set_claims(session, [row["id"] for row, _ in claimed], claimed_by=self._replica)
             for row in rows:
                 if row["cancel_requested"]:
                     job = session.get(Job, row["id"])
@@ -199,13 +195,7 @@ class Dispatcher:
 
     def _renew_claims(self, job_ids: Sequence[int]) -> None:
         with write_scope(self._engine) as session:
-            for condition in id_conditions(col(Job.id), job_ids):
-                session.execute(
-                    update(Job)
-                    .where(condition, col(Job.claimed_by) == self._replica)
-                    .values(claimed_at=utcnow()),
-                    execution_options={"synchronize_session": False},
-                )
+            _set_claims(session, job_ids, col(Job.claimed_by) == self._replica)
 
     def _fail_unfit(self, unfit: list[tuple[int, str]]) -> None:
         """End the jobs whose folder could not be made, unless a user's cancel got there first."""
@@ -354,6 +344,17 @@ class Dispatcher:
             return True
         record_transition(session, job, JobState.submitted, f"{backend.name} id {job.external_id}")
         return False
+
+
+def _set_claims(
+    session: Session, job_ids: Sequence[int], *where: ColumnElement[bool], **values: object
+) -> None:
+    """Stamp these jobs' claims now (with `values`, where `where` holds): one UPDATE per id chunk."""
+    for condition in id_conditions(col(Job.id), job_ids):
+        session.execute(
+            update(Job).where(condition, *where).values(claimed_at=utcnow(), **values),
+            execution_options={"synchronize_session": False},
+        )
 
 
 def make_job_folder(files: JobFiles, account: Account, group: str | None) -> None:

@@ -234,10 +234,7 @@ def test_under_steady_writes_a_merge_rewrites_the_index_once_and_stops(engine: E
         with engine.begin() as connection:
             add_jobs(connection, names[first : first + 100], first_id=first + 1)
     assert name_index.merge_segments(engine) > 0  # one piece, as housekeeping leaves it
-    table = name_index.FTS_TABLE
-    with engine.connect() as connection:
-        pages = int(connection.execute(text(f"SELECT count(*) FROM {table}_data")).scalar_one())
-    most = -(-pages // name_index.MERGE_STEP_PAGES) + 1  # a step's pages at a time, and the last look
+    most = name_index.rewrite_steps(engine)  # for the index as it stands before the writer starts
     writing = threading.Event()
     writing.set()
 
