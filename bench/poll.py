@@ -111,6 +111,37 @@ def report(
     )
     if written is not None:
         print(written.line())
+        print(verdict(hello, list_200, list_304, job_200, job_304, written))
+
+
+# Issue "Reads stay cheap while jobs run": at R = 20, the 200 paths >= 0.25x hello-world, the 304
+# paths >= 0.5x, and the writer reaches its R with POST p99 < 200 ms.
+FRESH_FLOOR, REVALIDATE_FLOOR, POST_P99_MS = 0.25, 0.5, 200.0
+
+
+def verdict(
+    hello: WrkResult,
+    list_200: WrkResult,
+    list_304: WrkResult,
+    job_200: WrkResult,
+    job_304: WrkResult,
+    written: WriterResult,
+) -> str:
+    """The targets (set for R = 20), each with what this run measured."""
+
+    def floor(result: WrkResult, ratio: float) -> bool:
+        return result.requests_per_s / hello.requests_per_s >= ratio
+
+    checks = [
+        (f"list 200 >= {FRESH_FLOOR}x", floor(list_200, FRESH_FLOOR)),
+        (f"job 200 >= {FRESH_FLOOR}x", floor(job_200, FRESH_FLOOR)),
+        (f"list 304 >= {REVALIDATE_FLOOR}x", floor(list_304, REVALIDATE_FLOOR)),
+        (f"job 304 >= {REVALIDATE_FLOOR}x", floor(job_304, REVALIDATE_FLOOR)),
+        ("writer at its rate", written.operations_per_s >= 0.95 * written.target_per_s),
+        (f"POST p99 < {POST_P99_MS:.0f} ms", written.post_p99_ms < POST_P99_MS),
+    ]
+    missed = [label for label, held in checks if not held]
+    return "targets (set for R = 20): " + ("all hold" if not missed else "MISSED " + ", ".join(missed))
 
 
 if __name__ == "__main__":

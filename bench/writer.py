@@ -24,6 +24,7 @@ from service.ledger.models import Job
 
 @dataclass
 class WriterResult:
+    target_per_s: float  # the rate it was asked for
     operations_per_s: float
     commits_per_s: float  # the ledger clock's own count: every commit that changed a job
     post_p50_ms: float
@@ -84,6 +85,7 @@ class Writer:
     def result(self) -> WriterResult:
         seconds = max(self._elapsed_s, 1e-9)
         return WriterResult(
+            self._rate,
             (len(self._latencies_ms) + self._moved) / seconds,
             self._commits / seconds,
             _percentile(self._latencies_ms, 0.5),
