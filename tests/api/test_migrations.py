@@ -17,7 +17,7 @@ from sqlmodel import Session, SQLModel
 
 from service.domain.auth import Principal
 from service.domain.jobs import PageQuery, page_index
-from service.domain.metric_series import read_series
+from service.domain.metric_series import SeriesKey, read_series, refresh
 from service.ledger.db import alembic_config, make_engine, migrate
 from service.ledger.models import utcnow
 from service.ledger.name_index import FTS_TABLE, PG_INDEX, is_model_object
@@ -84,6 +84,51 @@ def test_metrics_older_than_the_rollup_are_downsampled_after_the_migration(empty
     (series,) = page.series
     assert series.downsampled and 0 < len(series.steps) <= 400
     assert (series.steps[0], series.steps[-1]) == (0, 4999) and max(series.values) == 96.0
+
+
+def test_0008_builds_the_buckets_the_live_rollup_builds(empty_engine: Engine) -> None:
+    """The migration keeps a frozen copy of the rollup: today it must agree with the live one, point
+    for point (repeated steps, ties, several series, steps reaching the upper levels)."""
+    command.upgrade(alembic_config(empty_engine), "0007")
+    rows = [
+        {"step": step, "name": name, "attempt": attempt, "value": float((step * 7919 + attempt) % 89) - 40}
+        for name, attempt, steps in (
+            ("loss", 1, range(0, 3000)),
+            ("loss", 2, [*range(2500, 2600), *range(2550, 2560)]),  # a resumed attempt repeats steps
+            ("lr", 1, range(0, 300_000, 997)),
+        )
+        for step in steps
+    ]
+    now = utcnow()
+    with empty_engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO job (id, name, owner, spec, backend, state, attempt, progress_offset, "
+            "cancel_requested, created_at, updated_at) VALUES (1, 'old', 'alice', '{}', 'local', "
+            "'succeeded', 2, 0, false, :now, :now)"), {"now": now})  # fmt: skip
+        connection.execute(text(
+            "INSERT INTO jobmetric (job_id, step, name, value, attempt, time) "
+            "VALUES (1, :step, :name, :value, :attempt, :now)"),
+            [{**row, "now": now} for row in rows])  # fmt: skip
+
+    migrate(empty_engine)
+    migrated = rollup_rows(empty_engine)
+    with empty_engine.begin() as connection:
+        connection.execute(text("DELETE FROM jobmetricrollup"))
+        for name, attempt in {(row["name"], row["attempt"]) for row in rows}:
+            steps = [row["step"] for row in rows if (row["name"], row["attempt"]) == (name, attempt)]
+            refresh(connection, SeriesKey(1, name, attempt), min(steps), max(steps))
+    live = rollup_rows(empty_engine)
+
+    assert {row[1] for row in live} == set(range(1, 8))  # every level has buckets
+    assert migrated == live
+
+
+def rollup_rows(engine: Engine) -> list[tuple[object, ...]]:
+    with engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(text(
+            "SELECT job_id, level, name, attempt, bucket, count, first_step, first_value, last_step, "
+            "last_value, min_step, min_value, max_step, max_value FROM jobmetricrollup "
+            "ORDER BY job_id, level, name, attempt, bucket"))]  # fmt: skip
 
 
 def test_0010_builds_the_name_index_over_the_jobs_there_and_takes_it_away(empty_engine: Engine) -> None:
