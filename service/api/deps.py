@@ -52,7 +52,11 @@ def get_session(runtime: RuntimeDep) -> Iterator[Session]:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": committed before the answer is sent. FastAPI ends a yield dependency of the
+# default scope only after sending the response, so a client could act on an answer whose write was
+# not yet committed (an upload's snapshot missing from the job it then submitted), or be told of a
+# write whose commit then failed; and a streamed download would hold its session to the last byte.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 AUTHORIZATION = "'Bearer <token>' (`torchyard token create`)."

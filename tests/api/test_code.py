@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from service.app import create_app
 from service.code_pack import pack
@@ -98,6 +98,26 @@ def test_an_upload_is_stored_once_by_its_sha256(api: TestClient, coder: dict[str
     assert sorted(p.name for p in store.iterdir()) == [f"{digest}.json", f"{digest}.tar.gz"]
     detail = api.get(f"{CODE}/sha256:{digest}", headers=coder).json()
     assert detail["paths"] == ["latest", "model/net.py", "train.py"]
+
+
+def test_an_upload_is_committed_before_its_answer_is_sent(api: TestClient, coder: dict[str, str]) -> None:
+    """A client submits a job naming the snapshot the moment the upload answers: the snapshot must be
+    in the ledger by then (FastAPI ends a plain yield dependency only after the response is sent)."""
+    stored_when_answered: list[int] = []
+
+    async def watching(scope: Any, receive: Any, send: Any) -> None:
+        async def send_watched(message: Any) -> None:
+            if message["type"] == "http.response.start" and scope["path"] == CODE:
+                with Session(runtime_of(api).engine) as session:
+                    stored_when_answered.append(len(session.exec(select(CodeSnapshot)).all()))
+            await send(message)
+
+        await api.app(scope, receive, send_watched)
+
+    response = TestClient(watching).post(CODE, content=project(), headers={**coder, **GZIP})
+
+    assert response.status_code == 201, response.text
+    assert stored_when_answered == [1]
 
 
 def test_a_zip_is_taken_and_stored_as_tar_gz(api: TestClient, coder: dict[str, str]) -> None:
