@@ -4,7 +4,9 @@
   by SLURM (each has its SLURM id in the ledger);
 - torchyard, 200 separate POSTs of the same trial job (32 connections), until all are accepted;
 - by hand: one `sbatch --array=0-199%<max_parallel>` of a script that maps SLURM_ARRAY_TASK_ID to its
-  parameters, the way people write an array without a launcher, until sbatch answers.
+  parameters, the way people write an array without a launcher, until sbatch answers;
+- for reference, submitit's own `map_array` (what Hydra's submitit launcher calls), until it returns
+  the jobs: the same grid, a pickle per trial in one shared folder, no ledger and no job folders.
 
 A blocker job holds the whole cluster meanwhile, so nothing runs on any side; everything is
 scancelled after each round. Targets: the sweep within 1.5x of the hand-written array's time, and at
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import submitit
 
 from bench.harness import post_many, torchyard
 from bench.slurm import blocker, sh, squeue_ids
@@ -124,6 +127,23 @@ def by_hand(folder: Path, trials: int) -> float:
     return time.perf_counter() - started
 
 
+def trial(lr_index: int, seed: int) -> int:
+    """What submitit's map_array pickles for each trial (by reference: this module is importable)."""
+    return lr_index * 10 + seed
+
+
+def submitit_map_array(folder: Path, trials: int) -> float:
+    executor = submitit.SlurmExecutor(folder / "submitit" / "%j")
+    executor.update_parameters(
+        job_name=f"{NAME}-submitit", time=1, array_parallelism=MAX_PARALLEL, stderr_to_stdout=True
+    )
+    lr_indexes = [n // 10 for n in range(trials)]
+    seeds = [n % 10 for n in range(trials)]
+    started = time.perf_counter()
+    executor.map_array(trial, lr_indexes, seeds)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=200)
@@ -153,27 +173,33 @@ def rounds(
     """Each round: by hand, one sweep, separate POSTs, under one blocker; the median ratios."""
     to_hand: list[float] = []
     to_posts: list[float] = []
+    to_submitit: list[float] = []
     for n in range(count):
         print(f"    (a mkdir in the data folder's file system costs {create_cost_us(tmp):.0f} µs of CPU)")
         before = last_id(ledger)
         with blocker():
             hand_s = by_hand(tmp, trials)
+            submitit_s = submitit_map_array(tmp, trials)
             sweep_s = one_sweep(client, ledger, trials)
             posts_s = separate_posts(url, auth, ledger, trials)
             # By id: a sweep's array is named after no one trial, and nothing of a round may run.
             ours = sorted(arrays_of(ledger, before))
             subprocess.run(["scancel", *ours], check=False)
-            subprocess.run(["scancel", "-n", f"{NAME}-hand"], check=False)
-            while squeue_ids(f"{NAME}-hand") or queued(ours):
+            for side in ("hand", "submitit"):
+                subprocess.run(["scancel", "-n", f"{NAME}-{side}"], check=False)
+            while squeue_ids(f"{NAME}-hand") or squeue_ids(f"{NAME}-submitit") or queued(ours):
                 time.sleep(0.5)
         to_hand.append(sweep_s / hand_s)
         to_posts.append(posts_s / sweep_s)
-        print(f"round {n + 1}: by hand {hand_s:.3f} s; one sweep {sweep_s:.3f} s; "
-              f"{trials} POSTs {posts_s:.3f} s  ->  sweep / by hand {to_hand[-1]:.2f}x, "
-              f"POSTs / sweep {to_posts[-1]:.2f}x")  # fmt: skip
+        to_submitit.append(sweep_s / submitit_s)
+        print(f"round {n + 1}: by hand {hand_s:.3f} s; submitit map_array {submitit_s:.3f} s; "
+              f"one sweep {sweep_s:.3f} s; {trials} POSTs {posts_s:.3f} s  ->  sweep / by hand "
+              f"{to_hand[-1]:.2f}x, POSTs / sweep {to_posts[-1]:.2f}x, "
+              f"sweep / map_array {to_submitit[-1]:.2f}x")  # fmt: skip
     hand, posts = statistics.median(to_hand), statistics.median(to_posts)
     print(f"median of {count}: sweep / hand-written array {hand:.2f}x (target <= 1.5x); "
-          f"separate POSTs / sweep {posts:.2f}x (target >= 5x)")  # fmt: skip
+          f"separate POSTs / sweep {posts:.2f}x (target >= 5x); "
+          f"sweep / submitit map_array {statistics.median(to_submitit):.2f}x (no target)")  # fmt: skip
 
 
 if __name__ == "__main__":
