@@ -26,10 +26,13 @@ import tarfile
 import uuid
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from service.config import Settings
@@ -221,13 +224,20 @@ class CodeStore:
         digest = hashlib.sha256(data).hexdigest()
         files = [member for member in members if member.kind != "dir"]
         self._write(digest, data, sorted(member.path for member in files))
-        row = session.get(CodeSnapshot, (digest, user.user))
-        created = row is None
-        if row is None:
-            row = CodeSnapshot(digest=digest, owner=user.user, bytes=len(data), files=len(files))
-            session.add(row)
-            session.flush()
-        return public(row), created
+        now = utcnow()
+        # One statement whether the row is new or not: two uploads of the same files by one user at
+        # once both find no row, and the second INSERT would fail. A repeat upload moves uploaded_at,
+        # which collection goes by.
+        upsert = _insert_for(session)(CodeSnapshot).values(
+            digest=digest, owner=user.user, bytes=len(data), files=len(files), created_at=now, uploaded_at=now
+        )
+        upsert = upsert.on_conflict_do_update(
+            index_elements=["digest", "owner"], set_={"uploaded_at": upsert.excluded.uploaded_at}
+        )
+        session.execute(upsert)
+        row = session.get(CodeSnapshot, (digest, user.user), populate_existing=True)
+        assert row is not None  # just written, in this transaction
+        return public(row), row.created_at == now
 
     def describe(self, session: Session, user: Principal, code_id: str) -> CodeSnapshotDetail:
         row = find(session, user, code_id)
@@ -235,8 +245,17 @@ class CodeStore:
         return CodeSnapshotDetail(**public(row).model_dump(), paths=paths[:SHOWN_PATHS])
 
     def paths(self, digest: str) -> list[str]:
-        """The snapshot's files, as stored at upload."""
-        loaded: list[str] = json.loads((self.root / f"{digest}.json").read_text())
+        """The snapshot's files, as stored at upload. NotFound when its files are gone although a
+        row names it (collection removed them while the same files were uploaded again): the
+        client's answer to a 404 is to upload them, which stores them again."""
+        try:
+            loaded: list[str] = json.loads((self.root / f"{digest}.json").read_text())
+        except FileNotFoundError:
+            raise NotFound(
+                f"the files of code snapshot {CODE_ID_PREFIX}{digest} are no longer stored "
+                "(upload them again: POST /api/v1/code)",
+                field="code",
+            ) from None
         return loaded
 
     def archive(self, digest: str) -> Path:
@@ -260,7 +279,12 @@ def store_root(settings: Settings) -> Path:
 
 def public(row: CodeSnapshot) -> CodeSnapshotPublic:
     return CodeSnapshotPublic(id=CODE_ID_PREFIX + row.digest, bytes=row.bytes, files=row.files,
-                              created_at=row.created_at)  # fmt: skip
+                              created_at=row.created_at, uploaded_at=row.uploaded_at)  # fmt: skip
+
+
+def _insert_for(session: Session) -> Callable[..., Any]:
+    """The dialect's INSERT, which has ON CONFLICT (SQLite and PostgreSQL spell it alike)."""
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
 
 
 def require_code_permission(user: Principal) -> None:
@@ -361,9 +385,9 @@ def collect(session: Session, settings: Settings) -> list[str]:
     rows = session.exec(select(CodeSnapshot)).all()
     newest: dict[str, CodeSnapshot] = {}
     for row in rows:  # a snapshot is as young as its latest upload by anyone
-        if row.digest not in newest or row.created_at > newest[row.digest].created_at:
+        if row.digest not in newest or row.uploaded_at > newest[row.digest].uploaded_at:
             newest[row.digest] = row
-    removed = [digest for digest, row in newest.items() if digest not in in_use and row.created_at < cutoff]
+    removed = [digest for digest, row in newest.items() if digest not in in_use and row.uploaded_at < cutoff]
     for row in rows:
         if row.digest in removed:
             session.delete(row)

@@ -608,6 +608,8 @@ class CodeSnapshot(SQLModel, table=True):
     bytes: int = Field(sa_type=BigInteger)
     files: int
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Its latest upload by this owner: collection keeps a snapshot TORCHYARD_CODE_KEEP_H after it.
+    uploaded_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class CodeSnapshotPublic(BaseModel):
@@ -616,7 +618,11 @@ class CodeSnapshotPublic(BaseModel):
     id: str = pydantic.Field(description="`sha256:<hex>`: what a job's `code` names.")
     bytes: int = pydantic.Field(description="The archive's size.")
     files: int = pydantic.Field(description="Files in it (links included, folders not).")
-    created_at: datetime
+    created_at: datetime = pydantic.Field(description="When you first uploaded it.")
+    uploaded_at: datetime = pydantic.Field(
+        description="When you last uploaded it: the service keeps it TORCHYARD_CODE_KEEP_H hours after the "
+        "latest upload by anyone, and while an unfinished job uses it."
+    )
 
 
 class CodeSnapshotDetail(CodeSnapshotPublic):

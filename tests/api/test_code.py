@@ -12,6 +12,7 @@ import sys
 import tarfile
 import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -322,10 +323,10 @@ def test_the_housekeeping_pass_keeps_what_unfinished_jobs_use_and_removes_old_un
     fresh = api.post(CODE, content=pack_text("fresh"), headers={**coder, **GZIP}).json()["id"]
     api.post(JOBS, json={"name": "c", "code": used, "entrypoint": "train:main"}, headers=coder)
     with session_scope(runtime.engine) as session:
-        for code_id in (used, unused):  # both older than the setting keeps
+        for code_id in (used, unused):  # both last uploaded before what the setting keeps
             row = session.get(CodeSnapshot, (code_id[7:], "carol"))
             assert row is not None
-            row.created_at = row.created_at.replace(year=2000)
+            row.uploaded_at = row.uploaded_at.replace(year=2000)
             session.add(row)
 
     runtime.housekeeper.run_pass()  # the service's own pass, hourly (torchyard code gc does the same)
@@ -336,6 +337,61 @@ def test_the_housekeeping_pass_keeps_what_unfinished_jobs_use_and_removes_old_un
     with Session(runtime.engine) as session:
         assert session.get(CodeSnapshot, (unused[7:], "carol")) is None
     assert api.get(f"{CODE}/{unused}", headers=coder).status_code == 404
+
+
+def test_uploading_an_old_snapshot_again_keeps_it_from_collection(
+    api: TestClient, coder: dict[str, str]
+) -> None:
+    """The answer 200 says the service has the files: they must still be there when the job that
+    names them is submitted, however long ago the first upload was."""
+    runtime = runtime_of(api)
+    first = api.post(CODE, content=project(), headers={**coder, **GZIP}).json()
+    with session_scope(runtime.engine) as session:
+        row = session.get(CodeSnapshot, (first["id"][7:], "carol"))
+        assert row is not None
+        row.created_at = row.uploaded_at = row.created_at.replace(year=2000)
+        session.add(row)
+
+    again = api.post(CODE, content=project(), headers={**coder, **GZIP})
+    runtime.housekeeper.run_pass()
+
+    assert again.status_code == 200
+    assert again.json()["created_at"].startswith("2000-")
+    assert not again.json()["uploaded_at"].startswith("2000-")
+    assert api.get(f"{CODE}/{first['id']}", headers=coder).status_code == 200
+    job = api.post(JOBS, json={"name": "c", "code": first["id"], "entrypoint": "train:main"}, headers=coder)
+    assert job.status_code == 201, job.text
+
+
+def test_simultaneous_uploads_of_the_same_files_all_succeed(api: TestClient, coder: dict[str, str]) -> None:
+    data = pack_text("twice at once")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: api.post(CODE, content=data, headers={**coder, **GZIP}), range(8)))
+
+    assert sorted(answer.status_code for answer in answers) == [200] * 7 + [201], [a.text for a in answers]
+    with Session(runtime_of(api).engine) as session:
+        assert len(session.exec(select(CodeSnapshot)).all()) == 1
+
+
+def test_a_snapshot_whose_files_are_gone_is_404_until_uploaded_again(
+    api: TestClient, coder: dict[str, str]
+) -> None:
+    """Collection removes files after its commit; an upload of the same files in between keeps its row
+    but finds its files gone. That must read as "not stored" (the client uploads on a 404), not 500."""
+    code_id = api.post(CODE, content=project(), headers={**coder, **GZIP}).json()["id"]
+    store = code_store.store_root(runtime_of(api).settings)
+    code_store.remove_files(runtime_of(api).settings, [code_id[7:]])
+    job = {"name": "c", "code": code_id, "entrypoint": "train:main"}
+
+    gone = api.get(f"{CODE}/{code_id}", headers=coder)
+    refused = api.post(JOBS, json=job, headers=coder)
+    again = api.post(CODE, content=project(), headers={**coder, **GZIP})
+
+    assert gone.status_code == 404 and "no longer stored" in gone.text
+    assert refused.status_code == 404 and "no longer stored" in refused.text
+    assert again.status_code == 200 and (store / f"{code_id[7:]}.tar.gz").is_file()
+    assert api.get(f"{CODE}/{code_id}", headers=coder).status_code == 200
+    assert api.post(JOBS, json=job, headers=coder).status_code == 201
 
 
 def pack_text(text: str) -> bytes:
