@@ -15,6 +15,7 @@ more than the limit, between refreshes or not.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -141,6 +142,14 @@ class QuotaBook:
             book = self._books.setdefault(user, _Book(limits, active, time.monotonic()))
             book.limits, book.ledger_active, book.fetched_at = limits, active, time.monotonic()
             book.stored_since_count = book.stored_total - stored_before
+
+    def recount(self, user: str) -> None:
+        """The user's unfinished jobs changed here (a cancel): count them again before the next
+        admission, so that a cancel frees its room at once rather than after REFRESH_S."""
+        with self._lock:
+            book = self._books.get(user)
+            if book is not None:
+                book.fetched_at = -math.inf
 
     def limits(self, user: str) -> Limits:
         return self._books[user].limits

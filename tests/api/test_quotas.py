@@ -40,6 +40,19 @@ def tight(settings: Settings, fake: FakeBackend) -> Any:
         yield authorize(client)
 
 
+def test_a_cancel_frees_its_room_at_once(tight: TestClient) -> None:
+    """A user at the limit cancels one job and submits another straight away: no 429 while this
+    replica's count of their jobs is fresh (it is kept for a couple of seconds)."""
+    ids = [tight.post(JOBS, json=BODY).json()["id"] for _ in range(3)]
+    assert tight.post(JOBS, json=BODY).status_code == 429
+
+    tight.post(f"{JOBS}/{ids[0]}/cancel")
+    after_cancel = tight.post(JOBS, json=BODY)
+
+    assert after_cancel.status_code == 201, after_cancel.text
+    assert tight.post(JOBS, json=BODY).status_code == 429  # the room was one job
+
+
 def test_a_job_bigger_than_the_users_limit_is_refused_with_403(tight: TestClient) -> None:
     too_many_tasks = tight.post(
         JOBS, json={**BODY, "backend": "slurm", "resources": {"nodes": 2, "tasks_per_node": 4}}

@@ -134,6 +134,17 @@ def test_trials_count_against_the_unfinished_jobs_quota(api: TestClient, fake: F
     assert api.post(SWEEPS, json=sweep_body(grid={"lr": [1, 2, 3, 4, 5]})).status_code == 201
 
 
+def test_a_sweeps_cancel_frees_its_room_at_once(api: TestClient, fake: FakeBackend) -> None:
+    runtime_of(api).settings.max_active_jobs_per_user = 6
+    first = api.post(SWEEPS, json=sweep_body()).json()["id"]  # six trials: the whole room
+    assert api.post(SWEEPS, json=sweep_body()).status_code == 429
+
+    api.post(f"{SWEEPS}/{first}/cancel")
+
+    again = api.post(SWEEPS, json=sweep_body())
+    assert again.status_code == 201, again.text
+
+
 def test_others_see_no_sweep_and_admins_see_all(api: TestClient, login: Login) -> None:
     sweep_id = api.post(SWEEPS, json=sweep_body()).json()["id"]
     bob = login("bob")

@@ -106,7 +106,9 @@ async def get_sweep(
 )
 def cancel_sweep(sweep_id: SweepId, runtime: RuntimeDep, user: CurrentUser) -> Response:
     sweeps.cancel_sweep(runtime.engine, sweep_id, runtime.backends, user)
-    return Response(_read(runtime, sweep_id, user).model_dump_json(), media_type=JSON)
+    sweep = _read(runtime, sweep_id, user)
+    runtime.quotas.recount(sweep.owner)
+    return Response(sweep.model_dump_json(), media_type=JSON)
 
 
 def _read(runtime: Runtime, sweep_id: int, user: Principal) -> SweepPublic:
