@@ -90,13 +90,14 @@ def test_0008_builds_the_buckets_the_live_rollup_builds(empty_engine: Engine) ->
     """The migration keeps a frozen copy of the rollup: today it must agree with the live one, point
     for point (repeated steps, ties, several series, steps reaching the upper levels)."""
     command.upgrade(alembic_config(empty_engine), "0007")
+    series: list[tuple[str, int, list[int]]] = [
+        ("loss", 1, list(range(0, 3000))),
+        ("loss", 2, [*range(2500, 2600), *range(2550, 2560)]),  # a resumed attempt repeats steps
+        ("lr", 1, list(range(0, 300_000, 997))),
+    ]
     rows = [
         {"step": step, "name": name, "attempt": attempt, "value": float((step * 7919 + attempt) % 89) - 40}
-        for name, attempt, steps in (
-            ("loss", 1, range(0, 3000)),
-            ("loss", 2, [*range(2500, 2600), *range(2550, 2560)]),  # a resumed attempt repeats steps
-            ("lr", 1, range(0, 300_000, 997)),
-        )
+        for name, attempt, steps in series
         for step in steps
     ]
     now = utcnow()
@@ -114,8 +115,7 @@ def test_0008_builds_the_buckets_the_live_rollup_builds(empty_engine: Engine) ->
     migrated = rollup_rows(empty_engine)
     with empty_engine.begin() as connection:
         connection.execute(text("DELETE FROM jobmetricrollup"))
-        for name, attempt in {(row["name"], row["attempt"]) for row in rows}:
-            steps = [row["step"] for row in rows if (row["name"], row["attempt"]) == (name, attempt)]
+        for name, attempt, steps in series:
             refresh(connection, SeriesKey(1, name, attempt), min(steps), max(steps))
     live = rollup_rows(empty_engine)
 
