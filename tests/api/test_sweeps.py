@@ -14,7 +14,7 @@ from service.loops import sweep_claims
 from service.states import JobState
 from tests.conftest import Login
 from tests.fakes import FakeBackend
-from tests.support import JOBS, runtime_of, wait_for, wait_state
+from tests.support import JOBS, get_job, runtime_of, wait_for, wait_state
 from worker.spec import ArrayGroup
 
 SWEEPS = "/api/v1/sweeps"
@@ -136,10 +136,17 @@ def test_trials_count_against_the_unfinished_jobs_quota(api: TestClient, fake: F
 
 def test_a_sweeps_cancel_frees_its_room_at_once(api: TestClient, fake: FakeBackend) -> None:
     runtime_of(api).settings.max_active_jobs_per_user = 6
-    first = api.post(SWEEPS, json=sweep_body()).json()["id"]  # six trials: the whole room
+    first = api.post(SWEEPS, json=sweep_body()).json()  # six trials: the whole room
     assert api.post(SWEEPS, json=sweep_body()).status_code == 429
 
-    api.post(f"{SWEEPS}/{first}/cancel")
+    def submitted() -> bool:
+        return all(get_job(api, trial["job_id"])["external_id"] for trial in first["trials"])
+
+    # Out of the dispatcher's hands: a cancel that meets a trial mid-dispatch only flags it, and the
+    # dispatcher ends it a moment later.
+    wait_for(submitted, what="every trial submitted")
+
+    api.post(f"{SWEEPS}/{first['id']}/cancel")
 
     again = api.post(SWEEPS, json=sweep_body())
     assert again.status_code == 201, again.text
