@@ -170,7 +170,8 @@ def main() -> None:
 def rounds(
     client: httpx.Client, url: str, auth: dict[str, str], ledger: Path, tmp: Path, trials: int, count: int
 ) -> None:
-    """Each round: by hand, one sweep, separate POSTs, under one blocker; the median ratios."""
+    """Each round: by hand, submitit's map_array, one sweep, separate POSTs, under one blocker; the
+    median ratios."""
     to_hand: list[float] = []
     to_posts: list[float] = []
     to_submitit: list[float] = []
