@@ -16,8 +16,9 @@ In order, each step cheaper than the next and none of them counted before it is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -35,7 +36,9 @@ from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params
 from service.errors import InvalidRequest
 from service.ledger.models import Job, JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
 from service.loops.intake import Accepted, JobIntake, SweepAccepted, check_same_request, replay_sweep
-from worker.spec import RunSpec
+from worker.spec import Resources, RunSpec
+
+StoredT = TypeVar("StoredT", Accepted, SweepAccepted)
 
 
 @dataclass
@@ -62,21 +65,9 @@ class Admission:
             if earlier is not None:
                 check_same_request(earlier, row)
                 return Accepted(earlier, replayed=True)
-        if self.quotas.needs_refresh(user.user):
-            await asyncio.to_thread(self.quotas.refresh, user.user)
-        self.quotas.admit(user.user, payload.resources)
-        try:
-            await self.room.check()
-            await self._validate(backend, RunSpec(job_id=0, name=payload.name, folder="", **row.spec))
-            accepted = await self.intake.add(row, self.quotas.limits(user.user).max_active_jobs)
-        except BaseException:
-            self.quotas.release(user.user)
-            raise
-        if accepted.replayed:  # a concurrent first request with this key was stored first
-            self.quotas.release(user.user)
-        else:
-            self.quotas.stored(user.user)
-        return accepted
+        return await self._count_and_store(
+            user.user, payload.resources, backend, row, lambda most: self.intake.add(row, most)
+        )
 
     async def submit_sweep(
         self, payload: SweepCreate, user: Principal, idempotency_key: str | None
@@ -106,27 +97,46 @@ class Admission:
             ],
             idempotency_key=idempotency_key,
         )
-        count = len(trials)
         if idempotency_key is not None:  # a retry is answered before anything is counted
             earlier = await asyncio.to_thread(find_replayed_sweep, self.engine, user.user, idempotency_key)
             if earlier is not None:
                 return replay_sweep(earlier, sweep.request)
-        if self.quotas.needs_refresh(user.user):
-            await asyncio.to_thread(self.quotas.refresh, user.user)
-        self.quotas.admit(user.user, payload.job.resources, jobs=count)
+        return await self._count_and_store(
+            user.user,
+            payload.job.resources,
+            backend,
+            sweep.trials[0],
+            lambda most: self.intake.add_sweep(sweep, most),
+            jobs=len(trials),
+        )
+
+    async def _count_and_store(
+        self,
+        user: str,
+        resources: Resources,
+        backend: Backend,
+        first: NewJob,
+        store: Callable[[int], Awaitable[StoredT]],
+        jobs: int = 1,
+    ) -> StoredT:
+        """Steps 4 to 6 for one submission of `jobs` jobs: count it against the user's quotas, check
+        the room and the backend (with the `first` job), then `store(the user's active-job limit)`.
+        The count is given back when nothing new was stored (a refusal, or a concurrent first request
+        with the same key)."""
+        if self.quotas.needs_refresh(user):
+            await asyncio.to_thread(self.quotas.refresh, user)
+        self.quotas.admit(user, resources, jobs=jobs)
         try:
             await self.room.check()
-            await self._validate(
-                backend, RunSpec(job_id=0, name=payload.name, folder="", **sweep.trials[0].spec)
-            )
-            accepted = await self.intake.add_sweep(sweep, self.quotas.limits(user.user).max_active_jobs)
+            await self._validate(backend, RunSpec(job_id=0, name=first.name, folder="", **first.spec))
+            accepted = await store(self.quotas.limits(user).max_active_jobs)
         except BaseException:
-            self.quotas.release(user.user, jobs=count)
+            self.quotas.release(user, jobs=jobs)
             raise
         if accepted.replayed:
-            self.quotas.release(user.user, jobs=count)
+            self.quotas.release(user, jobs=jobs)
         else:
-            self.quotas.stored(user.user, jobs=count)
+            self.quotas.stored(user, jobs=jobs)
         return accepted
 
     async def _apply_policy(self, payload: JobCreate, user: Principal) -> JobCreate:
