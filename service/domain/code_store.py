@@ -26,7 +26,7 @@ import tarfile
 import uuid
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -76,14 +76,42 @@ def check_archive(data: bytes, max_bytes: int) -> list[Member]:
         raise TooLarge(f"the archive is {len(data)} bytes, over TORCHYARD_MAX_CODE_BYTES ({max_bytes})")
     budget = _Budget(UNPACKED_FACTOR * max_bytes)
     members = _zip_members(data, budget) if is_zip(data) else _tar_members(data, budget)
-    seen = set()
-    for member in members:
-        if member.path in seen and member.kind != "dir":
+    kinds: dict[str, str] = {}
+    for member in members:  # a folder may be listed again; nothing else, nor in a folder's place
+        earlier = kinds.get(member.path)
+        if earlier is not None and (earlier != "dir" or member.kind != "dir"):
             raise InvalidRequest(f"'{member.path}' is in the archive twice", field=FIELD)
-        seen.add(member.path)
+        kinds[member.path] = member.kind
     if not any(member.kind != "dir" for member in members):
         raise InvalidRequest("the archive holds no files", field=FIELD)
+    links = {member.path for member in members if member.kind == "link"}
+    for member in members:
+        _check_not_through_links(member, links)
     return members
+
+
+def _check_not_through_links(member: Member, links: Collection[str]) -> None:
+    """Where a member lands, and where a link leads, is judged by their text: that holds only while no
+    path goes *through* a link of the archive (`l/x` with `l` a link, or `l/..`). Through one, the text
+    says nothing of the place (two links `a/l -> ..`, `a/l/m -> ..` climb out), and tarfile's own
+    guard has failed on such chains (CVE-2025-4517), so they are refused: a link may only be the last
+    step of a path."""
+    parts = member.path.split("/")
+    for end in range(1, len(parts)):
+        if (through := "/".join(parts[:end])) in links:
+            raise InvalidRequest(f"'{member.path}' lies inside the link '{through}'", field=FIELD)
+    if member.kind != "link":
+        return
+    place = parts[:-1]
+    for step in member.target.split("/"):
+        if "/".join(place) in links:
+            raise InvalidRequest(
+                f"link '{member.path}' leads through the link '{'/'.join(place)}'", field=FIELD
+            )
+        if step == "..":
+            place = place[:-1]  # never above the project: _inside_target has refused that
+        elif step not in ("", "."):
+            place.append(step)
 
 
 class _Budget:
@@ -332,6 +360,29 @@ def _zip_as_tar_gz(data: bytes) -> bytes:
 # ---------------------------------------------------------------- a job's copy
 
 
+TarFilter = Callable[[tarfile.TarInfo, str], "tarfile.TarInfo | None"]
+
+
+def _unpack_filter() -> TarFilter:
+    """check_archive's rules for each member against the ones unpacked before it, then tarfile's `data`
+    filter (no absolute path, no link out, no device): a snapshot stored before a rule was made
+    is held to it too, at the cost of no second read of the archive. Its refusal is a TarError, which
+    fails the one job (not the dispatcher's batch)."""
+    links: set[str] = set()
+
+    def check(info: tarfile.TarInfo, destination: str) -> tarfile.TarInfo | None:
+        try:
+            member = _tar_member(info)
+            _check_not_through_links(member, links)
+        except InvalidRequest as problem:
+            raise tarfile.FilterError(f"the code snapshot: {problem.message}") from None
+        if member.kind == "link":
+            links.add(member.path)
+        return tarfile.data_filter(info, destination)
+
+    return check
+
+
 def unpack_into(store_dir: Path, code_id: str, folder: Path) -> Path:
     """The snapshot unpacked as `<folder>/code`, read-only to the job: files 0444 (0555 when
     executable), owned by the service. A retry finds it there already and keeps it.
@@ -355,7 +406,7 @@ def unpack_into(store_dir: Path, code_id: str, folder: Path) -> Path:
                 return folder / "code"
             raise NotADirectoryError(f"{folder / 'code'} is not a folder (a link the job made?)")
         with tarfile.open(store_dir / f"{digest_of(code_id)}.tar.gz", mode="r:*") as tar:
-            tar.extractall(building, filter="data")  # refuses links out, absolute paths, devices
+            tar.extractall(building, filter=_unpack_filter())
         for path in building.rglob("*"):
             if not path.is_symlink() and not path.is_dir():
                 path.chmod(0o555 if path.stat().st_mode & 0o100 else 0o444)

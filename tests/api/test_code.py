@@ -140,6 +140,27 @@ BAD_ARCHIVES = {
     "link out": (tar_gz((member("out", tarfile.SYMTYPE, "../../../etc/passwd"), None)), "leads out"),
     "absolute link": (tar_gz((member("out", tarfile.SYMTYPE, "/etc/passwd"), None)), "absolute path"),
     "hard link": (tar_gz((member("a"), b"x"), (member("b", tarfile.LNKTYPE, "a"), None)), "hard link"),
+    # Each link's text stays inside; followed on disk, `sub/l/m` (and `x`) lead to the project's parent.
+    "path through a link": (
+        tar_gz(
+            (member("sub/l", tarfile.SYMTYPE, ".."), None), (member("sub/l/m", tarfile.SYMTYPE, ".."), None)
+        ),
+        "'sub/l/m' lies inside the link 'sub/l'",
+    ),
+    "link through a link": (
+        tar_gz(
+            (member("sub/up", tarfile.SYMTYPE, ".."), None), (member("x", tarfile.SYMTYPE, "sub/up/.."), None)
+        ),
+        "link 'x' leads through the link 'sub/up'",
+    ),
+    "a folder where a link was": (
+        tar_gz(
+            (member("d", tarfile.SYMTYPE, "e"), None),
+            (member("d", tarfile.DIRTYPE), None),
+            (member("e"), b"x"),
+        ),
+        "'d' is in the archive twice",
+    ),
     "device": (tar_gz((member("dev", tarfile.CHRTYPE), None)), "device, FIFO"),
     "fifo": (tar_gz((member("pipe", tarfile.FIFOTYPE), None)), "device, FIFO"),
     "not an archive": (b"just some text, not an archive at all", "is not a .tar.gz, .tar or zip"),

@@ -15,11 +15,16 @@ DIGEST = "ab" * 32
 CODE_ID = f"sha256:{DIGEST}"
 
 
-def store_with(tmp_path: Path, files: dict[str, bytes]) -> Path:
+def store_with(tmp_path: Path, files: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
+    """A stored snapshot of `links` (name -> target), then `files`, written as is: not checked."""
     store = tmp_path / "store"
     store.mkdir(mode=0o700)
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, target in (links or {}).items():
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.SYMTYPE, target
+            tar.addfile(link)
         for name, content in files.items():
             member = tarfile.TarInfo(name)
             member.size, member.mode = len(content), 0o644
@@ -48,6 +53,18 @@ def test_a_link_the_job_planted_at_code_is_not_followed(tmp_path: Path) -> None:
     with pytest.raises(NotADirectoryError):
         unpack_into(store, CODE_ID, job)
     assert not list(elsewhere.iterdir())
+    assert not list((store / ".unpacking").iterdir())
+
+
+def test_a_snapshot_stored_before_the_link_rules_is_held_to_them_when_unpacked(tmp_path: Path) -> None:
+    # `sub/l/m.py` lands inside the project, so tarfile's own filter lets it through; the rule that
+    # no path goes through a link (what a length trick beat in tarfile, CVE-2025-4517) does not.
+    store = store_with(tmp_path, {"sub/l/m.py": b"x = 1\n"}, links={"sub/l": ".."})
+    job = tmp_path / "job"
+    job.mkdir()
+    with pytest.raises(tarfile.TarError, match="'sub/l/m.py' lies inside the link 'sub/l'"):
+        unpack_into(store, CODE_ID, job)
+    assert not (job / "code").exists()
     assert not list((store / ".unpacking").iterdir())
 
 
