@@ -229,7 +229,7 @@ class SlurmBackend:
                 answers[folder] = external_id
             elif not any(one.token in in_flight for one in found):
                 for one in found:  # that sbatch is over and queued nothing that can still run
-                    one.path.unlink(missing_ok=True)
+                    one.discard()
                 answers[folder] = None
         return answers
 

@@ -10,13 +10,14 @@ it from SLURM_ARRAY_TASK_ID, so every element reads and writes inside its own jo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
 import re
 import stat
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,43 +161,85 @@ def script_token(command: str) -> str | None:
     return match["token"] if match else None
 
 
-@dataclass(frozen=True)
-class StagedPickle:
-    """A pickle written before its sbatch answered: element `index` of the script `token`."""
-
-    path: Path
-    token: str
-    index: int
-
-    @classmethod
-    def in_folder(cls, folder: Path, token: str, index: int) -> StagedPickle:
-        return cls(folder / f"{STAGED_PREFIX}{token}-{index}.pkl", token, index)
-
-    def adopt(self, external_id: str) -> None:
-        """Give it the name submitit's runtime waits for (`<id>_submitted.pkl`): now the job can run."""
-        self.path.rename(self.path.with_name(f"{external_id}{SUBMITTED_SUFFIX}"))
-
-
+_FOLDER_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 _PICKLE_MODE = 0o644
+_SCRIPT_MODE = 0o644  # sbatch reads the script as the job's account
 
 
-def write_pickle(path: Path, delayed: utils.DelayedSubmission) -> None:
-    """What submitit's DelayedSubmission.dump writes, for the job's account to read (its folder keeps
-    others out). Plain pickle, not submitit's cloudpickle: the callable is an importable class, and
-    cloudpickle's per-object hooks cost more than the write for hundreds of trials."""
-    data = pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL)
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _PICKLE_MODE), "wb") as out:
-        if stat.S_IMODE(os.fstat(out.fileno()).st_mode) != _PICKLE_MODE:  # a umask stricter than 022
-            os.fchmod(out.fileno(), _PICKLE_MODE)
+@contextlib.contextmanager
+def folder_handle(folder: Path) -> Iterator[int]:
+    """A handle on `folder`, which must not be a link. What the service (root) writes in a job's
+    submitit folder goes through one: the job's account owns the job folder, and a job of the same
+    account still running could swap `submitit` for a link to any folder while we write. The
+    folders above are the service's, so checking the last step is enough."""
+    fd = os.open(folder, _FOLDER_NO_LINK)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def write_new_file(folder: int, name: str, data: bytes, mode: int) -> None:
+    """A new file `name` in the folder handle `folder` (never through a link, never over a file)."""
+    with os.fdopen(os.open(name, _NEW_FILE, mode, dir_fd=folder), "wb") as out:
+        if stat.S_IMODE(os.fstat(out.fileno()).st_mode) != mode:  # a umask stricter than 022
+            os.fchmod(out.fileno(), mode)
         out.write(data)
 
 
+def rename_in(folder: Path, name: str, new_name: str) -> None:
+    with folder_handle(folder) as handle:
+        os.rename(name, new_name, src_dir_fd=handle, dst_dir_fd=handle)
+
+
+def remove_from(folder: Path, name: str) -> None:
+    """Best effort: a folder the job has replaced (a link now) keeps what is in it."""
+    with contextlib.suppress(OSError), folder_handle(folder) as handle:
+        os.unlink(name, dir_fd=handle)
+
+
+@dataclass(frozen=True)
+class StagedPickle:
+    """A pickle written before its sbatch answered: element `index` of the script `token`, in `folder`."""
+
+    folder: Path
+    token: str
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"{STAGED_PREFIX}{self.token}-{self.index}.pkl"
+
+    def write(self, delayed: utils.DelayedSubmission) -> None:
+        """What submitit's DelayedSubmission.dump writes, for the job's account to read (its folder
+        keeps others out). Plain pickle, not submitit's cloudpickle: the callable is an importable
+        class, and cloudpickle's per-object hooks cost more than the write for hundreds of trials."""
+        with folder_handle(self.folder) as handle:
+            write_new_file(handle, self.name, pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL), _PICKLE_MODE)
+
+    def adopt(self, external_id: str) -> None:
+        """Give it the name submitit's runtime waits for (`<id>_submitted.pkl`): now the job can run."""
+        rename_in(self.folder, self.name, f"{external_id}{SUBMITTED_SUFFIX}")
+
+    def discard(self) -> None:
+        remove_from(self.folder, self.name)
+
+
 def staged_pickles(folder: Path) -> list[StagedPickle]:
+    """The staged pickles in `folder`; none when it is missing or a link (the job's doing)."""
+    try:
+        with folder_handle(folder) as handle:
+            names = os.listdir(handle)
+    except OSError:
+        return []
     found: list[StagedPickle] = []
-    for path in folder.glob(f"{STAGED_PREFIX}*.pkl"):
-        token, _, index = path.name[len(STAGED_PREFIX) : -len(".pkl")].rpartition("-")
+    for name in names:
+        if not (name.startswith(STAGED_PREFIX) and name.endswith(".pkl")):
+            continue
+        token, _, index = name[len(STAGED_PREFIX) : -len(".pkl")].rpartition("-")
         if token and index.isdigit():
-            found.append(StagedPickle(path, token, int(index)))
+            found.append(StagedPickle(folder, token, int(index)))
     return found
 
 
@@ -262,22 +305,23 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
                 target = self._job_folders[index]
             else:
                 target = root / str(index) if count > 1 else root
-            staged.append(StagedPickle.in_folder(target, token, index))
-            write_pickle(staged[-1].path, delayed)
+            staged.append(StagedPickle(target, token, index))
+            staged[-1].write(delayed)
         params = dict(self.parameters)
         if count > 1:  # independent jobs run unthrottled; a sweep's as wide as its max_parallel
             params.update(map_count=count, array_parallelism=min(count, self._parallelism or count))
-        script = root / script_name(token)
+        script = script_name(token)
         text = submitit_slurm._make_sbatch_string(
             command=self._submitit_command_str, folder=self.folder, **params
         )
-        script.write_text(text)
-        script.chmod(0o644)  # sbatch reads it as the job's account
+        with folder_handle(root) as handle:
+            write_new_file(handle, script, text.encode(), _SCRIPT_MODE)
         try:
-            job_id = self._sbatch(script)
+            job_id = self._sbatch(root / script)
         except BaseException:
-            for path in [script, *(one.path for one in staged)]:
-                path.unlink(missing_ok=True)
+            remove_from(root, script)
+            for one in staged:
+                one.discard()
             raise
         ids = [f"{job_id}_{index}" for index in range(count)] if count > 1 else [job_id]
         tasks = list(range(self._num_tasks()))
@@ -286,7 +330,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         ]
         for job, one in zip(jobs, staged, strict=True):
             one.adopt(str(job.job_id))
-        script.rename(root / f"{job_id}_submission.sh")
+        rename_in(root, script, f"{job_id}_submission.sh")
         return jobs
 
 

@@ -294,8 +294,11 @@ def test_each_account_s_jobs_go_out_in_an_sbatch_of_its_own_run_as_it(
         assert "--export" not in script and "export PYTHONPATH" not in script
     (chdir,) = [line for line in single.splitlines() if line.startswith("#SBATCH --chdir=")]
     assert chdir.split("=", 1)[1] == str(specs[1].files.submitit)  # the job's own folder
-    assert all(env is None for argv, env in zip(commands.calls, commands.environments, strict=True)
-               if "--parsable" not in argv)  # other commands: the scheduler's minimal environment
+    assert all(
+        env is None
+        for argv, env in zip(commands.calls, commands.environments, strict=True)
+        if "--parsable" not in argv
+    )  # other commands: the scheduler's minimal environment
 
 
 def test_every_elements_link_stands_when_sbatch_runs(
@@ -341,3 +344,25 @@ def test_a_link_that_cannot_be_made_fails_the_array_before_sbatch(
     assert commands.named("sbatch") == []
     for spec in specs:  # no pickle left staged for a job that was never submitted
         assert list(spec.files.submitit.iterdir()) == []
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_submitit_folder_the_job_swapped_for_a_link_gets_nothing_written_through_it(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path, alone: bool
+) -> None:
+    # The job folder is its account's: a job of the same account still running can put a link to a
+    # folder of its choice where the dispatcher writes (as root) the pickle and the script.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    swapped = make(tmp_path, 1)
+    Path(swapped.folder).mkdir(parents=True)
+    swapped.files.submitit.symlink_to(elsewhere, target_is_directory=True)
+    specs = [swapped] if alone else [swapped, make(tmp_path, 2)]
+
+    outcomes = backend(commands, tmp_path).submit(specs)
+
+    # The array it shares is its account's own: failing it together harms no one else.
+    assert [outcome.accepted for outcome in outcomes] == [False] * len(specs)
+    assert "Not a directory" in str(outcomes[0].error)
+    assert list(elsewhere.iterdir()) == []
+    assert sbatch.scripts == []
