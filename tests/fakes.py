@@ -24,6 +24,8 @@ class FakeBackend:
 
     - `submit_error`: when set, submit() raises BackendError(submit_error) (the whole batch fails).
     - `reject`: job name -> message; submit() refuses those jobs one by one (outcome with an error).
+    - `unreachable`: job name -> message; submit() leaves those jobs out for a passing reason (a
+      transient outcome, as when the scheduler stops answering half-way through a batch).
     - `refuse_validation`: when set, validate() raises InvalidRequest with it (e.g. too many nodes).
     - `set_status()` / `finish()`: what poll() answers for a job; unscripted jobs answer `default`.
     - `poll_interval_s`: how often the reconciler polls it (the tests' settings use 0.05 s too).
@@ -41,6 +43,7 @@ class FakeBackend:
         self.runs_arrays = name != "local"
         self.submit_error: str | None = None
         self.reject: dict[str, str] = {}
+        self.unreachable: dict[str, str] = {}
         self.refuse_validation: str | None = None
         self.submit_calls: list[list[int]] = []
         self.poll_calls: list[list[str]] = []
@@ -117,6 +120,10 @@ class FakeBackend:
             for spec in specs:
                 if spec.name in self.reject:
                     outcomes.append(SubmitOutcome(job_id=spec.job_id, error=self.reject[spec.name]))
+                    continue
+                if spec.name in self.unreachable:
+                    error = self.unreachable[spec.name]
+                    outcomes.append(SubmitOutcome(job_id=spec.job_id, error=error, transient=True))
                     continue
                 self.specs[spec.job_id] = spec
                 self._statuses.pop(self.external_id(spec.job_id), None)  # a retry starts afresh

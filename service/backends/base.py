@@ -26,6 +26,7 @@ class SubmitOutcome:
     job_id: int
     external_id: str | None = None
     error: str | None = None
+    transient: bool = False  # not submitted for a passing reason (the scheduler unreachable): try again
 
     @property
     def accepted(self) -> bool:

@@ -432,7 +432,7 @@ class SlurmBackend:
                 if unreachable is not None:
                     # Some jobs of this batch are queued already: raising would lose track of them.
                     text = f"not submitted, SLURM became unreachable: {unreachable}"
-                    results = [SubmitOutcome(specs[i].job_id, error=text) for i in chunk]
+                    results = [SubmitOutcome(specs[i].job_id, error=text, transient=True) for i in chunk]
                 for index, outcome in zip(chunk, results, strict=True):
                     outcomes[index] = outcome
         return [outcome for outcome in outcomes if outcome is not None]

@@ -295,12 +295,7 @@ class Dispatcher:
     def _release(self, job_ids: Sequence[int], reason: str) -> None:
         with write_scope(self._engine) as session:
             for job_id in job_ids:
-                job = session.get(Job, job_id)
-                if job is None:
-                    continue
-                job.claimed_by = job.claimed_at = None
-                job.reason = reason
-                session.add(job)
+                _unclaim(session, job_id, reason)
 
     def _record(self, backend: Backend, outcomes: Sequence[SubmitOutcome]) -> None:
         """The backend's answers into the ledger. The usual one (accepted, still queued, nobody asked
@@ -312,6 +307,9 @@ class Dispatcher:
             for outcome in outcomes:
                 row = found.get(outcome.job_id)
                 if row is None:
+                    continue
+                if outcome.transient:  # as when the whole batch is refused: queued for the next tick
+                    _unclaim(session, outcome.job_id, f"dispatch failed, will retry: {outcome.error}")
                     continue
                 state = JobState(row["state"])
                 if outcome.accepted and state in DISPATCHABLE_STATES and not row["cancel_requested"]:
@@ -344,6 +342,15 @@ class Dispatcher:
             return True
         record_transition(session, job, JobState.submitted, f"{backend.name} id {job.external_id}")
         return False
+
+
+def _unclaim(session: Session, job_id: int, reason: str) -> None:
+    """Give the job back to the queue, saying why: a later tick submits it again."""
+    job = session.get(Job, job_id)
+    if job is not None:
+        job.claimed_by = job.claimed_at = None
+        job.reason = reason
+        session.add(job)
 
 
 def _set_claims(

@@ -99,6 +99,27 @@ def test_a_job_the_backend_rejects_fails_at_once_with_its_words(api: TestClient,
     assert wait_state(api, good, "running")["external_id"] == fake.external_id(good)
 
 
+def test_a_job_left_out_when_the_scheduler_stopped_answering_mid_batch_is_queued_again(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    fake.unreachable["late"] = "not submitted, SLURM became unreachable: connect failure"
+    fake.submit_error = "hold"  # let both jobs land in the same batch
+    late = submit(api, name="late")["id"]
+    early = submit(api, name="early")["id"]
+    wait_for(lambda: fake.submit_calls and len(fake.submit_calls[-1]) == 2, what="one batch of two")
+    fake.submit_error = None
+    wait_state(api, early, "running")
+    wait_for(lambda: len(fake.submit_calls) >= 3, what="the left-out job dispatched again")
+
+    waiting = get_job(api, late)
+    assert waiting["state"] == "queued"
+    assert waiting["reason"] == f"dispatch failed, will retry: {fake.unreachable['late']}"
+
+    del fake.unreachable["late"]
+    assert wait_state(api, late, "running")["external_id"] == fake.external_id(late)
+    assert [e["to_state"] for e in events(api, late)].count("submitted") == 1
+
+
 def test_jobs_that_arrive_together_are_submitted_together(api: TestClient, fake: FakeBackend) -> None:
     fake.submit_error = "hold"
     created = [submit(api, name=f"b{n}")["id"] for n in range(20)]

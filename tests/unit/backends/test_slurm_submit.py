@@ -190,6 +190,7 @@ def test_unreachable_after_some_were_accepted_keeps_them(
     outcomes = backend(commands, tmp_path).submit(specs)
     assert outcomes[0].external_id == "100"
     assert all("SLURM became unreachable" in (o.error or "") for o in outcomes[1:])
+    assert [o.transient for o in outcomes] == [False, True, True]  # dispatched again, not failed
     assert len(commands.named("sbatch")) == 2  # the third is not even tried
 
 
