@@ -6,13 +6,16 @@ operator's (Settings.allowed_*); the worker trusts the spec it is handed.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import re
+import stat
 import subprocess
-from collections.abc import Collection
-from pathlib import Path
+from collections.abc import Collection, Iterator
+from pathlib import Path, PurePosixPath
 
+from service.accounts import Account
 from service.config import Settings
 from service.errors import Forbidden, InvalidRequest
 
@@ -121,7 +124,10 @@ def check_env(env: dict[str, str], settings: Settings) -> None:
 
 JOB_MODULES = ("torch", "submitit", "pydantic")  # what the worker imports on every rank
 _INTERPRETER_CHECK_S = 30.0
-_CHECKED_INTERPRETERS: dict[tuple[str, float], str] = {}  # (path, mtime) -> the modules it lacks
+_MAX_LINKS = 40  # what the kernel follows before ELOOP
+# (path, mtime, account) -> the modules it lacks: one file may find other packages as another account
+# (files only some accounts can read, a user's own site-packages).
+_CHECKED_INTERPRETERS: dict[tuple[str, float, str], str] = {}
 
 
 def check_python_allowed(python: str, settings: Settings) -> str:
@@ -143,17 +149,21 @@ def check_python_allowed(python: str, settings: Settings) -> str:
     return python
 
 
-def check_python_runs_jobs(python: str) -> None:
-    """The interpreter exists and has what every rank imports; asked once per interpreter (and again
-    when it changes), in a subprocess isolated from the service's environment."""
+def check_python_runs_jobs(python: str, run_as: str) -> None:
+    """The interpreter exists, no account but root, the service's and `run_as` (the job's) can change
+    it, and it has what every rank imports. It is asked as `run_as`, as the ranks will run it: a
+    project's environment is its users' to write, and run as the service it would run their code
+    with the service's rights. Asked once per interpreter and account (again when it changes)."""
+    account = Account.named(run_as)
+    _check_changeable_only_by(python, {0, os.geteuid(), account.uid})
     try:
         mtime = os.stat(python).st_mtime
     except OSError:
         raise InvalidRequest(f"no interpreter at {python}", field="python") from None
-    lacking = _CHECKED_INTERPRETERS.get((python, mtime))
+    lacking = _CHECKED_INTERPRETERS.get((python, mtime, account.name))
     if lacking is None:
-        lacking = _modules_lacking(python)
-        _CHECKED_INTERPRETERS[(python, mtime)] = lacking
+        lacking = _modules_lacking(python, account)
+        _CHECKED_INTERPRETERS[(python, mtime, account.name)] = lacking
     if lacking:
         raise InvalidRequest(
             f"the interpreter {python} lacks {lacking}: a job's interpreter needs "
@@ -162,18 +172,60 @@ def check_python_runs_jobs(python: str) -> None:
         )
 
 
-def _modules_lacking(python: str) -> str:
+def _check_changeable_only_by(python: str, uids: set[int]) -> None:
+    """Whoever can change the interpreter, a link on the way to it or a folder above either runs code
+    as every job that names it, so each must be owned by one of `uids` and writable by no group or
+    others. A sticky folder (/tmp) may be: there only an entry's owner can replace it."""
+    try:
+        for entry in _entries_on_the_way(python):
+            info = os.lstat(entry)
+            mode = info.st_mode
+            sticky_folder = stat.S_ISDIR(mode) and mode & stat.S_ISVTX
+            if info.st_uid not in uids:
+                problem = f"is owned by uid {info.st_uid}"
+            elif mode & 0o022 and not stat.S_ISLNK(mode) and not sticky_folder:
+                problem = "is writable by its group or others"
+            else:
+                continue
+            raise Forbidden(
+                f"{entry} {problem}: a job's interpreter, the links to it and the folders above them "
+                "must be changeable only by root, the service's account or the job's",
+                field="python",
+            )
+    except OSError:
+        raise InvalidRequest(f"no interpreter at {python}", field="python") from None
+
+
+def _entries_on_the_way(path: str) -> Iterator[str]:
+    """Every folder, link and file the kernel passes through to open `path`, links followed."""
+    pending = list(reversed(PurePosixPath(path).parts))  # ("/", "a", "b") for "/a/b"
+    current, links = "/", 0
+    while pending:
+        part = pending.pop()
+        current = os.path.dirname(current) if part == ".." else os.path.join(current, part)
+        yield current
+        if os.path.islink(current):
+            links += 1
+            if links > _MAX_LINKS:
+                raise OSError(errno.ELOOP, "too many links", path)
+            target = os.readlink(current)
+            current = os.path.dirname(current)  # a relative target starts from the link's folder
+            pending.extend(reversed(PurePosixPath(target).parts))
+
+
+def _modules_lacking(python: str, account: Account) -> str:
     probe = (
         "import importlib.util as u\n"
         f"print(', '.join(m for m in {JOB_MODULES!r} if u.find_spec(m) is None))"
     )
     try:
         done = subprocess.run(
-            [python, "-I", "-c", probe],
+            [*account.command_prefix(), python, "-I", "-c", probe],
             capture_output=True,
             text=True,
             timeout=_INTERPRETER_CHECK_S,
             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            cwd="/",  # the service's own folder may be closed to the job's account
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as error:

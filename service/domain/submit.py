@@ -143,7 +143,8 @@ class Admission:
         policy.check_env(payload.env, self.settings)
         if payload.python is not None:
             policy.check_python_allowed(payload.python, self.settings)
-            await asyncio.to_thread(policy.check_python_runs_jobs, payload.python)
+            run_as = job_account(user.user, user.unix_user, self.settings)
+            await asyncio.to_thread(policy.check_python_runs_jobs, payload.python, run_as)
         if payload.code is not None:
             paths = await asyncio.to_thread(self._code_paths, payload.code, user)
             policy.check_code_target(payload.entrypoint, payload.script, paths, self.settings)

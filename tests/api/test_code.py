@@ -303,6 +303,7 @@ def test_interpreters_come_from_the_allowed_list(api: TestClient, tmp_path: Path
 def test_an_interpreter_without_torch_is_refused_naming_what_it_lacks(
     settings: Settings, tmp_path: Path
 ) -> None:
+    from service.accounts import Account
     from service.domain import policy
     from service.errors import InvalidRequest
 
@@ -314,7 +315,7 @@ def test_an_interpreter_without_torch_is_refused_naming_what_it_lacks(
 
     assert policy.check_python_allowed(str(bare), allowed) == str(bare)
     with pytest.raises(InvalidRequest) as refused:
-        policy.check_python_runs_jobs(str(bare))
+        policy.check_python_runs_jobs(str(bare), Account.current().name)
     assert refused.value.field == "python"
     assert "lacks torch, submitit" in refused.value.message
 
