@@ -8,7 +8,9 @@ is decided once, at admission, and stored with the job (`Job.run_as`):
   says so when it starts;
 - otherwise the account the token maps to (`torchyard token create --unix-user`), else the account of
   the user's own name; a user with neither is refused, unless the operator lets such users share the
-  service's account (`TORCHYARD_SERVICE_ACCOUNT_FALLBACK`).
+  service's account (`TORCHYARD_SERVICE_ACCOUNT_FALLBACK`). Neither may be root, the service's own
+  account or a system account (a uid below login.defs' UID_MIN): a job switched to one would hold
+  its powers, so such a job is refused, and such a mapping already when its token is made.
 A process is started as another account with `setpriv` (util-linux: no PAM, no environment of its own,
 and the PID stays the command's), the one place that knows how.
 """
@@ -24,9 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.config import Settings
-from service.errors import Forbidden
+from service.errors import Forbidden, InvalidRequest
 
 log = logging.getLogger(__name__)
+
+LOGIN_DEFS = Path("/etc/login.defs")
+DEFAULT_UID_MIN = 1000  # useradd's own, when login.defs names none
 
 
 @dataclass(frozen=True)
@@ -94,15 +99,30 @@ def shares_service_account(settings: Settings) -> bool:
 def job_account(user: str, mapped: str | None, settings: Settings) -> str:
     """The Unix account a new job of `user` runs as (`mapped`: what their token maps them to).
 
-    Forbidden when the user has no account to run as and may not share the service's.
+    Forbidden when the user has no account to run as and may not share the service's, or when the
+    account is one no job is switched to (root, the service's own, a system account).
     """
     if shares_service_account(settings):
         return Account.current().name
     wanted = mapped or user
     try:
-        return Account.named(wanted).name
+        account = Account.named(wanted)
     except KeyError:
-        pass
+        return _without_account(user, mapped, settings)
+    if (problem := unfit_for_jobs(account)) is not None:
+        whose = (
+            f"your token maps you to the Unix account '{mapped}'"
+            if mapped is not None
+            else f"user '{user}' would run jobs as the Unix account of that name"
+        )
+        raise Forbidden(
+            f"{whose}, which {problem}: no job runs as it. Ask the operator to map you to your own "
+            "account (`torchyard token create --user NAME --unix-user ACCOUNT`)",
+        )
+    return account.name
+
+
+def _without_account(user: str, mapped: str | None, settings: Settings) -> str:
     if mapped is not None:
         raise Forbidden(
             f"your token maps you to the Unix account '{mapped}', which does not exist on the service's "
@@ -115,6 +135,50 @@ def job_account(user: str, mapped: str | None, settings: Settings) -> str:
         "(`torchyard token create --user NAME --unix-user ACCOUNT`) or lets such users share the "
         "service's account (TORCHYARD_SERVICE_ACCOUNT_FALLBACK=true)",
     )
+
+
+def unfit_for_jobs(account: Account) -> str | None:
+    """Why no job may be switched to `account`, or None. Root and the service's own account can do
+    whatever the service can (read the ledger and its database password, start anything as anyone);
+    a system account owns a daemon's files (PostgreSQL's data, SLURM's state)."""
+    if account.uid == 0:
+        return "is root"
+    if account.is_current:
+        return "is the service's own account"
+    if account.uid < first_user_uid():
+        return f"is a system account (uid {account.uid}, below UID_MIN {first_user_uid()} of {LOGIN_DEFS})"
+    return None
+
+
+def check_mapping(unix_user: str, settings: Settings) -> None:
+    """Refuse a token's mapping to an account no job is switched to, when the token is made, so that
+    the operator learns it then rather than its user at their first job. A name this host does not
+    know is left to admission, which refuses it while it is still unknown."""
+    if shares_service_account(settings):
+        return
+    try:
+        account = Account.named(unix_user)
+    except KeyError:
+        return
+    if (problem := unfit_for_jobs(account)) is not None:
+        raise InvalidRequest(
+            f"'{unix_user}' {problem}: no job runs as it; map the user to their own account",
+            field="unix_user",
+        )
+
+
+@functools.cache
+def first_user_uid(login_defs: Path = LOGIN_DEFS) -> int:
+    """UID_MIN of login.defs, the first uid of a person's account (below it, the system's own)."""
+    try:
+        lines = login_defs.read_text().splitlines()
+    except OSError:
+        return DEFAULT_UID_MIN
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "UID_MIN" and fields[1].isdigit():
+            return int(fields[1])
+    return DEFAULT_UID_MIN
 
 
 def announce(settings: Settings) -> None:

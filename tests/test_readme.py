@@ -14,6 +14,7 @@ The tables (job spec fields, settings, REST endpoints) are checked against the c
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -183,8 +184,10 @@ def test_examples_run_against_a_live_service(tmp_path: Path, monkeypatch: pytest
     port = free_port()
     home = tmp_path / "home"
     user_code = home / "code"
+    # Jobs run as the README says: each user's own account, as a real service runs them. As root,
+    # `$(id -un)` is root, which no job is switched to: they share the service's account, as they did.
     env = clean_env(
-        True,  # jobs run as the README says: each user's own account, as a real service runs them
+        os.geteuid() != 0,
         TORCHYARD_URL=f"http://127.0.0.1:{port}",
         TORCHYARD_DATA_DIR=str(tmp_path / "data"),
         HOME=str(home),  # `token create --save` writes ~/.config/torchyard/token here

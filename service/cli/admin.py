@@ -81,13 +81,18 @@ def token_create(
     ] = False,
 ) -> None:
     """Make a token and print it, alone, on the last line. It is shown only this once."""
+    from service.accounts import check_mapping
     from service.client import token_path
     from service.domain import auth
+    from service.ledger.db import session_scope
 
-    with _ledger() as session:
-        raw = auth.create_token(
-            session, user, admin=admin, unix_user=unix_user, allow_code=allow_code, actor="cli"
-        )
+    with _service() as (settings, engine):
+        if unix_user is not None:
+            check_mapping(unix_user, settings)
+        with session_scope(engine) as session:
+            raw = auth.create_token(
+                session, user, admin=admin, unix_user=unix_user, allow_code=allow_code, actor="cli"
+            )
     kind = "admin token" if admin else "token"
     if save:
         path = token_path()

@@ -63,3 +63,12 @@ def test_a_token_cannot_map_to_something_that_is_no_account_name(settings: Setti
         with session_scope(runtime_of(client).engine) as session, pytest.raises(InvalidRequest) as refused:
             auth.create_token(session, "eve", unix_user="root;rm -rf /")
     assert refused.value.field == "unix_user"
+
+
+def test_a_user_named_like_root_or_mapped_to_a_system_account_is_refused(owner_api: TestClient) -> None:
+    named = owner_api.post("/api/v1/jobs", json=JOB, headers=token(owner_api, "root"))
+    mapped = owner_api.post("/api/v1/jobs", json=JOB, headers=token(owner_api, "eve", unix_user="daemon"))
+    assert named.status_code == mapped.status_code == 403, named.text + mapped.text
+    assert "user 'root' would run jobs as the Unix account of that name, which is root" in named.text
+    assert "maps you to the Unix account 'daemon', which is a system account" in mapped.text
+    assert jobs(owner_api) == []

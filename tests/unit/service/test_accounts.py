@@ -12,7 +12,7 @@ import pytest
 from service import accounts
 from service.accounts import Account, job_account
 from service.config import Settings
-from service.errors import Forbidden
+from service.errors import Forbidden, InvalidRequest
 from service.loops.dispatch import make_job_folder
 from worker.spec import JobFiles
 
@@ -52,6 +52,50 @@ def test_a_mapping_to_a_missing_account_is_refused(as_root: None, tmp_path: Path
 def test_the_operator_may_let_such_users_share_the_service_s_account(as_root: None, tmp_path: Path) -> None:
     settings = owner_settings(tmp_path, service_account_fallback=True)
     assert job_account("carol-has-no-account", None, settings) == SERVICE
+
+
+@pytest.mark.parametrize(("user", "mapped"), [("root", None), ("carol", "root"), ("daemon", None),
+                                            ("carol", "daemon"), ("carol", SERVICE)])  # fmt: skip
+def test_no_job_is_switched_to_root_the_service_or_a_system_account(
+    as_root: None, tmp_path: Path, user: str, mapped: str | None
+) -> None:
+    settings = owner_settings(tmp_path, service_account_fallback=True)  # no way round it, either
+    with pytest.raises(Forbidden, match="no job runs as it") as refused:
+        job_account(user, mapped, settings)
+    assert ("your token maps you" if mapped else f"user '{user}'") in refused.value.message
+    assert "--unix-user" in refused.value.message
+
+
+def test_a_system_account_is_one_below_uid_min(
+    as_root: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nobody = Account.named(OTHER).uid
+    monkeypatch.setattr(accounts, "first_user_uid", lambda: nobody + 1)
+    with pytest.raises(Forbidden, match=f"is a system account \\(uid {nobody}, below UID_MIN {nobody + 1}"):
+        job_account("carol", OTHER, owner_settings(tmp_path))
+    monkeypatch.setattr(accounts, "first_user_uid", lambda: nobody)
+    assert job_account("carol", OTHER, owner_settings(tmp_path)) == OTHER
+
+
+def test_uid_min_comes_from_login_defs(tmp_path: Path) -> None:
+    (tmp_path / "login.defs").write_text("# UID_MIN 10\nUID_MAX\t\t60000\nUID_MIN\t\t\t 500\n")
+    (tmp_path / "without").write_text("UID_MAX 60000\n")
+    assert accounts.first_user_uid(tmp_path / "login.defs") == 500
+    assert accounts.first_user_uid(tmp_path / "without") == accounts.DEFAULT_UID_MIN
+    assert accounts.first_user_uid(tmp_path / "none") == accounts.DEFAULT_UID_MIN
+
+
+def test_a_token_s_mapping_to_such_an_account_is_refused_when_it_is_made(
+    as_root: None, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidRequest, match="'root' is root") as refused:
+        accounts.check_mapping("root", owner_settings(tmp_path))
+    assert refused.value.field == "unix_user"
+    with pytest.raises(InvalidRequest, match="'daemon' is a system account"):
+        accounts.check_mapping("daemon", owner_settings(tmp_path))
+    accounts.check_mapping(OTHER, owner_settings(tmp_path))
+    accounts.check_mapping("not-here-yet", owner_settings(tmp_path))  # admission says, if still not
+    accounts.check_mapping("root", Settings(data_dir=tmp_path, job_accounts="service"))  # never switched
 
 
 @pytest.mark.parametrize("settings", [{"job_accounts": "service"}, {"dev_mode": True}])

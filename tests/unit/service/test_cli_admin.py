@@ -41,6 +41,23 @@ def test_token_create_prints_the_token_alone_on_its_last_line_and_stores_its_has
     assert actions == ["token.create"]
 
 
+def test_token_create_refuses_to_map_a_user_to_root_or_a_system_account(
+    ledger: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service import accounts
+
+    monkeypatch.setattr(accounts, "can_switch_accounts", lambda: True)  # decide as a root service does
+    monkeypatch.setenv("TORCHYARD_JOB_ACCOUNTS", "owner")
+    monkeypatch.delenv("TORCHYARD_DEV_MODE", raising=False)
+    for account, problem in (("root", "is root"), ("daemon", "is a system account")):
+        result = CliRunner().invoke(app, ["token", "create", "--user", "carol", "--unix-user", account])
+        assert result.exit_code == 2, result.output
+        assert f"unix_user: '{account}' {problem}" in " ".join(result.output.split())
+    with Session(make_engine(ledger)) as session:
+        assert session.exec(select(ApiToken)).all() == []
+    assert run("token", "create", "--user", "carol", "--unix-user", "nobody")
+
+
 def test_token_list_never_shows_a_secret_and_revoke_hides_it(ledger: str) -> None:
     token = run("token", "create", "--user", "bob").strip().splitlines()[-1]
 
