@@ -19,6 +19,7 @@ them unconditionally.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -34,7 +35,14 @@ import torch.distributed as dist
 from worker.distributed import RankEnv
 from worker.files import ProgressWriter, atomic_write_text
 from worker.gpu_stats import GpuSampler
-from worker.spec import CheckpointPolicy, RunSpec, parse_checkpoint_note
+from worker.spec import (
+    MAX_METRIC_NAMES,
+    MAX_METRICS_PER_LINE,
+    CheckpointPolicy,
+    RunSpec,
+    metrics_problem,
+    parse_checkpoint_note,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +79,8 @@ class JobContext:
                                          else self.files.latest_checkpoint())
         self._progress = ProgressWriter(self.files.progress, interval_s=progress_interval_s)
         self._last_metrics: dict[str, float | None] = {}  # rank 0's latest reported value of each metric
+        self._metric_names: set[str] = set()  # every name rank 0 has reported, up to MAX_METRIC_NAMES
+        self._told_of_names = False
         # Rank 0 of a GPU job: the GPUs of its node (the job's), sampled in the background.
         self._gpus = GpuSampler.for_gpus(env.visible_gpus) if self.is_main and backend == "nccl" else None
 
@@ -84,16 +94,37 @@ class JobContext:
 
         Cheap enough for every step: no disk access here, a background thread appends the queued
         lines at most every 0.5 s, and close() writes the rest. Non-finite metrics are written as null.
-        On a GPU job the newest GPU sample (worker.gpu_stats), when there is one, joins the metrics.
+        On a GPU job the newest GPU sample (worker.gpu_stats), when there is one, joins the metrics
+        while the line has room.
+
+        What the service would not record is said here, on every rank alike: more than
+        MAX_METRICS_PER_LINE metrics, or a name longer than MAX_METRIC_NAME_CHARS, is a ValueError; a
+        new name once the job has reported MAX_METRIC_NAMES is dropped, and the log says so once.
         """
+        if (problem := metrics_problem(metrics)) is not None:
+            raise ValueError(problem)
         if not self.is_main:
             return
-        values = {name: _finite_or_none(float(value)) for name, value in metrics.items()}
+        values = self._named_within_limit({n: _finite_or_none(float(v)) for n, v in metrics.items()})
         self._last_metrics.update(values)
         if self._gpus is not None and (sample := self._gpus.take()):
-            values.update(sample)
+            room = MAX_METRICS_PER_LINE - len(values)
+            values.update(self._named_within_limit(dict(itertools.islice(sample.items(), room))))
         self._progress.append({"step": int(step), "total": None if total is None else int(total),
                                "metrics": values, "time": time.time(), "attempt": self.attempt})
+
+    def _named_within_limit(self, values: dict[str, float | None]) -> dict[str, float | None]:
+        """`values` less the new names past the job's first MAX_METRIC_NAMES: the service drops them."""
+        new = [name for name in values if name not in self._metric_names]
+        room = max(MAX_METRIC_NAMES - len(self._metric_names), 0)
+        self._metric_names.update(new[:room])
+        if len(new) <= room:
+            return values
+        if not self._told_of_names:
+            self._told_of_names = True
+            log.warning("a job records at most %d metric names: '%s' and any other new name from now on "
+                        "is dropped", MAX_METRIC_NAMES, new[room])  # fmt: skip
+        return {name: value for name, value in values.items() if name in self._metric_names}
 
     def save_checkpoint(self, state: dict[str, Any], epoch_or_step: int) -> Path:
         """Rank 0: torch.save `state` to checkpoints/ckpt-<n>.pt atomically and record it in progress.

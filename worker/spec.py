@@ -6,9 +6,11 @@ receives the same RunSpec. Files the two sides exchange live in the job's folder
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +30,13 @@ CHECKPOINT_DIR_ENV = "TORCHYARD_CHECKPOINT_DIR"  # every rank's: where checkpoin
 CODE_ID_PREFIX = "sha256:"
 CODE_ID_PATTERN = rf"^{CODE_ID_PREFIX}[0-9a-f]{{64}}$"  # a code snapshot's id: the SHA-256 of its archive
 MAX_JSON_DEPTH = 32  # nesting of any JSON value the service stores (kwargs, results, progress)
+# A job's metrics, bounded because a job writes its progress file and every metric is a ledger row
+# written inside the reconcile loop's transaction. A line's metrics past the first MAX_METRICS_PER_LINE
+# and names longer than the ledger's column are dropped by the parser; new names past a job's first
+# MAX_METRIC_NAMES are dropped by the service, which alone knows the names stored before.
+MAX_METRIC_NAME_CHARS = 100  # the ledger's JobMetric.name column
+MAX_METRICS_PER_LINE = 64
+MAX_METRIC_NAMES = 256
 _SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: valid JSON text, not UTF-8
 
 
@@ -84,7 +93,7 @@ class KeepBest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    metric: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00]+$",
+    metric: str = Field(min_length=1, max_length=MAX_METRIC_NAME_CHARS, pattern=r"^[^\x00]+$",
                         description="A metric the job reports (`ctx.report(..., loss=...)`).")
     goal: Literal["min", "max"] = Field("min", description="Lowest (`min`) or highest (`max`) is best.")
 
@@ -294,7 +303,7 @@ def parse_checkpoint_note(text: str) -> dict[str, float | None]:
         data = json.loads(text)
     except (ValueError, RecursionError):
         return {}
-    return _metrics(data.get("metrics")) if isinstance(data, dict) else {}
+    return _metrics(data.get("metrics"), MAX_METRIC_NAMES) if isinstance(data, dict) else {}
 
 
 def parse_error_text(text: str) -> tuple[int | None, str]:
@@ -313,7 +322,8 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord | CheckpointRecord 
     wrote, and a job is untrusted: whatever a line holds costs that line at most, and what a record
     holds can be stored as it is. A line with a "checkpoint" key is a CheckpointRecord (its path a
     string without NUL); any other line needs a `step` (a whole number from 0 to MAX_COUNT). Metric
-    values that are not finite numbers become None, metric names with NUL are dropped, and a
+    values that are not finite numbers become None, metric names with NUL or longer than
+    MAX_METRIC_NAME_CHARS are dropped, and so are the metrics after the first MAX_METRICS_PER_LINE; a
     `total`, `time` or `attempt` that is not usable becomes None, all without losing the line; the
     line's five keys as written (NaN and infinities made None) stay in `shown`, for readers.
     Rank 0 appends whole lines, but a reader may catch the file mid-write: read only up to the last
@@ -334,7 +344,7 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord | CheckpointRecord 
     step = _count(data.get("step"))
     if step is None:
         return None
-    metrics = _metrics(data.get("metrics"))
+    metrics = _metrics(data.get("metrics"), MAX_METRICS_PER_LINE)
     shown = storable({key: data.get(key) for key in PROGRESS_KEYS})
     return ProgressRecord(step=step, total=_count(data.get("total")), metrics=metrics, shown=shown, **common)
 
@@ -357,10 +367,29 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _metrics(value: Any) -> dict[str, float | None]:
+def _metrics(value: Any, most: int) -> dict[str, float | None]:
+    """The first `most` metrics of `value` whose names the ledger can hold, in the order written."""
     if not isinstance(value, dict):
         return {}
-    return {str(name): _number(item) for name, item in value.items() if _unservable_text(str(name)) is None}
+    usable = ((name, item) for name, item in value.items() if _metric_name_problem(str(name)) is None)
+    return {str(name): _number(item) for name, item in itertools.islice(usable, most)}
+
+
+def metrics_problem(names: Collection[str]) -> str | None:
+    """Why a progress line with metrics called `names` would not record them all, or None."""
+    if len(names) > MAX_METRICS_PER_LINE:
+        return f"{len(names)} metrics in one report: a progress line records at most {MAX_METRICS_PER_LINE}"
+    for name in names:
+        if (problem := _metric_name_problem(name)) is not None:
+            return f"the metric name {name if len(name) <= 40 else name[:40] + '...'!r} {problem}"
+    return None
+
+
+def _metric_name_problem(name: str) -> str | None:
+    if len(name) > MAX_METRIC_NAME_CHARS:
+        return f"is longer than {MAX_METRIC_NAME_CHARS} characters"
+    problem = _unservable_text(name)
+    return None if problem is None else f"holds {problem}"
 
 
 def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, str] | None:

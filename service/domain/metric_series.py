@@ -191,6 +191,14 @@ def refresh_added(connection: Connection, job_id: int, added: Iterable[tuple[str
 # ---------------------------------------------------------------- reading
 
 
+def series_names(connection: Connection, job_id: int) -> set[str]:
+    """The names of the job's metrics, read from the rollup's top level: a bucket or so per series,
+    however many raw rows there are."""
+    r = JobMetricRollup
+    query = select(col(r.name)).where(col(r.job_id) == job_id, col(r.level) == LEVELS).distinct()
+    return set(connection.execute(query).scalars())
+
+
 def read_series(
     session: Session,
     job_id: int,

@@ -5,15 +5,19 @@ The job's `updated_at` is the ledger clock's stamp at commit, for a tick that on
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, JobMetric
+from service.loops import progress
 from service.loops.progress import ingest_progress
+from worker.spec import MAX_METRIC_NAMES
 
 
 def _job(engine: Engine) -> Job:
@@ -58,3 +62,30 @@ def test_a_line_without_time_is_stamped_now_and_shown_as_written(engine: Engine,
         rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id)).all()
     assert [(row.step, row.name, row.value, row.attempt) for row in rows] == [(2, "loss", 1.0, job.attempt)]
     assert rows[0].time.timestamp() >= before - 1
+
+
+def test_a_job_records_the_first_metrics_of_a_line_and_its_first_names_only(
+    engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job writes its progress file: naming thousands of metrics must not cost thousands of rows
+    and series per line, so a line keeps its first 64 metrics and a job its first 256 names."""
+    monkeypatch.setattr(progress, "_TOLD", set())  # another ledger's job may have had this id
+    job = _job(engine)
+    path = tmp_path / "progress.jsonl"
+    lines = [{"step": 0, "metrics": {f"n{i}": 1.0 for i in range(10_000)}}]  # its first 64 are kept
+    lines += [{"step": s, "metrics": {f"s{s}_{i}": 1.0 for i in range(64)}} for s in range(1, 5)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    _ingest(engine, job.id, path)
+    later = {"step": 9, "metrics": {"n0": 2.0, "s3_63": 2.0, "s4_0": 2.0, "new": 2.0}}
+    with path.open("a") as more:  # a later tick: stored names go on, new ones stay out
+        more.write(json.dumps(later) + "\n")
+    _ingest(engine, job.id, path)
+
+    with session_scope(engine) as session:
+        rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id)).all()
+    names = [f"n{i}" for i in range(64)] + [f"s{s}_{i}" for s in range(1, 5) for i in range(64)]
+    assert len({row.name for row in rows}) == MAX_METRIC_NAMES == 256
+    assert {row.name for row in rows} == set(names[:MAX_METRIC_NAMES])  # s4_*: the 257th name on
+    assert [(row.name, row.value) for row in rows if row.step == 9] == [("n0", 2.0), ("s3_63", 2.0)]
+    assert caplog.text.count("reports more than 256 metric names") == 1  # said once, not every tick

@@ -12,7 +12,7 @@ import torch
 
 from worker.context import JobContext, checkpoints_to_remove
 from worker.distributed import RankEnv
-from worker.spec import CheckpointPolicy, RunSpec, parse_progress_line
+from worker.spec import MAX_METRIC_NAMES, CheckpointPolicy, RunSpec, parse_progress_line
 
 
 def make(tmp_path: Path, rank: int = 0, **fields: object) -> JobContext:
@@ -46,6 +46,36 @@ def test_report_is_buffered_and_written_on_close_with_the_contract_format(tmp_pa
     assert first["attempt"] == 2 and abs(first["time"] - time.time()) < 60
     assert json.loads(lines[-1]) == {**json.loads(lines[-1]), "total": None, "metrics": {"loss": None}}
     assert all(parse_progress_line(line) is not None for line in lines)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_report_refuses_at_once_what_no_progress_line_records(tmp_path: Path, rank: int) -> None:
+    ctx = make(tmp_path, rank=rank)  # every rank alike: none goes on to wait for a failed rank 0
+    with pytest.raises(ValueError, match="65 metrics in one report: a progress line records at most 64"):
+        ctx.report(1, None, **named("m", 65))
+    with pytest.raises(ValueError, match="is longer than 100 characters"):
+        ctx.report(1, None, **{"x" * 101: 1.0})
+    ctx.report(1, None, **named("m", 64))
+    ctx.close()
+
+
+def named(prefix: str, count: int) -> dict[str, float]:
+    return {f"{prefix}{i}": 1.0 for i in range(count)}
+
+
+def test_report_drops_new_names_past_the_job_s_limit_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ctx = make(tmp_path)
+    for step in range(5):  # 60 new names each time: 300 in all
+        ctx.report(step, None, **named(f"s{step}_", 60))
+    ctx.report(5, s0_0=2.0, s4_59=2.0)  # one name it kept, one it dropped
+    ctx.close()
+    lines = [json.loads(line)["metrics"] for line in ctx.files.progress.read_text().splitlines()]
+    names = {name for metrics in lines for name in metrics}
+    assert len(names) == MAX_METRIC_NAMES and "s4_15" in names and "s4_16" not in names  # 4*60+16
+    assert lines[-1] == {"s0_0": 2.0}
+    assert caplog.text.count("a job records at most 256 metric names: 's4_16'") == 1
 
 
 def test_other_ranks_write_nothing(tmp_path: Path) -> None:

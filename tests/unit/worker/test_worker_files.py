@@ -19,10 +19,14 @@ from worker.files import (
     write_result,
 )
 from worker.spec import (
+    MAX_METRIC_NAME_CHARS,
+    MAX_METRIC_NAMES,
+    MAX_METRICS_PER_LINE,
     CheckpointRecord,
     JobFiles,
     ProgressRecord,
     RankPlacement,
+    parse_checkpoint_note,
     parse_error_text,
     parse_placement,
     parse_progress_line,
@@ -198,6 +202,20 @@ def test_an_unusable_attempt_or_total_costs_that_field_not_the_line() -> None:
     record = parse_progress_line('{"step":1,"total":true,"attempt":2147483648,"metrics":{"a":1}}')
     assert isinstance(record, ProgressRecord)
     assert record.total is None and record.attempt is None and record.metrics == {"a": 1.0}
+
+
+def test_a_line_records_its_first_metrics_whose_names_the_ledger_can_hold() -> None:
+    """A job writes its progress file: a line naming thousands of metrics costs the ledger 64 rows."""
+    long = "x" * (MAX_METRIC_NAME_CHARS + 1)
+    metrics = {long: 1.0, "x" * MAX_METRIC_NAME_CHARS: 2.0, **{f"m{i}": float(i) for i in range(10_000)}}
+    record = parse_progress_line(json.dumps({"step": 1, "metrics": metrics}))
+    assert isinstance(record, ProgressRecord) and len(record.metrics) == MAX_METRICS_PER_LINE == 64
+    assert list(record.metrics) == ["x" * MAX_METRIC_NAME_CHARS, *(f"m{i}" for i in range(63))]
+
+
+def test_a_checkpoint_note_keeps_as_many_metrics_as_a_job_may_name() -> None:
+    note = {"step": 1, "metrics": {f"m{i}": 1.0 for i in range(1000)}}
+    assert list(parse_checkpoint_note(json.dumps(note))) == [f"m{i}" for i in range(MAX_METRIC_NAMES)]
 
 
 def test_a_torn_line_is_refused_and_its_whole_form_is_read() -> None:
