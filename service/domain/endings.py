@@ -124,5 +124,6 @@ def _ran_out_of_time(job: Job) -> bool:
 def _rank0_stderr(job: Job, backend: Backend) -> str:
     if job.folder is None or job.external_id is None:
         return ""
-    tail = log_tail(backend.log_path(Path(job.folder), job.external_id, 0, "err"))
+    folder = Path(job.folder)
+    tail = log_tail(folder, backend.log_path(folder, job.external_id, 0, "err"))
     return f"; rank 0 stderr ends:\n{tail}" if tail else ""

@@ -49,9 +49,40 @@ def open_job_file(path: Path | str, dir_fd: int | None = None) -> BinaryIO | Non
     return os.fdopen(fd, "rb")
 
 
-def read_job_file(path: Path, most: int) -> str | None:
-    """The first `most` bytes of a regular file of the job's, as text; None for anything else."""
-    handle = open_job_file(path)
+_FOLDER_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def open_below(folder: Path, path: Path) -> BinaryIO | None:
+    """`path`, a file below the job's `folder`, opened as open_job_file opens one, with no link
+    followed on the way either: the job can swap a folder of its own (`placement/`, `submitit/`) for a
+    link to another job's, which the service could read and it could not. None for a path that is
+    not below `folder`."""
+    try:
+        *steps, name = path.relative_to(folder).parts
+    except ValueError:
+        return None
+    if ".." in steps:
+        return None
+    try:
+        handle = os.open(folder, _FOLDER_NO_LINK)
+    except OSError:
+        return None
+    try:
+        for step in steps:
+            inner = os.open(step, _FOLDER_NO_LINK, dir_fd=handle)
+            os.close(handle)
+            handle = inner
+        return open_job_file(name, dir_fd=handle)
+    except OSError:  # a step missing, or a link
+        return None
+    finally:
+        os.close(handle)
+
+
+def read_job_file(folder: Path, path: Path, most: int) -> str | None:
+    """The first `most` bytes of a regular file below the job's `folder`, as text; None for anything
+    else."""
+    handle = open_below(folder, path)
     if handle is None:
         return None
     try:
@@ -65,7 +96,7 @@ def read_result(files: JobFiles, attempt: int | None) -> dict[str, Any] | None:
     """Rank 0's result.json of `attempt` (any attempt's when None: a job older than that column),
     made storable: a job may write any JSON there, NaN and lone surrogates included, and the ledger row
     must still be servable to every reader."""
-    text = read_job_file(files.result, MAX_RESULT_BYTES)
+    text = read_job_file(files.folder, files.result, MAX_RESULT_BYTES)
     try:
         value = json.loads(text) if text is not None else None
     except (ValueError, RecursionError):
@@ -112,26 +143,46 @@ def read_placement(files: JobFiles, attempt: int, world_size: int) -> list[dict[
     started yet, or wrote something unusable, is missing)."""
     found = []
     for rank in range(world_size):
-        text = read_job_file(files.placement(rank), MAX_PLACEMENT_BYTES)
+        text = read_job_file(files.folder, files.placement(rank), MAX_PLACEMENT_BYTES)
         placed = parse_placement(text, attempt) if text is not None else None
         if placed is not None and placed.rank == rank:
             found.append(placed.model_dump())
     return found
 
 
-def log_tail(path: Path, lines: int = 20) -> str:
-    """The last `lines` lines of a log file (of its first MiB), or "" when there is none."""
-    text = read_job_file(path, MAX_ERROR_BYTES) or ""
+def log_tail(folder: Path, path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a log file below the job's `folder` (of its first MiB), or "" when
+    there is none."""
+    text = read_job_file(folder, path, MAX_ERROR_BYTES) or ""
     return "".join(text.splitlines(keepends=True)[-lines:]).strip()
 
 
 def submitted_external_id(files: JobFiles) -> str | None:
-    """The id submitit gave a job, read from its `<id>_submitted.pkl` (present once it submitted)."""
-    if not files.submitit.is_dir():
+    """The id submitit gave a job, read from its `<id>_submitted.pkl` (present once it submitted).
+
+    The service made that file; the job's account could plant one named after another user's job,
+    which the service would then poll and cancel as this job's. So a name counts only on a file the
+    service owns, in a submitit folder that is no link (with jobs run as the service's own account,
+    nothing keeps them apart anyway)."""
+    try:
+        handle = os.open(files.submitit, _FOLDER_NO_LINK)
+    except OSError:
         return None
-    for path in files.submitit.glob(f"*{SUBMITTED_SUFFIX}"):
-        return path.name[: -len(SUBMITTED_SUFFIX)]
-    return None
+    try:
+        for name in os.listdir(handle):
+            if name.endswith(SUBMITTED_SUFFIX) and _service_file(name, handle):
+                return name[: -len(SUBMITTED_SUFFIX)]
+        return None
+    finally:
+        os.close(handle)
+
+
+def _service_file(name: str, folder: int) -> bool:
+    try:
+        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
 def read_new_progress(path: Path, offset: int) -> tuple[list[ProgressRecord | CheckpointRecord], int] | None:

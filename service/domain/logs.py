@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from service.backends.base import Backend
 from service.domain.endings import world_size
-from service.domain.job_files import open_job_file
+from service.domain.job_files import open_below
 from service.errors import InvalidRequest
 from service.ledger.models import Job
 
@@ -43,50 +44,37 @@ def read_log(
         return LogWindow("", 0, 0)
     folder = Path(job.folder)
     path = backend.log_path(folder, job.external_id, rank, stream)
-    if not _inside(path, folder):
-        raise InvalidRequest("log path escapes the job folder", field="rank")
-    if not path.is_file():
+    handle = open_below(folder, path)
+    if handle is None:
+        if os.path.lexists(path):
+            raise InvalidRequest(
+                "the log is not a regular file of the job folder (a link, which may lead out of it, "
+                "or a FIFO)",
+                field="rank",
+            )
         return LogWindow("", 0, 0)
-    if offset is not None:
-        return _window_at(path, offset, max_bytes)
-    size = path.stat().st_size
-    return LogWindow(_tail_text(path, tail, max_bytes), size, size)
-
-
-def _window_at(path: Path, offset: int, max_bytes: int) -> LogWindow:
-    with _open(path) as handle:
+    with handle:
+        if offset is not None:
+            return _window_at(handle, offset, max_bytes)
         size = handle.seek(0, 2)
-        handle.seek(min(offset, size))
-        data = handle.read(max_bytes)
+        return LogWindow(_tail_text(handle, tail, max_bytes), size, size)
+
+
+def _window_at(handle: BinaryIO, offset: int, max_bytes: int) -> LogWindow:
+    size = handle.seek(0, 2)
+    handle.seek(min(offset, size))
+    data = handle.read(max_bytes)
     start = min(offset, size)
     if len(data) == max_bytes and b"\n" in data:  # stop at a line's end: never split a character
         data = data[: data.rindex(b"\n") + 1]
     return LogWindow(data.decode("utf-8", errors="replace"), size, start + len(data))
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    try:
-        path.resolve().relative_to(folder.resolve())
-    except ValueError:
-        return False
-    return True
-
-
-def _open(path: Path) -> BinaryIO:
-    """The log, a regular file of the job's folder (never a link or a FIFO: service.domain.job_files)."""
-    handle = open_job_file(path)
-    if handle is None:
-        raise InvalidRequest("the log is not a regular file", field="rank")
-    return handle
-
-
-def _tail_text(path: Path, tail: int | None, max_bytes: int) -> str:
-    with _open(path) as handle:
-        handle.seek(0, 2)
-        size = handle.tell()
-        start = max(0, size - max_bytes)
-        handle.seek(max(0, start - 1))  # one byte early: does the window begin a line?
-        data = handle.read(max_bytes + 1 if start > 0 else max_bytes)
+def _tail_text(handle: BinaryIO, tail: int | None, max_bytes: int) -> str:
+    size = handle.seek(0, 2)
+    start = max(0, size - max_bytes)
+    handle.seek(max(0, start - 1))  # one byte early: does the window begin a line?
+    data = handle.read(max_bytes + 1 if start > 0 else max_bytes)
     if start > 0:
         before, data = data[:1], data[1:]
         if before != b"\n":

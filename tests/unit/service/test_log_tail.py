@@ -14,6 +14,11 @@ WIDTH = len(LINE.format(0))  # 80 bytes a line
 LINES = 200_000
 
 
+def tail_of(path: Path, tail: int | None, max_bytes: int) -> str:
+    with path.open("rb") as handle:
+        return _tail_text(handle, tail, max_bytes)
+
+
 @pytest.fixture(scope="module")
 def big_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 16 MB log: 200,000 numbered lines of 80 bytes."""
@@ -26,7 +31,7 @@ def big_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_last_lines_of_a_large_file(big_log: Path) -> None:
-    text = _tail_text(big_log, 3, max_bytes=1_000_000)
+    text = tail_of(big_log, 3, max_bytes=1_000_000)
 
     assert text == "".join(LINE.format(n) for n in (LINES - 3, LINES - 2, LINES - 1))
 
@@ -34,7 +39,7 @@ def test_the_last_lines_of_a_large_file(big_log: Path) -> None:
 def test_only_the_last_max_bytes_are_read_into_memory(big_log: Path) -> None:
     tracemalloc.start()
     try:
-        text = _tail_text(big_log, None, max_bytes=64_000)
+        text = tail_of(big_log, None, max_bytes=64_000)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -45,8 +50,8 @@ def test_only_the_last_max_bytes_are_read_into_memory(big_log: Path) -> None:
 
 
 def test_a_partial_first_line_is_dropped_but_a_whole_one_is_kept(big_log: Path) -> None:
-    cut = _tail_text(big_log, None, max_bytes=WIDTH * 10 + 5)  # ten lines and a piece of another
-    whole = _tail_text(big_log, None, max_bytes=WIDTH * 10)  # exactly ten lines
+    cut = tail_of(big_log, None, max_bytes=WIDTH * 10 + 5)  # ten lines and a piece of another
+    whole = tail_of(big_log, None, max_bytes=WIDTH * 10)  # exactly ten lines
 
     assert cut == whole == "".join(LINE.format(n) for n in range(LINES - 10, LINES))
 
@@ -55,20 +60,20 @@ def test_tail_zero_and_tail_beyond_the_file(tmp_path: Path) -> None:
     path = tmp_path / "small.out"
     path.write_text("a\nb\nc\n")
 
-    assert _tail_text(path, 0, max_bytes=1000) == ""
-    assert _tail_text(path, 10, max_bytes=1000) == "a\nb\nc\n"
-    assert _tail_text(path, 1, max_bytes=1000) == "c\n"
+    assert tail_of(path, 0, max_bytes=1000) == ""
+    assert tail_of(path, 10, max_bytes=1000) == "a\nb\nc\n"
+    assert tail_of(path, 1, max_bytes=1000) == "c\n"
 
 
 def test_a_line_still_being_written_is_shown_and_bad_bytes_do_not_raise(tmp_path: Path) -> None:
     path = tmp_path / "live.out"
     path.write_bytes(b"done\n\xff\xfe half a li")
 
-    assert _tail_text(path, 5, max_bytes=1000) == "done\n\ufffd\ufffd half a li"
+    assert tail_of(path, 5, max_bytes=1000) == "done\n\ufffd\ufffd half a li"
 
 
 def test_an_empty_file(tmp_path: Path) -> None:
     path = tmp_path / "empty.out"
     path.write_bytes(b"")
 
-    assert _tail_text(path, 10, max_bytes=1000) == ""
+    assert tail_of(path, 10, max_bytes=1000) == ""

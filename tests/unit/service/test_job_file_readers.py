@@ -1,0 +1,71 @@
+"""The service's readers of a job folder follow no link the job planted, in its own folders either: a
+job can swap `placement/` or `submitit/` for a link to another job's, which the service (root) could
+read and the job could not; and only a file the service made names the job's scheduler id."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+
+from service.domain.job_files import log_tail, open_below, read_placement, submitted_external_id
+from worker.spec import JobFiles
+
+PLACEMENT = '{"rank": 0, "attempt": 1, "host": "victim-host", "local_rank": 0, "gpu": null}'
+
+
+def job(root: Path, name: str) -> JobFiles:
+    files = JobFiles(root / name)
+    files.submitit.mkdir(parents=True)
+    return files
+
+
+def test_a_placement_folder_swapped_for_a_link_is_not_read(tmp_path: Path) -> None:
+    victim, attacker = job(tmp_path, "2"), job(tmp_path, "3")
+    victim.placement(0).parent.mkdir()
+    victim.placement(0).write_text(PLACEMENT)
+    assert [one["host"] for one in read_placement(victim, 1, 1)] == ["victim-host"]
+
+    attacker.placement(0).parent.symlink_to(victim.placement(0).parent, target_is_directory=True)
+
+    assert read_placement(attacker, 1, 1) == []
+
+
+def test_a_submitit_folder_swapped_for_a_link_gives_no_log(tmp_path: Path) -> None:
+    victim, attacker = job(tmp_path, "2"), job(tmp_path, "3")
+    (victim.submitit / "7_0_log.err").write_text("the victim's secret\n")
+    os.rmdir(attacker.submitit)
+    attacker.submitit.symlink_to(victim.submitit, target_is_directory=True)
+
+    assert log_tail(attacker.folder, attacker.submitit / "7_0_log.err") == ""
+    assert log_tail(victim.folder, victim.submitit / "7_0_log.err") == "the victim's secret"
+
+
+def test_a_path_outside_the_folder_is_not_opened(tmp_path: Path) -> None:
+    files = job(tmp_path, "2")
+    (tmp_path / "elsewhere.txt").write_text("x")
+    assert open_below(files.folder, tmp_path / "elsewhere.txt") is None
+    assert open_below(files.folder, files.folder / ".." / "elsewhere.txt") is None
+
+
+def test_only_a_pickle_the_service_made_names_the_scheduler_id(tmp_path: Path) -> None:
+    files = job(tmp_path, "2")
+    (files.submitit / "41_submitted.pkl").write_bytes(b"")
+    assert submitted_external_id(files) == "41"
+
+    (files.submitit / "41_submitted.pkl").unlink()
+    (files.submitit / "41_submitted.pkl").symlink_to(tmp_path / "elsewhere.pkl")
+    assert submitted_external_id(files) is None  # a link is nobody's pickle
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting a file of another account needs root")
+def test_a_pickle_the_jobs_account_planted_names_nothing(tmp_path: Path) -> None:
+    files = job(tmp_path, "2")
+    planted = files.submitit / "999_submitted.pkl"  # another user's SLURM job, to be cancelled as ours
+    planted.write_bytes(b"")
+    nobody = pwd.getpwnam("nobody")
+    os.chown(planted, nobody.pw_uid, nobody.pw_gid)
+
+    assert submitted_external_id(files) is None
