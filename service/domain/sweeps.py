@@ -11,17 +11,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import func
 from sqlalchemy import select as core_select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend
-from service.domain import audit
+from service.domain import audit, metric_series
 from service.domain.auth import Principal
 from service.domain.jobs import cancel_jobs, decode_cursor, encode_cursor
 from service.errors import NotFound
-from service.ledger.models import Job, JobMetric, JobPublic, Sweep, SweepPage, SweepPublic, TrialPublic
+from service.ledger.models import Job, JobMetricRollup, JobPublic, Sweep, SweepPage, SweepPublic, TrialPublic
 from service.states import JobState, is_terminal
 
 MAX_PAGE = 200
@@ -141,32 +140,36 @@ def _trials(session: Session, sweeps: Sequence[Sweep]) -> dict[int, list[TrialPu
 def _metric_values(
     session: Session, sweep_ids: list[int], names: set[str]
 ) -> tuple[dict[tuple[int, str], float], ...]:
-    """(last, lowest, highest) value per (job, metric name) of the sweeps' trials. The last is the one
-    reported last (the highest id: rows are written in the order rank 0 reported them)."""
+    """(last, lowest, highest) value per (job, metric name) of the sweeps' trials: the last is the
+    latest attempt's last step's. Read from the rollup's top level (service.domain.metric_series),
+    a bucket or so per series, not from the raw rows: a page of sweeps of a thousand trials holds
+    millions of those, and dashboards read the page again whenever a trial reports."""
     trial_ids = select(col(Job.id)).where(col(Job.sweep_id).in_(sweep_ids)).scalar_subquery()
-    grouped = (
+    query = (
         core_select(
-            col(JobMetric.job_id),
-            col(JobMetric.name),
-            func.max(JobMetric.id),
-            func.min(JobMetric.value),
-            func.max(JobMetric.value),
+            col(JobMetricRollup.job_id),
+            col(JobMetricRollup.name),
+            col(JobMetricRollup.last_value),
+            col(JobMetricRollup.min_value),
+            col(JobMetricRollup.max_value),
         )
-        .where(col(JobMetric.job_id).in_(trial_ids), col(JobMetric.name).in_(names))
-        .group_by(col(JobMetric.job_id), col(JobMetric.name))
+        .where(
+            col(JobMetricRollup.job_id).in_(trial_ids),
+            col(JobMetricRollup.level) == metric_series.LEVELS,
+            col(JobMetricRollup.name).in_(names),
+        )
+        .order_by(col(JobMetricRollup.attempt), col(JobMetricRollup.bucket))  # the last one last
     )
-    last_ids: dict[int, tuple[int, str]] = {}
+    last: dict[tuple[int, str], float] = {}
     lowest: dict[tuple[int, str], float] = {}
     highest: dict[tuple[int, str], float] = {}
-    for job_id, name, last_id, low, high in session.execute(grouped):
-        last_ids[last_id] = (job_id, name)
-        lowest[(job_id, name)], highest[(job_id, name)] = low, high
-    last: dict[tuple[int, str], float] = {}
-    if last_ids:
-        query = core_select(col(JobMetric.id), col(JobMetric.value)).where(
-            col(JobMetric.id).in_(list(last_ids))
-        )
-        last = {last_ids[metric_id]: value for metric_id, value in session.execute(query)}
+    for job_id, name, last_value, low, high in session.execute(query):
+        key = (job_id, name)
+        last[key] = last_value
+        if key not in lowest or low < lowest[key]:  # the comparisons the buckets use (NaN never wins)
+            lowest[key] = low
+        if key not in highest or high > highest[key]:
+            highest[key] = high
     return last, lowest, highest
 
 

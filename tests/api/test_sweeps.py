@@ -168,10 +168,13 @@ def test_metric_last_best_and_the_best_trial(api: TestClient, fake: FakeBackend)
     ids = [trial["job_id"] for trial in sweep["trials"]]
     losses = {ids[0]: [5.0, 1.0, 2.0], ids[1]: [4.0, 1.5], ids[2]: [9.0]}  # last: 2.0, 1.5, 9.0
     with Session(runtime_of(api).engine) as session, session.begin():
-        for job_id, values in losses.items():
+        for job_id, values in losses.items():  # as the reconciler stores them: rows, then their rollup
             for step, value in enumerate(values):
                 session.add(JobMetric(job_id=job_id, step=step, name="loss", value=value))
             session.add(JobMetric(job_id=job_id, step=0, name="acc", value=0.5))
+            session.flush()
+            added = [("loss", 1, step) for step in range(len(values))] + [("acc", 1, 0)]
+            metric_series.refresh_added(session.connection(), job_id, added)
     read = api.get(f"{SWEEPS}/{sweep['id']}").json()
     by_id = {trial["job_id"]: trial for trial in read["trials"]}
     assert [(by_id[i]["metric_last"], by_id[i]["metric_best"]) for i in ids] == [
