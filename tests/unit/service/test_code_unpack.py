@@ -62,7 +62,7 @@ def test_a_snapshot_stored_before_the_link_rules_is_held_to_them_when_unpacked(t
     store = store_with(tmp_path, {"sub/l/m.py": b"x = 1\n"}, links={"sub/l": ".."})
     job = tmp_path / "job"
     job.mkdir()
-    with pytest.raises(tarfile.TarError, match="'sub/l/m.py' lies inside the link 'sub/l'"):
+    with pytest.raises(tarfile.TarError, match=r"'sub/l/m\.py' lies inside the link 'sub/l'"):
         unpack_into(store, CODE_ID, job)
     assert not (job / "code").exists()
     assert not list((store / ".unpacking").iterdir())
