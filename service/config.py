@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     max_active_jobs_per_user: int = Field(200, ge=1, description="Default per-user limit: unfinished jobs.")
     max_submissions_per_minute: int = Field(600, ge=1, description="Default per-user limit on POSTs.")
     max_sweep_trials: int = Field(1000, ge=1, description="Most trials one sweep may make.")
+    max_sweep_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="Most bytes of kwargs, args and env (JSON) one sweep's trials hold.",
+    )
     min_free_disk_mb: int = Field(64, ge=0, description="Refuse new jobs when data_dir has less free.")
     keep_finished_days: float = Field(
         30.0, ge=0, description="Days a finished job's folder stays (logs apart); 0 keeps it for ever."

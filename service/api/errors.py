@@ -108,9 +108,17 @@ def error_responses(*codes: int, json_route: bool = True) -> dict[int | str, dic
 def error_body(message: str, field: str | None = None) -> dict[str, object]:
     detail: dict[str, object] = {"msg": message, "type": "value_error"}
     if field is not None:
-        # One split: "resources.nodes" is two levels, "env.A.B" is the env key "A.B", not three.
-        detail["loc"] = ["body", *field.split(".", 1)] if field not in NOT_BODY_FIELDS else [field]
+        detail["loc"] = ["body", *body_loc(field)] if field not in NOT_BODY_FIELDS else [field]
     return {"detail": [detail]}
+
+
+def body_loc(field: str) -> list[str]:
+    """Where in the body `field` is. One split: "resources.nodes" is two levels, "env.A.B" is the env
+    key "A.B", not three; under a sweep's "job" the job's own fields follow, split the same way."""
+    head, _, rest = field.partition(".")
+    if head == "job" and rest:
+        return [head, *body_loc(rest)]
+    return field.split(".", 1)
 
 
 def service_error_response(error: ServiceError) -> JSONResponse:

@@ -1,7 +1,8 @@
 """Per-user limits: how big one job may be, how many may be unfinished, how fast one may submit.
 
 Defaults come from Settings; a `UserQuota` row overrides them for one user (`torchyard quota set`).
-Job size over a limit is 403 (asking again will not help); too many unfinished jobs or too many
+Job size over a limit is 403 (asking again will not help), and so is a submission of more jobs
+(a sweep's trials) than the user may have unfinished at all; too many unfinished jobs or too many
 submissions a minute is 429 with Retry-After (it will pass later).
 
 The counts are kept per replica, refreshed from the ledger every `refresh_s` seconds, so a POST
@@ -154,14 +155,23 @@ class QuotaBook:
     def limits(self, user: str) -> Limits:
         return self._books[user].limits
 
-    def admit(self, user: str, resources: Resources, jobs: int = 1) -> None:
-        """Count one submission of `jobs` jobs (a sweep's trials), or raise: Forbidden for size,
-        RetryLater for count and rate (a sweep is one submission for the rate)."""
+    def admit(self, user: str, resources: Resources, jobs: int = 1, jobs_field: str | None = None) -> None:
+        """Count one submission of `jobs` jobs (a sweep's trials, which the request's `jobs_field`
+        makes), or raise: Forbidden for size (of one job, or of a submission of more jobs than the
+        user may ever have unfinished), RetryLater for count and rate (a sweep is one submission for
+        the rate)."""
         with self._lock:
-            self._admit(self._books[user], resources, jobs)
+            self._admit(self._books[user], resources, jobs, jobs_field)
 
-    def _admit(self, book: _Book, resources: Resources, jobs: int) -> None:
+    def _admit(self, book: _Book, resources: Resources, jobs: int, jobs_field: str | None) -> None:
         check_job_size(resources, book.limits)
+        if jobs > book.limits.max_active_jobs:  # a Retry-After would be answered with 429 for ever
+            asked = "1 job" if jobs == 1 else f"{jobs} jobs"
+            raise Forbidden(
+                f"makes {asked} at once, above your limit of {book.limits.max_active_jobs} unfinished "
+                "jobs: it can never be admitted whole (make fewer, or ask for a higher limit)",
+                field=jobs_field,
+            )
         now = time.monotonic()
         while book.submissions and book.submissions[0] <= now - WINDOW_S:
             book.submissions.popleft()

@@ -16,7 +16,8 @@ In order, each step cheaper than the next and none of them counted before it is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -32,13 +33,15 @@ from service.domain.code_store import CodeStore
 from service.domain.jobs import require_backend
 from service.domain.quotas import QuotaBook
 from service.domain.storage import RoomCheck
-from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params
-from service.errors import InvalidRequest
+from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_field
+from service.errors import InvalidRequest, ServiceError
 from service.ledger.models import Job, JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
 from service.loops.intake import Accepted, JobIntake, SweepAccepted, check_same_request, replay_sweep
 from worker.spec import Resources, RunSpec
 
 StoredT = TypeVar("StoredT", Accepted, SweepAccepted)
+# Fields a job has and a sweep does not: an error naming one of them, in a sweep, is about its `job`.
+JOB_ONLY_FIELDS = frozenset(JobTemplate.model_fields) - frozenset(SweepCreate.model_fields)
 
 
 @dataclass
@@ -74,7 +77,13 @@ class Admission:
     ) -> SweepAccepted:
         """Admit and store a sweep with all its trials, as one job's admission does for each of them,
         but with one policy check, one backend validation and one commit; trials count as jobs."""
-        check_sweep(payload, self.settings.max_sweep_trials)
+        check_sweep(payload, self.settings)
+        with _under_the_sweeps_job():
+            return await self._submit_sweep(payload, user, idempotency_key)
+
+    async def _submit_sweep(
+        self, payload: SweepCreate, user: Principal, idempotency_key: str | None
+    ) -> SweepAccepted:
         job = await self._apply_policy(payload.job, user)
         assert isinstance(job, JobTemplate)
         payload = payload.model_copy(update={"job": job})
@@ -108,6 +117,7 @@ class Admission:
             sweep.trials[0],
             lambda most: self.intake.add_sweep(sweep, most),
             jobs=len(trials),
+            jobs_field=trials_field(payload),
         )
 
     async def _count_and_store(
@@ -118,14 +128,15 @@ class Admission:
         first: NewJob,
         store: Callable[[int], Awaitable[StoredT]],
         jobs: int = 1,
+        jobs_field: str | None = None,
     ) -> StoredT:
-        """Steps 4 to 6 for one submission of `jobs` jobs: count it against the user's quotas, check
-        the room and the backend (with the `first` job), then `store(the user's active-job limit)`.
-        The count is given back when nothing new was stored (a refusal, or a concurrent first request
-        with the same key)."""
+        """Steps 4 to 6 for one submission of `jobs` jobs (made by the request's `jobs_field`): count it
+        against the user's quotas, check the room and the backend (with the `first` job), then
+        `store(the user's active-job limit)`. The count is given back when nothing new was stored (a
+        refusal, or a concurrent first request with the same key)."""
         if self.quotas.needs_refresh(user):
             await asyncio.to_thread(self.quotas.refresh, user)
-        self.quotas.admit(user, resources, jobs=jobs)
+        self.quotas.admit(user, resources, jobs=jobs, jobs_field=jobs_field)
         try:
             await self.room.check()
             await self._validate(backend, RunSpec(job_id=0, name=first.name, folder="", **first.spec))
@@ -170,6 +181,19 @@ class Admission:
             backend.validate(probe)
         else:
             await asyncio.to_thread(backend.validate, probe)
+
+
+@contextmanager
+def _under_the_sweeps_job() -> Iterator[None]:
+    """A sweep's job goes through the checks one job's admission makes, and their errors name that
+    job's fields: in a sweep's body those are under `job`, so `resources.nodes` is `job.resources.nodes`
+    there (the sweep's own fields, the Idempotency-Key and `job` itself are left as they are)."""
+    try:
+        yield
+    except ServiceError as error:
+        if error.field is not None and error.field.partition(".")[0] in JOB_ONLY_FIELDS:
+            error.field = f"job.{error.field}"
+        raise
 
 
 def check_request(payload: JobCreate, settings: Settings, backends: Mapping[str, Backend]) -> str:

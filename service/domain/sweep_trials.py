@@ -8,12 +8,14 @@ placeholder such as `--lr={lr}` for a script. Each check names the field it refu
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 from typing import Any
 
 from pydantic import ValidationError
 
+from service.config import Settings
 from service.errors import InvalidRequest
 from service.ledger.models import JobCreate, SweepCreate
 from worker.spec import json_problem
@@ -30,7 +32,25 @@ def trial_count(sweep: SweepCreate) -> int:
     return math.prod(len(values) for values in sweep.grid.values()) * (zipped.pop() if zipped else 1)
 
 
-def check_sweep(sweep: SweepCreate, max_trials: int) -> None:
+def trials_field(sweep: SweepCreate) -> str:
+    """The field an error about the number of trials names: the grid makes it, or the zip alone."""
+    return "grid" if sweep.grid else "zip"
+
+
+def trials_bytes(sweep: SweepCreate, count: int) -> int:
+    """About how many bytes of kwargs, args and env (JSON) the sweep's `count` trials hold together,
+    counted without making them: the job's own in every trial, and each parameter's values in the
+    trials that take them, as often as job.args names them (a few large values crossed with many
+    small ones are stored many times over)."""
+    job = sweep.job
+    total = count * len(json.dumps([job.kwargs, job.args, job.env]))
+    for name, values in (*sweep.grid.items(), *sweep.zip.items()):
+        uses = 1 if job.script is None else sum(arg.count(f"{{{name}}}") for arg in job.args)
+        total += uses * (count // len(values)) * sum(len(json.dumps(value)) for value in values)
+    return total
+
+
+def check_sweep(sweep: SweepCreate, settings: Settings) -> None:
     """Everything about the sweep's shape pydantic alone cannot check; InvalidRequest names the field."""
     if not sweep.grid and not sweep.zip:
         raise InvalidRequest("give at least one parameter, in grid or in zip", field="grid")
@@ -56,11 +76,22 @@ def check_sweep(sweep: SweepCreate, max_trials: int) -> None:
             f"the lists of zip are taken together and must have one length ({said})", field="zip"
         )
     count = trial_count(sweep)
-    if count > max_trials:
+    if count > settings.max_sweep_trials:
         raise InvalidRequest(
-            f"makes {count} trials, above this service's maximum of {max_trials}", field="grid"
+            f"makes {count} trials, above this service's maximum of {settings.max_sweep_trials}",
+            field=trials_field(sweep),
         )
     _check_targets(sweep)
+    # Each job is held to its own limit (models.MAX_SPEC_VALUES_BYTES); this one bounds what a single
+    # request can make the ledger store, and the intake's commit write while other requests wait on it.
+    size = trials_bytes(sweep, count)
+    if size > settings.max_sweep_bytes:
+        raise InvalidRequest(
+            f"its {count} trials would hold about {size} bytes of kwargs, args and env (JSON) together, "
+            f"above the {settings.max_sweep_bytes} this service takes for one sweep (pass large inputs "
+            "as files, or make fewer trials)",
+            field="job.kwargs" if sweep.job.script is None else "job.args",
+        )
 
 
 def _check_targets(sweep: SweepCreate) -> None:

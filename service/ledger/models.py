@@ -67,6 +67,17 @@ def _time_column(nullable: bool = True, index: bool = False) -> Any:
 # ---------------------------------------------------------------- jobs
 
 
+def servable(value: Any, info: ValidationInfo) -> Any:
+    """A field validator: nothing a response or the ledger cannot hold. A lone surrogate or a NaN
+    parses, and the row would then break every list it is in; NUL fits neither PostgreSQL nor a
+    process's argv (and, on PostgreSQL, fails the intake's whole group commit, not only its own row)."""
+    if (problem := json_problem(value)) is not None:
+        path, why = problem
+        where = f"{info.field_name}.{path}" if path else info.field_name
+        raise ValueError(f"{where} {why}")
+    return value
+
+
 class JobBase(SQLModel):
     name: str = Field(min_length=1, max_length=200, description="A name to find the job by.")
 
@@ -120,8 +131,8 @@ class JobCreate(JobBase):
     )
     checkpoints: CheckpointPolicy | None = Field(
         default=None,
-        description="Which of rank 0's checkpoints are kept as the job runs, e.g. {\"keep_last\": 2, "
-        "\"keep_best\": {\"metric\": \"loss\", \"goal\": \"min\"}}; none: every one.",
+        description='Which of rank 0\'s checkpoints are kept as the job runs, e.g. {"keep_last": 2, '
+        '"keep_best": {"metric": "loss", "goal": "min"}}; none: every one.',
     )
     code: str | None = Field(
         default=None,
@@ -147,16 +158,7 @@ class JobCreate(JobBase):
             raise ValueError("must be a code snapshot id, 'sha256:<64 hex digits>' (POST /api/v1/code)")
         return value
 
-    @field_validator("name", "script", "args", "env", "kwargs", "python")
-    @classmethod
-    def _servable(cls, value: Any, info: ValidationInfo) -> Any:
-        """Nothing a response or the ledger cannot hold: a lone surrogate or a NaN parses, and the row
-        would then break every list it is in; NUL fits neither PostgreSQL nor a process's argv."""
-        if (problem := json_problem(value)) is not None:
-            path, why = problem
-            where = f"{info.field_name}.{path}" if path else info.field_name
-            raise ValueError(f"{where} {why}")
-        return value
+    _servable = field_validator("name", "script", "args", "env", "kwargs", "python")(servable)
 
     @model_validator(mode="after")
     def _one_target_and_room(self) -> JobCreate:
@@ -309,7 +311,7 @@ class JobTemplate(JobCreate):
 
 class SweepCreate(SQLModel):
     """The body of POST /api/v1/sweeps. What pydantic cannot check alone (names, sizes, placeholders)
-    service.domain.sweeps checks, naming the field."""
+    service.domain.sweep_trials checks, naming the field."""
 
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
@@ -329,6 +331,8 @@ class SweepCreate(SQLModel):
     )
     metric: str = Field(default="loss", min_length=1, max_length=100, description="The metric to compare by.")
     goal: Goal = Field(default="min", description="'min' or 'max': which end of the metric is best.")
+
+    _servable = field_validator("name", "metric")(servable)
 
 
 class Sweep(SQLModel, table=True):

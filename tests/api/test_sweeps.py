@@ -9,7 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
-from service.ledger.models import Job, JobMetric, Sweep
+from service.domain import metric_series
+from service.ledger.models import Job, JobMetric, Sweep, UserQuota
 from service.loops import sweep_claims
 from service.states import JobState
 from tests.conftest import Login
@@ -85,6 +86,9 @@ def test_script_args_take_parameters_through_placeholders(api: TestClient, tmp_p
         ({"grid": {}, "zip": {"a": [1, 2], "b": [1]}}, ["body", "zip"], "one length"),
         ({"grid": {"lr": [1]}, "zip": {"lr": [2]}}, ["body", "zip", "lr"], "in grid too"),
         ({"grid": {"x": list(range(40)), "y": list(range(40))}}, ["body", "grid"], "1600 trials"),
+        ({"grid": {}, "zip": {"x": list(range(1001))}}, ["body", "zip"], "1001 trials"),
+        ({"name": "a\x00b"}, ["body", "name"], "NUL"),
+        ({"metric": "a\x00b"}, ["body", "metric"], "NUL"),
         ({"grid": {"bad-name": [1]}}, ["body", "grid", "bad-name"], "parameter name"),
         ({"job": {"name": "x", "entrypoint": TRAIN}}, ["body", "job", "name"], "None"),
         ({"max_parallel": 0}, ["body", "max_parallel"], "greater than or equal to 1"),
@@ -108,7 +112,7 @@ def test_a_placeholder_must_name_a_parameter(api: TestClient, tmp_path: Any) -> 
     script.write_text("")
     unknown = {"name": "s", "job": {"script": str(script), "args": ["--lr={rate}"]}, "grid": {"lr": [1]}}
     response = api.post(SWEEPS, json=unknown)
-    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "job", "args.0"]
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "job", "args", "0"]
     unused = {"name": "s", "job": {"script": str(script), "args": []}, "grid": {"lr": [1]}}
     response = api.post(SWEEPS, json=unused)
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "grid", "lr"]
@@ -126,12 +130,80 @@ def test_an_idempotency_key_makes_the_sweep_once(api: TestClient) -> None:
 
 
 def test_trials_count_against_the_unfinished_jobs_quota(api: TestClient, fake: FakeBackend) -> None:
-    runtime_of(api).settings.max_active_jobs_per_user = 5
-    response = api.post(SWEEPS, json=sweep_body())  # six trials, room for five
+    runtime_of(api).settings.max_active_jobs_per_user = 8
+    assert api.post(SWEEPS, json=sweep_body()).status_code == 201  # six trials: room for two more
+    response = api.post(SWEEPS, json=sweep_body())  # it fits once some of them finish
     assert response.status_code == 429, response.text
-    assert "6 more" in response.json()["detail"][0]["msg"]
+    assert "6 more" in response.json()["detail"][0]["msg"] and response.headers["Retry-After"]
+    assert stored_counts(api) == (1, 6)
+    assert api.post(SWEEPS, json=sweep_body(grid={"lr": [1, 2]})).status_code == 201
+
+
+@pytest.mark.parametrize(("changes", "field"), [({}, "grid"), ({"grid": {}, "zip": {"lr": [1] * 6}}, "zip")])
+def test_a_sweep_of_more_trials_than_the_unfinished_jobs_limit_is_403(
+    api: TestClient, changes: dict[str, Any], field: str
+) -> None:
+    """Not 429: however long the user waits, six trials never fit under a limit of five."""
+    runtime_of(api).settings.max_active_jobs_per_user = 5
+    response = api.post(SWEEPS, json=sweep_body(**changes))
+    assert response.status_code == 403, response.text
+    assert "Retry-After" not in response.headers
+    detail = response.json()["detail"][0]
+    assert detail["loc"] == ["body", field] and "6 jobs" in detail["msg"] and "limit of 5" in detail["msg"]
     assert stored_counts(api) == (0, 0)
-    assert api.post(SWEEPS, json=sweep_body(grid={"lr": [1, 2, 3, 4, 5]})).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("job", "status", "loc"),
+    [
+        ({"resources": {"nodes": 99}}, 422, ["body", "job", "resources", "nodes"]),
+        ({"resources": {"nodes": 0}}, 422, ["body", "job", "resources", "nodes"]),  # pydantic's own
+        ({"entrypoint": "os:system"}, 403, ["body", "job", "entrypoint"]),
+        ({"env": {"LD_PRELOAD": "x"}}, 403, ["body", "job", "env", "LD_PRELOAD"]),
+        ({"env": {"A.B": "x"}}, 422, ["body", "job", "env", "A.B"]),
+    ],
+)
+def test_errors_about_the_sweeps_job_name_the_field_under_job(
+    api: TestClient, job: dict[str, Any], status: int, loc: list[str]
+) -> None:
+    """The checks one job's admission makes name a job's fields; a sweep's body has them under `job`,
+    where pydantic's own errors about the same body put them too."""
+    response = api.post(SWEEPS, json=sweep_body(job={"entrypoint": TRAIN, **job}))
+    assert response.status_code == status, response.text
+    detail = response.json()["detail"][0]
+    assert detail["loc"] == loc, detail
+    assert stored_counts(api) == (0, 0)
+
+
+def test_a_users_own_job_size_limit_names_the_field_under_job(api: TestClient) -> None:
+    with Session(runtime_of(api).engine) as session, session.begin():
+        session.add(UserQuota(username="alice", max_nodes=1))
+    job = {"entrypoint": TRAIN, "backend": "slurm", "resources": {"nodes": 2}}
+    response = api.post(SWEEPS, json=sweep_body(job=job))
+    assert response.status_code == 403, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "job", "resources", "nodes"]
+
+
+def test_what_a_sweeps_trials_hold_together_is_limited(api: TestClient, tmp_path: Any) -> None:
+    """Each job is held to 256 KiB; a sweep multiplies what it stores by its trials (and a parameter's
+    values by the trials that take them)."""
+    runtime_of(api).settings.max_sweep_bytes = 20_000
+    big = {"entrypoint": TRAIN, "kwargs": {"blob": "x" * 5_000}}
+    response = api.post(SWEEPS, json=sweep_body(job=big, grid={"lr": [1, 2, 3, 4]}))  # 4 x 5 KB
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"][0]
+    assert detail["loc"] == ["body", "job", "kwargs"] and "20000" in detail["msg"], detail
+    values = {"blob": ["x" * 5_000, "y"], "seed": [1, 2, 3]}  # 3 x 5 KB: the one large value, three times
+    response = api.post(SWEEPS, json=sweep_body(grid=values))
+    assert response.status_code == 201, response.text
+    response = api.post(SWEEPS, json=sweep_body(grid={**values, "seed": [1, 2, 3, 4]}))
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "job", "kwargs"]
+    script = tmp_path / "train.py"
+    script.write_text("")
+    job = {"script": str(script), "args": ["--blob={blob}", "--again={blob}", "--seed={seed}"]}
+    response = api.post(SWEEPS, json=sweep_body(job=job, grid={"blob": ["x" * 5_000], "seed": [1, 2]}))
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "job", "args"]
+    assert stored_counts(api) == (1, 6)
 
 
 def test_a_sweeps_cancel_frees_its_room_at_once(api: TestClient, fake: FakeBackend) -> None:
