@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import socket
 import subprocess
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 from service.accounts import Account
 from service.backends.base import BackendStatus, SubmitOutcome
 from service.backends.job_env import JobEnvironment
+from service.backends.job_folder_files import remove_from, rename_in, write_new_file
 from service.errors import BackendError
 from service.states import JobState
 from worker.spec import RunSpec
@@ -210,6 +213,23 @@ def _session_executor_class() -> Any:
 
     class SessionLocalExecutor(submitit_local.LocalExecutor):
         start_as: StartAs
+
+        def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
+            """submitit's, but the pickle is written and renamed through a no-link handle on the
+            job's submitit folder (service.backends.job_folder_files); the controller waits for it."""
+            jobs = []
+            for delayed in delayed_submissions:
+                delayed.set_timeout(self.parameters.get("timeout_min", 2), self.max_num_timeout)
+                staged = f".pickle-{uuid.uuid4().hex}.tmp"
+                write_new_file(self.folder, staged, pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL))
+                try:
+                    job = self._submit_command(self._submitit_command_str)
+                except BaseException:
+                    remove_from(self.folder, staged)
+                    raise
+                rename_in(self.folder, staged, job.paths.submitted_pickle.name)
+                jobs.append(job)
+            return jobs
 
         def _submit_command(self, command: str) -> Any:
             ntasks = self.parameters.get("tasks_per_node", 1)

@@ -10,14 +10,12 @@ it from SLURM_ARRAY_TASK_ID, so every element reads and writes inside its own jo
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import pickle
 import re
-import stat
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from submitit.core import core, utils
 from submitit.slurm import slurm as submitit_slurm
 
 from service.backends.base import SUBMITTED_SUFFIX
+from service.backends.job_folder_files import names_in, remove_from, rename_in, write_new_file
 from worker.spec import Resources, RunSpec
 
 # The only Resources fields that reach sbatch as options of their own (the allow-list): each value is
@@ -161,42 +160,7 @@ def script_token(command: str) -> str | None:
     return match["token"] if match else None
 
 
-_FOLDER_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-_PICKLE_MODE = 0o644
 _SCRIPT_MODE = 0o644  # sbatch reads the script as the job's account
-
-
-@contextlib.contextmanager
-def folder_handle(folder: Path) -> Iterator[int]:
-    """A handle on `folder`, which must not be a link. What the service (root) writes in a job's
-    submitit folder goes through one: the job's account owns the job folder, and a job of the same
-    account still running could swap `submitit` for a link to any folder while we write. The
-    folders above are the service's, so checking the last step is enough."""
-    fd = os.open(folder, _FOLDER_NO_LINK)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def write_new_file(folder: int, name: str, data: bytes, mode: int) -> None:
-    """A new file `name` in the folder handle `folder` (never through a link, never over a file)."""
-    with os.fdopen(os.open(name, _NEW_FILE, mode, dir_fd=folder), "wb") as out:
-        if stat.S_IMODE(os.fstat(out.fileno()).st_mode) != mode:  # a umask stricter than 022
-            os.fchmod(out.fileno(), mode)
-        out.write(data)
-
-
-def rename_in(folder: Path, name: str, new_name: str) -> None:
-    with folder_handle(folder) as handle:
-        os.rename(name, new_name, src_dir_fd=handle, dst_dir_fd=handle)
-
-
-def remove_from(folder: Path, name: str) -> None:
-    """Best effort: a folder the job has replaced (a link now) keeps what is in it."""
-    with contextlib.suppress(OSError), folder_handle(folder) as handle:
-        os.unlink(name, dir_fd=handle)
 
 
 @dataclass(frozen=True)
@@ -215,8 +179,7 @@ class StagedPickle:
         """What submitit's DelayedSubmission.dump writes, for the job's account to read (its folder
         keeps others out). Plain pickle, not submitit's cloudpickle: the callable is an importable
         class, and cloudpickle's per-object hooks cost more than the write for hundreds of trials."""
-        with folder_handle(self.folder) as handle:
-            write_new_file(handle, self.name, pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL), _PICKLE_MODE)
+        write_new_file(self.folder, self.name, pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL))
 
     def adopt(self, external_id: str) -> None:
         """Give it the name submitit's runtime waits for (`<id>_submitted.pkl`): now the job can run."""
@@ -228,13 +191,8 @@ class StagedPickle:
 
 def staged_pickles(folder: Path) -> list[StagedPickle]:
     """The staged pickles in `folder`; none when it is missing or a link (the job's doing)."""
-    try:
-        with folder_handle(folder) as handle:
-            names = os.listdir(handle)
-    except OSError:
-        return []
     found: list[StagedPickle] = []
-    for name in names:
+    for name in names_in(folder):
         if not (name.startswith(STAGED_PREFIX) and name.endswith(".pkl")):
             continue
         token, _, index = name[len(STAGED_PREFIX) : -len(".pkl")].rpartition("-")
@@ -314,8 +272,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         text = submitit_slurm._make_sbatch_string(
             command=self._submitit_command_str, folder=self.folder, **params
         )
-        with folder_handle(root) as handle:
-            write_new_file(handle, script, text.encode(), _SCRIPT_MODE)
+        write_new_file(root, script, text.encode(), _SCRIPT_MODE)
         try:
             job_id = self._sbatch(root / script)
         except BaseException:
