@@ -31,7 +31,8 @@ from service.errors import Forbidden, InvalidRequest
 log = logging.getLogger(__name__)
 
 LOGIN_DEFS = Path("/etc/login.defs")
-DEFAULT_UID_MIN = 1000  # useradd's own, when login.defs names none
+DEFAULT_UID_MIN, DEFAULT_UID_MAX = 1000, 60000  # useradd's own, when login.defs names none
+MAX_16_BIT_UID = 65535
 
 
 @dataclass(frozen=True)
@@ -140,13 +141,19 @@ def _without_account(user: str, mapped: str | None, settings: Settings) -> str:
 def unfit_for_jobs(account: Account) -> str | None:
     """Why no job may be switched to `account`, or None. Root and the service's own account can do
     whatever the service can (read the ledger and its database password, start anything as anyone);
-    a system account owns a daemon's files (PostgreSQL's data, SLURM's state)."""
+    a system account owns a daemon's files (PostgreSQL's data, SLURM's state): below login.defs'
+    UID_MIN, or above its UID_MAX up to 65535, where Debian puts the accounts it allocates (SLURM's
+    `slurm` is 64030) and `nobody`. Uids above 65535 are left to people: network directories use them."""
     if account.uid == 0:
         return "is root"
     if account.is_current:
         return "is the service's own account"
-    if account.uid < first_user_uid():
-        return f"is a system account (uid {account.uid}, below UID_MIN {first_user_uid()} of {LOGIN_DEFS})"
+    people = person_uids()
+    if account.uid not in people and account.uid <= MAX_16_BIT_UID:
+        return (
+            f"is a system account (uid {account.uid}, outside UID_MIN {people.start} to UID_MAX "
+            f"{people.stop - 1} of {LOGIN_DEFS})"
+        )
     return None
 
 
@@ -168,17 +175,18 @@ def check_mapping(unix_user: str, settings: Settings) -> None:
 
 
 @functools.cache
-def first_user_uid(login_defs: Path = LOGIN_DEFS) -> int:
-    """UID_MIN of login.defs, the first uid of a person's account (below it, the system's own)."""
+def person_uids(login_defs: Path = LOGIN_DEFS) -> range:
+    """UID_MIN to UID_MAX of login.defs: the uids of people's accounts (the others are the system's)."""
+    bounds = {"UID_MIN": DEFAULT_UID_MIN, "UID_MAX": DEFAULT_UID_MAX}
     try:
         lines = login_defs.read_text().splitlines()
     except OSError:
-        return DEFAULT_UID_MIN
+        lines = []
     for line in lines:
         fields = line.split()
-        if len(fields) >= 2 and fields[0] == "UID_MIN" and fields[1].isdigit():
-            return int(fields[1])
-    return DEFAULT_UID_MIN
+        if len(fields) >= 2 and fields[0] in bounds and fields[1].isdigit():
+            bounds[fields[0]] = int(fields[1])
+    return range(bounds["UID_MIN"], bounds["UID_MAX"] + 1)
 
 
 def announce(settings: Settings) -> None:

@@ -22,6 +22,10 @@ def owner_api(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[T
     """A service whose jobs run as their owners, deciding as a root service does (the fake backend
     starts nothing, so no account is really switched)."""
     monkeypatch.setattr(accounts, "can_switch_accounts", lambda: True)
+    # nobody (65534, above UID_MAX) stands for a person's account: the one every host has
+    monkeypatch.setattr(
+        accounts, "person_uids", lambda: range(1000, accounts.Account.named("nobody").uid + 1)
+    )
     tuned = settings.model_copy(update={"job_accounts": "owner"})
     with TestClient(create_app(tuned, backends={"local": FakeBackend("local")})) as client:
         yield client

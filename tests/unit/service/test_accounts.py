@@ -18,10 +18,20 @@ from worker.spec import JobFiles
 
 SERVICE = Account.current().name
 OTHER = "nobody"  # an account every Debian host has
+NOBODY = Account.named(OTHER).uid
 
 
 def owner_settings(tmp_path: Path, **more: object) -> Settings:
     return Settings(data_dir=tmp_path, job_accounts="owner", **more)  # type: ignore[arg-type]
+
+
+HOST_PERSON_UIDS = accounts.person_uids
+
+
+@pytest.fixture(autouse=True)
+def nobody_a_person(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nobody` (65534, above UID_MAX) stands for a person's account here: the one every host has."""
+    monkeypatch.setattr(accounts, "person_uids", lambda: range(1000, NOBODY + 1))
 
 
 @pytest.fixture
@@ -66,23 +76,44 @@ def test_no_job_is_switched_to_root_the_service_or_a_system_account(
     assert "--unix-user" in refused.value.message
 
 
-def test_a_system_account_is_one_below_uid_min(
-    as_root: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("people", "refused"),
+    [
+        (range(1000, NOBODY + 1), False),
+        (range(1000, NOBODY), True),  # above UID_MAX (and not above 65535)
+        (range(NOBODY + 1, NOBODY + 10), True),  # below UID_MIN
+    ],
+)
+def test_a_system_account_is_one_outside_uid_min_to_uid_max_up_to_65535(
+    as_root: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, people: range, refused: bool
 ) -> None:
-    nobody = Account.named(OTHER).uid
-    monkeypatch.setattr(accounts, "first_user_uid", lambda: nobody + 1)
-    with pytest.raises(Forbidden, match=f"is a system account \\(uid {nobody}, below UID_MIN {nobody + 1}"):
-        job_account("carol", OTHER, owner_settings(tmp_path))
-    monkeypatch.setattr(accounts, "first_user_uid", lambda: nobody)
-    assert job_account("carol", OTHER, owner_settings(tmp_path)) == OTHER
+    monkeypatch.setattr(accounts, "person_uids", lambda: people)
+    if refused:
+        with pytest.raises(Forbidden, match=f"is a system account \\(uid {NOBODY}, outside UID_MIN"):
+            job_account("carol", OTHER, owner_settings(tmp_path))
+    else:
+        assert job_account("carol", OTHER, owner_settings(tmp_path)) == OTHER
 
 
-def test_uid_min_comes_from_login_defs(tmp_path: Path) -> None:
-    (tmp_path / "login.defs").write_text("# UID_MIN 10\nUID_MAX\t\t60000\nUID_MIN\t\t\t 500\n")
-    (tmp_path / "without").write_text("UID_MAX 60000\n")
-    assert accounts.first_user_uid(tmp_path / "login.defs") == 500
-    assert accounts.first_user_uid(tmp_path / "without") == accounts.DEFAULT_UID_MIN
-    assert accounts.first_user_uid(tmp_path / "none") == accounts.DEFAULT_UID_MIN
+def test_slurm_s_and_nobody_s_accounts_are_system_accounts_on_debian(
+    as_root: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(accounts, "person_uids", HOST_PERSON_UIDS)
+    for name in ("nobody", "slurm"):
+        try:
+            account = Account.named(name)
+        except KeyError:
+            continue
+        assert accounts.unfit_for_jobs(account) is not None, name
+
+
+def test_uid_min_and_uid_max_come_from_login_defs(tmp_path: Path) -> None:
+    (tmp_path / "login.defs").write_text("# UID_MIN 10\nUID_MAX\t\t59999\nUID_MIN\t\t\t 500\n")
+    (tmp_path / "without").write_text("GID_MAX 60000\n")
+    assert HOST_PERSON_UIDS(tmp_path / "login.defs") == range(500, 60000)
+    default = range(accounts.DEFAULT_UID_MIN, accounts.DEFAULT_UID_MAX + 1)
+    assert HOST_PERSON_UIDS(tmp_path / "without") == default
+    assert HOST_PERSON_UIDS(tmp_path / "none") == default
 
 
 def test_a_token_s_mapping_to_such_an_account_is_refused_when_it_is_made(

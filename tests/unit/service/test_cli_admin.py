@@ -55,6 +55,10 @@ def test_token_create_refuses_to_map_a_user_to_root_or_a_system_account(
         assert f"unix_user: '{account}' {problem}" in " ".join(result.output.split())
     with Session(make_engine(ledger)) as session:
         assert session.exec(select(ApiToken)).all() == []
+    # nobody (65534, above UID_MAX) stands for a person's account: the one every host has
+    monkeypatch.setattr(
+        accounts, "person_uids", lambda: range(1000, accounts.Account.named("nobody").uid + 1)
+    )
     assert run("token", "create", "--user", "carol", "--unix-user", "nobody")
 
 
