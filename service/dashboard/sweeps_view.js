@@ -119,11 +119,17 @@ export class SweepView {
   }
 
   // Each trial's new points of the metric since the last read; a trial that has ended is read once more.
+  // A trial without any point yet (metric_last is null: most of a throttled sweep's, waiting their
+  // turn) is not asked at all, so a refresh asks about the trials under way, not every trial.
   async loadCurves(sweep) {
     const reads = sweep.trials.map(async (trial) => {
       const curve = this.curves.get(trial.job_id) || { steps: [], values: [], last: null, done: false };
       this.curves.set(trial.job_id, curve);
       if (curve.done) return;
+      if (trial.metric_last == null) {
+        curve.done = TERMINAL.has(trial.state); // ended without a point: it will have none
+        return;
+      }
       // From the last step on: a step can be reported twice (a train loss, then the epoch's
       // evaluation), and the later value is the one the trial ended that step with.
       const { data } = await api.trialMetric(trial.job_id, sweep.metric, curve.last == null ? null : curve.last - 1);
@@ -163,7 +169,10 @@ export class SweepView {
     const key = sweep.trials.map((t) => t.job_id).join(",");
     if (this.plot && this.plotKey === key) {
       this.plot.setData(data, false); // keep the user's zoom while points arrive
-      if (!this.zoomed) this.plot.setScale("x", { min: data[0][0], max: data[0][data[0].length - 1] });
+      // Only over two steps or more: a scale from one step to itself (or from none to none) sends
+      // uPlot's axis into an endless tick loop ("Invalid array length"); it ranges one step itself.
+      const steps = data[0];
+      if (!this.zoomed && steps.length > 1) this.plot.setScale("x", { min: steps[0], max: steps[steps.length - 1] });
       return;
     }
     this.plot?.destroy();

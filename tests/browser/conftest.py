@@ -98,7 +98,7 @@ def open_page(browser: Browser, url: str, raw_token: str | None = None, **option
         sign_in(context, raw_token)
     page = context.new_page()
     errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("pageerror", lambda error: errors.append(f"{error} {error.stack}"))
     page.on(
         "console",
         lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None,

@@ -108,3 +108,28 @@ def _metric(service: LiveServer, job_id: int) -> list[dict[str, Any]]:
                          headers=bearer(token(service)))  # fmt: skip
     points: list[dict[str, Any]] = response.raise_for_status().json()
     return points
+
+
+def test_trials_waiting_their_turn_are_not_asked_for_points(page: Page, service: LiveServer) -> None:
+    body = {
+        "name": "one-at-a-time",
+        "job": {
+            "entrypoint": "worker.tasks.train:train",
+            "kwargs": {"epochs": 2, "samples": 32, "report_every": 1, "sleep_per_step": 0.2},
+        },
+        "grid": {"lr": [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]},
+        "max_parallel": 1,
+    }
+    response = httpx.post(f"{service.url}/api/v1/sweeps", json=body, headers=bearer(token(service)))
+    assert response.status_code == 201, response.text
+    sweep = response.json()
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url) if "/metrics" in request.url else None)
+    page.goto(f"/#/sweeps/{sweep['id']}")
+    chart = page.locator(".sweep-chart")
+    wait_for(lambda: int(chart.get_attribute("data-points") or 0) > 2, 120, "the first trial's points")
+
+    now = read(service, sweep["id"])
+    without_points = {t["job_id"] for t in now["trials"] if t["metric_last"] is None}
+    assert len(without_points) >= 4  # one at a time: most are still waiting their turn
+    assert asked and not [url for url in asked if any(f"/jobs/{i}/metrics" in url for i in without_points)]
