@@ -134,6 +134,15 @@ class _Refused(Exception):
         self.transient = transient
 
 
+def _unreachable_text(message: str) -> str:
+    return f"not submitted, SLURM became unreachable: {message}"
+
+
+def _left_out(specs: Sequence[RunSpec], text: str) -> list[SubmitOutcome]:
+    """Outcomes of jobs not submitted for a passing reason: the dispatcher queues them again."""
+    return [SubmitOutcome(spec.job_id, error=text, transient=True) for spec in specs]
+
+
 def _chunks(items: Sequence[str], size: int) -> Iterator[list[str]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
@@ -416,23 +425,24 @@ class SlurmBackend:
                 throttles[group] = spec.group.max_parallel
             groups.setdefault((spec.run_as, spec.python, group_key(params), group), []).append(index)
         size = self.max_array_size()
-        unreachable: str | None = None
+        unreachable: str | None = None  # once SLURM stopped answering: what the jobs left out are told
         for (run_as, python, key, group), members in groups.items():
             chunks = [members[start : start + size] for start in range(0, len(members), size)]
             for chunk, parallelism in zip(chunks, share_throttle(throttles[group], len(chunks)), strict=True):
-                if unreachable is None:
+                chunk_specs = [specs[i] for i in chunk]
+                if unreachable is not None:
+                    results = _left_out(chunk_specs, unreachable)
+                else:
                     try:
-                        results = self._submit_chunk(
-                            [specs[i] for i in chunk], dict(key), run_as, python, parallelism
-                        )
-                    except _Refused as error:
+                        results = self._submit_chunk(chunk_specs, dict(key), run_as, python, parallelism)
+                    except _Refused as error:  # nothing of this chunk was queued
                         if not any(o is not None and o.accepted for o in outcomes):
                             raise BackendError(f"SLURM is unreachable: {error.message}") from error
-                        unreachable = error.message
-                if unreachable is not None:
-                    # Some jobs of this batch are queued already: raising would lose track of them.
-                    text = f"not submitted, SLURM became unreachable: {unreachable}"
-                    results = [SubmitOutcome(specs[i].job_id, error=text, transient=True) for i in chunk]
+                        # Some jobs of this batch are queued already: raising would lose track of them.
+                        unreachable = _unreachable_text(error.message)
+                        results = _left_out(chunk_specs, unreachable)
+                    else:
+                        unreachable = next((o.error for o in results if o.transient), None)
                 for index, outcome in zip(chunk, results, strict=True):
                     outcomes[index] = outcome
         return [outcome for outcome in outcomes if outcome is not None]
@@ -458,13 +468,33 @@ class SlurmBackend:
                 # unthrottled. Its trials end with the scheduler's word instead.
                 return [SubmitOutcome(spec.job_id, error=refusal.message) for spec in specs]
             log.info("an array of %d was refused (%s); submitting them one by one", len(specs), refusal)
-            first = self._submit_chunk(specs[:1], params, run_as, python)
-            if first[0].error == refusal.message:  # same parameters, same verdict: spare the calls
-                return first + [SubmitOutcome(spec.job_id, error=refusal.message) for spec in specs[1:]]
-            return first + [self._submit_chunk([spec], params, run_as, python)[0] for spec in specs[1:]]
+            return self._submit_one_by_one(specs, params, run_as, python, refusal.message)
         except Exception as error:  # submitit or the filesystem, not the scheduler
             log.exception("submitting %d job(s) failed", len(specs))
             return [SubmitOutcome(spec.job_id, error=f"submission failed: {error}") for spec in specs]
+
+    def _submit_one_by_one(
+        self,
+        specs: list[RunSpec],
+        params: dict[str, Any],
+        run_as: str | None,
+        python: str | None,
+        array_refusal: str,
+    ) -> list[SubmitOutcome]:
+        """Each job of a refused array alone, to isolate the refusal. When SLURM stops answering half-way,
+        the jobs it queued keep their ids and the rest are left out for a later tick (raises _Refused
+        only while none was queued): submitting the queued ones again would run them twice."""
+        outcomes: list[SubmitOutcome] = []
+        for index, spec in enumerate(specs):
+            try:
+                outcomes += self._submit_chunk([spec], params, run_as, python)
+            except _Refused as passing:
+                if not any(outcome.accepted for outcome in outcomes):
+                    raise
+                return outcomes + _left_out(specs[index:], _unreachable_text(passing.message))
+            if index == 0 and outcomes[0].error == array_refusal:  # same parameters, same verdict
+                return outcomes + [SubmitOutcome(spec.job_id, error=array_refusal) for spec in specs[1:]]
+        return outcomes
 
     def _sbatch_group(
         self,

@@ -10,6 +10,8 @@ it from SLURM_ARRAY_TASK_ID, so every element reads and writes inside its own jo
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import pickle
@@ -39,6 +41,8 @@ _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
 STAGED_PREFIX = ".staged-"
 _SCRIPT_TOKEN = re.compile(r"\.submission_file_(?P<token>[0-9a-f]{32})\.sh$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+log = logging.getLogger(__name__)
 
 SbatchRunner = Callable[[Path], str]  # runs sbatch on a script, returns the job id or raises
 
@@ -285,9 +289,16 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
         jobs: list[core.Job[Any]] = [
             _SubmittedJob(folder=self.folder, job_id=one, tasks=tasks) for one in ids
         ]
+        # SLURM holds every element now: a failure from here on must not lose their ids (the dispatcher
+        # would submit them again). An element whose folder its own account swapped meanwhile waits
+        # for its pickle in vain and fails alone; the script's new name is submitit's habit only.
         for job, one in zip(jobs, staged, strict=True):
-            one.adopt(str(job.job_id))
-        rename_in(root, script, f"{job_id}_submission.sh")
+            try:
+                one.adopt(str(job.job_id))
+            except OSError as error:
+                log.warning("job %s cannot run: its pickle could not be named: %s", job.job_id, error)
+        with contextlib.suppress(OSError):
+            rename_in(root, script, f"{job_id}_submission.sh")
         return jobs
 
 

@@ -194,6 +194,24 @@ def test_unreachable_after_some_were_accepted_keeps_them(
     assert len(commands.named("sbatch")) == 2  # the third is not even tried
 
 
+@pytest.mark.parametrize("accepted_before", [False, True])
+def test_unreachable_while_a_refused_array_goes_one_by_one_keeps_those_queued(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path, accepted_before: bool
+) -> None:
+    # Queued jobs must keep their ids: left out, the next tick would submit them again (two runs,
+    # one in nobody's sight, both writing in the job's folder).
+    earlier = [make(tmp_path, 99, nodes=2)] if accepted_before else []
+    commands.on("sbatch", *([sbatch] if earlier else []), fail(REFUSED), sbatch, sbatch, fail(UNREACHABLE))
+    specs = [*earlier, *(make(tmp_path, n) for n in (1, 2, 3))]
+
+    outcomes = backend(commands, tmp_path).submit(specs)
+
+    queued = [(o.job_id, o.external_id) for o in outcomes if o.accepted]
+    assert queued == ([(99, "100"), (1, "101"), (2, "102")] if earlier else [(1, "100"), (2, "101")])
+    assert [(o.job_id, o.transient) for o in outcomes if not o.accepted] == [(3, True)]
+    assert not list(specs[-1].files.submitit.iterdir())  # the one left out holds nothing yet
+
+
 def test_scontrol_down_is_a_backend_error(commands: FakeCommands, tmp_path: Path) -> None:
     commands.on("scontrol", fail("slurm_load_ctl_conf error: Unable to contact slurm controller\n"))
     with pytest.raises(BackendError, match="scontrol show config failed"):
@@ -367,3 +385,25 @@ def test_a_submitit_folder_the_job_swapped_for_a_link_gets_nothing_written_throu
     assert "Not a directory" in str(outcomes[0].error)
     assert list(elsewhere.iterdir()) == []
     assert sbatch.scripts == []
+
+
+def test_a_folder_swapped_while_sbatch_runs_fails_that_element_alone_and_loses_no_id(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    specs = [make(tmp_path, n) for n in (1, 2, 3)]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def swap_then_accept(argv: Sequence[str]) -> CommandResult:
+        moved = specs[1].files.submitit.rename(tmp_path / "moved")  # job 2's account, while SLURM answers
+        specs[1].files.submitit.symlink_to(elsewhere, target_is_directory=True)
+        assert list(moved.iterdir())  # its staged pickle went with the real folder
+        return sbatch(argv)
+
+    commands.on("sbatch", swap_then_accept)
+    outcomes = backend(commands, tmp_path).submit(specs)
+
+    assert [o.external_id for o in outcomes] == ["100_0", "100_1", "100_2"]  # all queued: none lost
+    assert (specs[0].files.submitit / "100_0_submitted.pkl").exists()
+    assert (specs[2].files.submitit / "100_2_submitted.pkl").exists()
+    assert list(elsewhere.iterdir()) == []
