@@ -21,7 +21,8 @@ from service.ledger.models import JobCreate, SweepCreate
 from worker.spec import json_problem
 
 PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+# In a script's args, `{name}` is a parameter and `{{` / `}}` a literal brace, as in str.format.
+PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 
 Params = dict[str, Any]
 
@@ -45,7 +46,7 @@ def trials_bytes(sweep: SweepCreate, count: int) -> int:
     job = sweep.job
     total = count * len(json.dumps([job.kwargs, job.args, job.env]))
     for name, values in (*sweep.grid.items(), *sweep.zip.items()):
-        uses = 1 if job.script is None else sum(arg.count(f"{{{name}}}") for arg in job.args)
+        uses = 1 if job.script is None else sum(placeholders(arg).count(name) for arg in job.args)
         total += uses * (count // len(values)) * sum(len(json.dumps(value)) for value in values)
     return total
 
@@ -107,10 +108,12 @@ def _check_targets(sweep: SweepCreate) -> None:
         return
     used: set[str] = set()
     for index, arg in enumerate(job.args):
-        for placeholder in PLACEHOLDER.findall(arg):
+        for placeholder in placeholders(arg):
             if placeholder not in names:
                 raise InvalidRequest(
-                    f"'{{{placeholder}}}' names no parameter of grid or zip", field=f"job.args.{index}"
+                    f"'{{{placeholder}}}' names no parameter of grid or zip "
+                    "(write '{{' and '}}' for a literal brace)",
+                    field=f"job.args.{index}",
                 )
             used.add(placeholder)
     if unused := [name for name in names if name not in used]:
@@ -145,7 +148,7 @@ def _trial_job(sweep: SweepCreate, fields: dict[str, Any], index: int, params: P
     if job.script is None:
         update["kwargs"] = {**job.kwargs, **params}
     else:
-        update["args"] = [PLACEHOLDER.sub(lambda match: _as_arg(params[match[1]]), arg) for arg in job.args]
+        update["args"] = [_filled(arg, params) for arg in job.args]
     try:
         return JobCreate.model_validate({**fields, **update})
     except ValidationError as error:  # the parameters made it too big, or a kwarg the job refuses
@@ -154,6 +157,15 @@ def _trial_job(sweep: SweepCreate, fields: dict[str, Any], index: int, params: P
         raise InvalidRequest(
             f"trial {index} ({params}): {where} {problem['msg']}".strip(), field="job"
         ) from None
+
+
+def placeholders(arg: str) -> list[str]:
+    """The parameters `arg` names, in order (escaped braces are none)."""
+    return [match[1] for match in PLACEHOLDER.finditer(arg) if match[1] is not None]
+
+
+def _filled(arg: str, params: Params) -> str:
+    return PLACEHOLDER.sub(lambda match: match[0][0] if match[1] is None else _as_arg(params[match[1]]), arg)
 
 
 def _as_arg(value: Any) -> str:

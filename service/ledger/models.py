@@ -320,7 +320,7 @@ class SweepCreate(SQLModel):
     grid: dict[str, list[ParamValue]] = Field(
         default_factory=dict,
         description="Parameter -> values: every combination is a trial (applied to job.kwargs, or to "
-        "job.args through placeholders such as '--lr={lr}' for scripts).",
+        "job.args through placeholders such as '--lr={lr}' for scripts; '{{' and '}}' are literal braces).",
     )
     zip: dict[str, list[ParamValue]] = Field(
         default_factory=dict,

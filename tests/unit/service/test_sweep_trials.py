@@ -71,3 +71,22 @@ def test_the_trial_limit_names_zip_when_the_grid_is_empty() -> None:
     with pytest.raises(InvalidRequest) as refused:
         check_sweep(sweep({"entrypoint": TRAIN}, grid={"a": [1, 2]}, zip={"lr": [1, 2]}), settings)
     assert refused.value.field == "grid"
+
+
+def test_a_script_arg_keeps_literal_braces_written_twice() -> None:
+    made = sweep(
+        {"script": "/s.py", "args": ['--cfg={{"depth": {depth}}}', "--out=run_{{}}.txt", "{{lr}}={lr}"]},
+        grid={"depth": [2], "lr": [0.1]},
+    )
+    check_sweep(made, Settings())
+
+    [job] = trial_jobs(made, trial_params(made))
+
+    assert job.args == ['--cfg={"depth": 2}', "--out=run_{}.txt", "{lr}=0.1"]
+
+
+def test_a_lone_brace_pair_is_refused_with_how_to_write_one() -> None:
+    made = sweep({"script": "/s.py", "args": ["--lr={lr}", "--out=run_{}.txt"]}, grid={"lr": [0.1]})
+    with pytest.raises(InvalidRequest, match="names no parameter") as refused:
+        check_sweep(made, Settings())
+    assert refused.value.field == "job.args.1" and "'{{'" in refused.value.message
