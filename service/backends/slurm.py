@@ -134,12 +134,16 @@ class _Refused(Exception):
         self.transient = transient
 
 
+WAITING_FOR_ROOM = "not submitted yet: the sweep's first arrays hold all of its max_parallel"
+
+
 def _unreachable_text(message: str) -> str:
     return f"not submitted, SLURM became unreachable: {message}"
 
 
 def _left_out(specs: Sequence[RunSpec], text: str) -> list[SubmitOutcome]:
-    """Outcomes of jobs not submitted for a passing reason: the dispatcher queues them again."""
+    """Outcomes of jobs not submitted for a passing reason (SLURM unreachable, or a sweep's arrays
+    waiting for room): the dispatcher queues them again."""
     return [SubmitOutcome(spec.job_id, error=text, transient=True) for spec in specs]
 
 
@@ -428,11 +432,15 @@ class SlurmBackend:
         unreachable: str | None = None  # once SLURM stopped answering: what the jobs left out are told
         for (run_as, python, key, group), members in groups.items():
             chunks = [members[start : start + size] for start in range(0, len(members), size)]
-            for chunk, parallelism in zip(chunks, share_throttle(throttles[group], len(chunks)), strict=True):
+            throttles_now = share_throttle(throttles[group], len(chunks))
+            for number, chunk in enumerate(chunks):
                 chunk_specs = [specs[i] for i in chunk]
-                if unreachable is not None:
+                if number >= len(throttles_now):
+                    results = _left_out(chunk_specs, WAITING_FOR_ROOM)
+                elif unreachable is not None:
                     results = _left_out(chunk_specs, unreachable)
                 else:
+                    parallelism = throttles_now[number]
                     try:
                         results = self._submit_chunk(chunk_specs, dict(key), run_as, python, parallelism)
                     except _Refused as error:  # nothing of this chunk was queued

@@ -78,12 +78,15 @@ def warning_signal_delay_s(timeout_min: int) -> int:
 
 
 def share_throttle(max_parallel: int | None, arrays: int) -> list[int | None]:
-    """Each array's `%N` when one group (a sweep) needs `arrays` arrays: together at most
-    `max_parallel` (None: no throttle). With more arrays than that, each runs one job at a time."""
+    """The `%N` of each array that goes now when one group (a sweep) needs `arrays` arrays: together
+    at most `max_parallel` (None: no throttle). With more arrays than max_parallel, only the first
+    max_parallel go, one task at a time each: the others wait, and the dispatcher sends their jobs as
+    the running ones leave room (service.loops.sweep_claims)."""
     if max_parallel is None:
         return [None] * arrays
-    base, extra = divmod(max_parallel, arrays)
-    return [max(1, base + (1 if index < extra else 0)) for index in range(arrays)]
+    now = min(arrays, max_parallel)
+    base, extra = divmod(max_parallel, now)
+    return [base + (1 if index < extra else 0) for index in range(now)]
 
 
 def check_argv(params: dict[str, Any]) -> list[str]:

@@ -132,8 +132,24 @@ def test_a_sweep_cut_under_max_array_size_shares_its_throttle(
     backend(commands, tmp_path).submit(specs)
     arrays = [line for script in sbatch.scripts for line in script.splitlines() if "--array" in line]
     assert arrays == ["#SBATCH --array=0-3%2", "#SBATCH --array=0-3%2", "#SBATCH --array=0-1%1"]
-    assert share_throttle(2, 3) == [1, 1, 1]  # more arrays than max_parallel: one at a time each
     assert share_throttle(None, 2) == [None, None]
+
+
+def test_a_sweep_of_more_arrays_than_max_parallel_sends_only_max_parallel_of_them(
+    commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
+) -> None:
+    # Three arrays of %1 would run three trials of a sweep of max_parallel 2 at once.
+    commands.on("scontrol", config(max_array_size=4))
+    sweep = ArrayGroup(key="sweep-8", max_parallel=2)
+    specs = [make(tmp_path, n).model_copy(update={"group": sweep}) for n in range(10)]
+
+    outcomes = backend(commands, tmp_path).submit(specs)
+
+    arrays = [line for script in sbatch.scripts for line in script.splitlines() if "--array" in line]
+    assert arrays == ["#SBATCH --array=0-3%1", "#SBATCH --array=0-3%1"]
+    assert [o.accepted for o in outcomes] == [True] * 8 + [False] * 2
+    assert all(o.transient and "max_parallel" in (o.error or "") for o in outcomes[8:])  # sent later
+    assert share_throttle(2, 3) == [1, 1]
 
 
 def test_a_refused_sweep_array_is_not_split_into_unthrottled_jobs(
