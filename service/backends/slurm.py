@@ -38,6 +38,7 @@ from service.backends.slurm_submit import (
     group_key,
     sbatch_parameters,
     sbatch_still_running,
+    script_is_for,
     script_token,
     share_throttle,
     staged_pickles,
@@ -235,9 +236,18 @@ class SlurmBackend:
         in_flight = sbatch_still_running(tokens)  # before squeue: one that ends in between shows there
         known = self._submissions(tokens)
         for folder, found in staged.items():
-            match = next((one for one in found if (one.token, one.index) in known), None)
+            submitit = JobFiles(folder).submitit
+            match = next(
+                (
+                    one
+                    for one in found
+                    if (one.token, one.index) in known
+                    and script_is_for(known[(one.token, one.index)].command, submitit, one.index)
+                ),
+                None,
+            )
             if match is not None:
-                external_id = known[(match.token, match.index)]
+                external_id = known[(match.token, match.index)].job_id
                 match.adopt(external_id)
                 answers[folder] = external_id
             elif not any(one.token in in_flight for one in found):
@@ -308,12 +318,13 @@ class SlurmBackend:
         result = self._query(argv, self.controller_backoff)
         return parse.parse_squeue(result.stdout) if result.returncode == 0 else {}
 
-    def _submissions(self, tokens: set[str]) -> dict[tuple[str, int], str]:
-        """(script token, array index) -> SLURM id, for the jobs of these scripts that can still run
-        (one that already ended gave up waiting for its pickle)."""
-        # Every user's jobs: each job was queued by its owner's account, and the token is unique.
+    def _submissions(self, tokens: set[str]) -> dict[tuple[str, int], parse.Submission]:
+        """(script token, array index) -> SLURM's row, for the jobs of these scripts that can still
+        run (one that already ended gave up waiting for its pickle)."""
+        # Every user's jobs: each job was queued by its owner's account. A token is unique to the
+        # service's script, but anyone sees it in squeue: script_is_for checks whose the script is.
         argv = ["squeue", "-h", "-t", "all", "-r", "-O", parse.SUBMISSIONS_FORMAT]
-        found: dict[tuple[str, int], str] = {}
+        found: dict[tuple[str, int], parse.Submission] = {}
         for row in parse.parse_submissions(self._query(argv, self.controller_backoff).stdout):
             token = script_token(row.command)
             if token not in tokens:
@@ -323,7 +334,7 @@ class SlurmBackend:
             except UnknownSlurmState:
                 continue
             if not is_terminal(state):
-                found[(token, row.array_index)] = row.job_id
+                found[(token, row.array_index)] = row
         return found
 
     def _sacct(self, ids: list[str]) -> dict[str, parse.SchedulerRecord]:

@@ -161,6 +161,20 @@ def script_name(token: str) -> str:
     return f".submission_file_{token}.sh"
 
 
+def script_is_for(command: str, submitit_folder: Path, index: int) -> bool:
+    """Whether SLURM's script path `command` is one the service wrote for the job whose submitit
+    folder is `submitit_folder`: in that folder (a job alone), or in an array folder whose `<index>`
+    link leads there (element `index` of an array). A job's account can name a staged pickle in its
+    folder after any script token (squeue shows every user's); where the script lies it cannot choose."""
+    place = os.path.dirname(command.strip())
+    if place == str(submitit_folder):
+        return True
+    try:
+        return os.readlink(os.path.join(place, str(index))) == str(submitit_folder)
+    except OSError:
+        return False
+
+
 def script_token(command: str) -> str | None:
     """The token of a script path as SLURM reports it (squeue's Command), None for any other command."""
     match = _SCRIPT_TOKEN.search(command.strip())

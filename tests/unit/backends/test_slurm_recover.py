@@ -14,7 +14,7 @@ import pytest
 
 from service.backends import slurm_parse as parse
 from service.backends.slurm import CommandResult, SlurmBackend
-from service.backends.slurm_submit import script_token
+from service.backends.slurm_submit import script_name, script_token
 from service.config import Settings
 from service.domain.job_files import submitted_external_id
 from service.errors import BackendError
@@ -67,13 +67,15 @@ class KilledDuringSbatch:
             Path(script).with_name(f"{number}_submission.sh").rename(script)
 
     def squeue(self, array_token: str | None = None, single_token: str | None = None) -> str:
-        """The recorded squeue output, as if SLURM held these scripts: the array's as job 100 and the
-        single job's as 101 (by default the first and second script sbatch saw)."""
-        tokens = [script_token(script) for script in self.scripts]
+        """The recorded squeue output, as if SLURM held these scripts, each where sbatch saw it: the
+        array's as job 100 and the single job's as 101 (by default the first and second script)."""
         text = recorded("squeue_submissions.txt").replace("39865", "100").replace("39866", "101")
-        text = text.replace(ARRAY_TOKEN, array_token or tokens[0] or "").replace(
-            SINGLE_TOKEN, single_token or tokens[1] or ""
-        )
+        for recorded_token, token, script in (
+            (ARRAY_TOKEN, array_token, self.scripts[0]),
+            (SINGLE_TOKEN, single_token, self.scripts[1]),
+        ):
+            place = Path(script).parent / script_name(token or script_token(script) or "")
+            text = text.replace(f"{RECORDED_DIR}/{script_name(recorded_token)}", str(place))
         return text.replace(RECORDED_DIR, str(Path(self.scripts[0]).parent))
 
 
@@ -123,6 +125,25 @@ def test_jobs_slurm_queued_are_found_by_their_script_and_can_run(
     for spec, external_id in zip(specs, ["100_0", "100_1", "100_2", "101"], strict=True):
         assert submitted_external_id(spec.files) == external_id  # the name submitit's runtime waits for
         assert [p.name for p in pickles(spec)] == [f"{external_id}_submitted.pkl"]
+
+
+def test_a_staged_pickle_named_after_another_job_s_script_adopts_nothing(
+    commands: FakeCommands, killed: KilledDuringSbatch, tmp_path: Path
+) -> None:
+    # Job 5's account renames a file of its folder after the array's token (squeue shows everyone's
+    # scripts): adopted, job 5 would be polled and cancelled as another job, perhaps another user's.
+    specs = submit_and_kill(commands, killed, tmp_path)
+    planter = make(tmp_path, 5)
+    planter.files.submitit.mkdir(parents=True)
+    token = script_token(killed.scripts[0])
+    (planter.files.submitit / f".staged-{token}-1.pkl").write_bytes(b"")
+    commands.on("squeue", ok(killed.squeue()))
+
+    answers = backend(commands, tmp_path).recover([*folders(specs), Path(planter.folder)])
+
+    assert answers[Path(planter.folder)] is None
+    assert answers[Path(specs[1].folder)] == "100_1"  # the element's own folder still finds it
+    assert not list(planter.files.submitit.glob("*_submitted.pkl"))
 
 
 def test_a_submission_slurm_does_not_hold_or_already_ended_is_safe_to_send_again(
