@@ -11,6 +11,7 @@ submitted again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -47,6 +48,9 @@ from worker.spec import ArrayGroup, JobFiles, RunSpec
 log = logging.getLogger(__name__)
 
 CLAIM_TTL = timedelta(seconds=60)
+# A job folder that cannot be made for one of these reasons waits for a later tick instead of failing
+# the job: a full disk or quota, a shared file system's stale handle or I/O error, no memory.
+PASSING_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ESTALE, errno.EIO, errno.ENOMEM, errno.EAGAIN})
 # A claim whose folders take long to make (a large sweep, large code snapshots) is renewed this
 # often: one older than CLAIM_TTL is another replica's to take over.
 CLAIM_RENEW_S = CLAIM_TTL.total_seconds() / 6
@@ -160,11 +164,14 @@ class Dispatcher:
             return claimed
 
     def _prepare_all(self, claimed: list[tuple[RowMapping, ArrayGroup | None]]) -> list[tuple[str, RunSpec]]:
-        """The claimed jobs' specs, their folders made; a job whose folder cannot be made fails here.
-        An unexpected error releases the batch's claims (its jobs are submitted at a later tick)."""
+        """The claimed jobs' specs, their folders made; a job whose folder cannot be made fails here,
+        unless the reason passes (PASSING_ERRNOS): then it waits for a later tick. An unexpected
+        error releases the batch's claims (its jobs are submitted at a later tick)."""
         accounts = functools.cache(Account.of_job)  # one passwd lookup per account, not per job
         ready: list[tuple[str, RunSpec]] = []
         unfit: list[tuple[int, str]] = []  # (job id, why it ends here)
+        later: list[int] = []  # the file system said no for a passing reason: a later tick tries again
+        reason_later = ""
         ids = [row["id"] for row, _ in claimed]
         started = renewed = time.monotonic()
         try:
@@ -175,7 +182,11 @@ class Dispatcher:
                 try:
                     ready.append((row["backend"], self._prepare(row, group, accounts)))
                 except (OSError, tarfile.TarError) as error:  # tarfile's: the job's code snapshot
-                    unfit.append((row["id"], f"cannot write the job folder: {error}"))
+                    if isinstance(error, OSError) and error.errno in PASSING_ERRNOS:
+                        later.append(row["id"])
+                        reason_later = f"dispatch failed, will retry: cannot write the job folder: {error}"
+                    else:
+                        unfit.append((row["id"], f"cannot write the job folder: {error}"))
                 except KeyError:  # pwd or grp: the account or group is gone since admission
                     unfit.append(
                         (
@@ -191,6 +202,8 @@ class Dispatcher:
             self._renew_claims(ids)
         if unfit:
             self._fail_unfit(unfit)
+        if later:
+            self._release(later, reason_later)
         return ready
 
     def _renew_claims(self, job_ids: Sequence[int]) -> None:

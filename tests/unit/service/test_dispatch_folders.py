@@ -3,6 +3,7 @@ fails alone, and making folders (a sweep's hundreds, a large code snapshot) hold
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from datetime import datetime
@@ -63,6 +64,36 @@ def test_a_job_whose_folder_cannot_be_made_fails_and_the_rest_of_the_batch_is_su
     assert reason is not None and reason.startswith("cannot write the job folder")
     assert fake.submit_calls == [[fine]]
     assert state_and_claim(engine, fine)[:2] == (JobState.submitted, None)
+
+
+def test_a_job_whose_folder_meets_a_full_disk_waits_for_a_later_tick_instead_of_failing(
+    engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [job_id] = queued(engine, settings, 1)
+    real = dispatch.make_job_folder
+    full = [True]
+
+    def make_job_folder(*args: Any) -> None:
+        if full.pop() if full else False:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(*args)
+
+    monkeypatch.setattr(dispatch, "make_job_folder", make_job_folder)
+    fake = FakeBackend("slurm")
+    dispatcher = Dispatcher(engine, {"slurm": fake}, settings)
+
+    dispatcher.dispatch_once()
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        assert job is not None and (job.state, job.claimed_by) == (JobState.queued, None)
+        assert (
+            job.reason
+            == "dispatch failed, will retry: cannot write the job folder: [Errno 28] No space left on device"
+        )
+    assert fake.submit_calls == []
+
+    dispatcher.dispatch_once()  # room again
+    assert state_and_claim(engine, job_id)[:2] == (JobState.submitted, None)
 
 
 def test_a_write_to_a_claimed_job_is_not_held_while_its_folder_is_made(
