@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -31,6 +31,8 @@ class FakeBackend:
     - `poll_interval_s`: how often the reconciler polls it (the tests' settings use 0.05 s too).
     - `recovered` / `undecided` / `recover_error`: what recover() answers for a job folder (an id the
       scheduler got anyway; a folder it cannot tell yet; BackendError); other folders answer None.
+    - `others_jobs`: job folders whose `<id>_submitted.pkl` names another folder's job (disowned(),
+      which raises BackendError(recover_error) too).
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class FakeBackend:
         self.undecided: set[Path] = set()
         self.recover_error: str | None = None
         self.recover_calls: list[list[Path]] = []
+        self.others_jobs: set[Path] = set()
         self.specs: dict[int, RunSpec] = {}
         self._statuses: dict[str, BackendStatus] = {}
         self._lock = threading.Lock()
@@ -144,6 +147,12 @@ class FakeBackend:
             if self.recover_error is not None:
                 raise BackendError(self.recover_error)
             return {folder: self.recovered.get(folder) for folder in folders if folder not in self.undecided}
+
+    def disowned(self, named: Mapping[Path, str]) -> set[Path]:
+        with self._lock:
+            if self.recover_error is not None:
+                raise BackendError(self.recover_error)
+            return self.others_jobs & set(named)
 
     def cancel(self, external_ids: Sequence[str]) -> None:
         with self._lock:

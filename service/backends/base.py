@@ -7,7 +7,7 @@ Backends map the scheduler's states to JobState themselves and keep the schedule
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -93,6 +93,14 @@ class Backend(Protocol):
         the job the scheduler got anyway (made whole, so that it runs), or None when it surely has
         none (safe to submit again). A folder left out cannot be told yet (a submission may still be
         in flight): keep its claim. Raises BackendError when the scheduler cannot be asked."""
+        ...
+
+    def disowned(self, named: Mapping[Path, str]) -> set[Path]:
+        """Of these job folders, each with the id its `<id>_submitted.pkl` names: those whose id the
+        scheduler shows as another folder's job. The job's account can rename a file the service
+        made there to any name, and a dispatcher that died would then adopt someone else's job (poll
+        it, cancel it as root). An id the scheduler no longer shows is not among them: an ended job
+        harms no one. Raises BackendError when the scheduler cannot be asked."""
         ...
 
     def cancel(self, external_ids: Sequence[str]) -> None:

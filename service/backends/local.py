@@ -17,7 +17,7 @@ import socket
 import subprocess
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from service.backends.job_env import JobEnvironment
 from service.backends.job_folder_files import remove_from, rename_in, write_new_file
 from service.errors import BackendError
 from service.states import JobState
-from worker.spec import RunSpec
+from worker.spec import JobFiles, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,19 @@ class LocalBackend:
         # A controller started by a dispatcher that died before submitit renamed its pickle waits
         # for it in vain and ends on its own, before any user code: submitting again is safe.
         return {folder: None for folder in folders}
+
+    def disowned(self, named: Mapping[Path, str]) -> set[Path]:
+        """A named PID that is a live controller of another folder (its command line names it)."""
+        found = set()
+        for folder, external_id in named.items():
+            try:
+                argv = Path(f"/proc/{external_id}/cmdline").read_bytes().split(b"\0")
+            except (OSError, ValueError):  # gone: nothing to tell, and nothing to harm
+                continue
+            ours = str(JobFiles(folder).submitit).encode()
+            if any(_CONTROLLER_MARK in arg for arg in argv) and ours not in argv:
+                found.add(folder)
+        return found
 
     def cancel(self, external_ids: Sequence[str]) -> None:
         for external_id in external_ids:

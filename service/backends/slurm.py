@@ -256,6 +256,18 @@ class SlurmBackend:
                 answers[folder] = None
         return answers
 
+    def disowned(self, named: Mapping[Path, str]) -> set[Path]:
+        """One squeue of every job: a named id whose script is not this folder's is another's."""
+        if not named:
+            return set()
+        rows = {row.job_id: row for row in self._every_submission()}
+        return {
+            folder
+            for folder, external_id in named.items()
+            if (row := rows.get(external_id)) is not None
+            and not script_is_for(row.command, JobFiles(folder).submitit, row.array_index)
+        }
+
     def cancel(self, external_ids: Sequence[str]) -> None:
         """One scancel per POLL_CHUNK ids. Unknown and finished jobs are not an error."""
         for chunk in _chunks(list(dict.fromkeys(str(one) for one in external_ids)), POLL_CHUNK):
@@ -323,9 +335,8 @@ class SlurmBackend:
         run (one that already ended gave up waiting for its pickle)."""
         # Every user's jobs: each job was queued by its owner's account. A token is unique to the
         # service's script, but anyone sees it in squeue: script_is_for checks whose the script is.
-        argv = ["squeue", "-h", "-t", "all", "-r", "-O", parse.SUBMISSIONS_FORMAT]
         found: dict[tuple[str, int], parse.Submission] = {}
-        for row in parse.parse_submissions(self._query(argv, self.controller_backoff).stdout):
+        for row in self._every_submission():
             token = script_token(row.command)
             if token not in tokens:
                 continue
@@ -336,6 +347,11 @@ class SlurmBackend:
             if not is_terminal(state):
                 found[(token, row.array_index)] = row
         return found
+
+    def _every_submission(self) -> list[parse.Submission]:
+        """Every job SLURM still shows, each array element on its own, with its script's path."""
+        argv = ["squeue", "-h", "-t", "all", "-r", "-O", parse.SUBMISSIONS_FORMAT]
+        return parse.parse_submissions(self._query(argv, self.controller_backoff).stdout)
 
     def _sacct(self, ids: list[str]) -> dict[str, parse.SchedulerRecord]:
         # An array whose elements never started is one row "35_[0-3]": ask for the array's own id.

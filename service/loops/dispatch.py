@@ -253,15 +253,26 @@ class Dispatcher:
         True when some are kept: they are looked at again at the next tick."""
         query = select(Job).where(_due(), col(Job.claimed_by).is_not(None))
         unsure: dict[str, list[Job]] = defaultdict(list)
+        named: dict[str, dict[Path, tuple[Job, str]]] = defaultdict(dict)
         kept = False
         for job in session.exec(query).all():
             if not self._is_stale(job):
                 continue
-            external_id = submitted_external_id(JobFiles(Path(job.folder or ".")))
+            folder = Path(job.folder or ".")
+            external_id = submitted_external_id(JobFiles(folder))
             if external_id is None:
                 unsure[job.backend].append(job)
             else:
-                _release_claim(session, job, external_id)
+                named[job.backend][folder] = (job, external_id)
+        for backend_name, found in named.items():
+            others = self._disowned_by_backend(backend_name, {f: one for f, (_, one) in found.items()})
+            for folder, (job, external_id) in found.items():
+                if others is None:  # the scheduler cannot be asked: keep the claim for the next tick
+                    kept = True
+                elif folder in others:  # a name the job's account made: as if there were none
+                    unsure[backend_name].append(job)
+                else:
+                    _release_claim(session, job, external_id)
         for backend_name, jobs in unsure.items():
             folders = [Path(job.folder or ".") for job in jobs]
             answers = self._recovered_by_backend(backend_name, folders)
@@ -282,6 +293,16 @@ class Dispatcher:
         except BackendError as error:
             log.warning("cannot recover %d claim(s) on %s yet: %s", len(folders), backend_name, error)
             return {}
+
+    def _disowned_by_backend(self, backend_name: str, named: dict[Path, str]) -> set[Path] | None:
+        backend = self._backends.get(backend_name)
+        if backend is None:
+            return set()
+        try:
+            return backend.disowned(named)
+        except BackendError as error:
+            log.warning("cannot check %d adopted id(s) on %s yet: %s", len(named), backend_name, error)
+            return None
 
     def _is_stale(self, job: Job) -> bool:
         if job.claimed_at is not None and utcnow() - job.claimed_at > CLAIM_TTL:

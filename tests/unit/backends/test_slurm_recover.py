@@ -205,3 +205,22 @@ def test_no_staged_pickle_costs_no_call_and_an_unreachable_controller_is_an_erro
         slurm.recover(folders(specs))
     for spec in specs:  # kept for the next try
         assert [p.name.startswith(".staged-") for p in pickles(spec)] == [True]
+
+
+def test_an_adopted_id_whose_script_is_another_folder_s_is_disowned(
+    commands: FakeCommands, killed: KilledDuringSbatch, tmp_path: Path
+) -> None:
+    specs = [make(tmp_path, n) for n in (1, 2, 3)] + [make(tmp_path, 4, nodes=2)]
+    backend(commands, tmp_path).submit(specs)
+    planter = make(tmp_path, 5)
+    planter.files.submitit.mkdir(parents=True)
+    commands.on("squeue", ok(killed.squeue()))
+    named = {
+        Path(specs[1].folder): "100_1",  # its own element
+        Path(specs[3].folder): "101",  # its own single job
+        Path(planter.folder): "100_1",  # a name its account made: another folder's element
+        Path(specs[0].folder): "99999",  # SLURM shows it no more: nothing to tell, nothing to harm
+    }
+
+    assert backend(commands, tmp_path).disowned(named) == {Path(planter.folder)}
+    assert [argv[:2] for argv in commands.named("squeue")] == [["squeue", "-h"]]  # one query for all

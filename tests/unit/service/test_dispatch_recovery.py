@@ -77,7 +77,7 @@ def test_a_job_the_scheduler_got_while_its_dispatcher_died_is_adopted_not_resubm
     assert found[fresh] == (JobState.submitted, fake.external_id(fresh), None)
 
 
-def test_a_submitted_pickle_is_enough_and_costs_the_backend_nothing(
+def test_a_submitted_pickle_the_scheduler_does_not_disown_is_enough(
     engine: Engine, settings: Settings, tmp_path: Path
 ) -> None:
     (job_id,) = stale_claims(engine, tmp_path, 1)
@@ -88,6 +88,37 @@ def test_a_submitted_pickle_is_enough_and_costs_the_backend_nothing(
 
     assert fake.recover_calls == [] and fake.submit_calls == []
     assert ledger(engine)[job_id] == (JobState.submitted, "41", None)
+
+
+def test_a_submitted_pickle_naming_another_folder_s_job_is_not_adopted(
+    engine: Engine, settings: Settings, tmp_path: Path
+) -> None:
+    # The job's account renamed a file the service made in its folder after another user's SLURM job:
+    # adopted, that job would be polled and cancelled (as root) as this one.
+    (job_id,) = stale_claims(engine, tmp_path, 1)
+    (tmp_path / "jobs" / "0" / "submitit" / "999_submitted.pkl").write_bytes(b"")
+    fake = FakeBackend("slurm")
+    fake.others_jobs = {tmp_path / "jobs" / "0"}
+
+    dispatcher(engine, settings, fake).dispatch_once()
+
+    assert fake.recover_calls == [[tmp_path / "jobs" / "0"]]  # as if it had no pickle
+    assert ledger(engine)[job_id] == (JobState.submitted, fake.external_id(job_id), None)
+    assert fake.cancel_calls == []
+
+
+def test_a_submitted_pickle_that_cannot_be_checked_yet_keeps_its_claim(
+    engine: Engine, settings: Settings, tmp_path: Path
+) -> None:
+    (job_id,) = stale_claims(engine, tmp_path, 1)
+    (tmp_path / "jobs" / "0" / "submitit" / "41_submitted.pkl").write_bytes(b"")
+    fake = FakeBackend("slurm")
+    fake.recover_error = "Unable to contact slurm controller"
+
+    dispatcher(engine, settings, fake).dispatch_once()
+
+    assert fake.submit_calls == []
+    assert ledger(engine)[job_id] == (JobState.queued, None, DEAD_REPLICA)
 
 
 @pytest.mark.parametrize("why", ["undecided", "unreachable"])
