@@ -7,7 +7,7 @@ The null backend accepts every job and never runs anything, so a benchmark measu
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -41,6 +41,9 @@ class NullBackend:
 
     def recover(self, folders: Sequence[Path]) -> dict[Path, str | None]:
         return {folder: None for folder in folders}
+
+    def disowned(self, named: Mapping[Path, str]) -> set[Path]:
+        return set()
 
     def cancel(self, external_ids: Sequence[str]) -> None:
         return None
