@@ -3,9 +3,10 @@
 A job is first *claimed* (claimed_by/claimed_at, FOR UPDATE SKIP LOCKED on PostgreSQL) and stays
 queued while a backend takes it; only the backend's answer moves it on. A replica that dies between
 the two leaves a claim behind. The job's submitit folder then tells whether the backend already has
-it (`<id>_submitted.pkl`, named once the backend answered); when the replica died while the backend
-was still answering, the backend's `recover` asks the scheduler. What it has is adopted, never
-submitted again.
+it (`<id>_submitted.pkl`, named once the backend answered, and only if the scheduler does not show
+that id as another folder's job: the folder is the job's account's to change); when the replica died
+while the backend was still answering, the backend's `recover` asks the scheduler. What it has is
+adopted, never submitted again.
 """
 
 from __future__ import annotations
