@@ -189,6 +189,9 @@ def person_uids(login_defs: Path = LOGIN_DEFS) -> range:
     return range(bounds["UID_MIN"], bounds["UID_MAX"] + 1)
 
 
+PROTECTED_HARDLINKS = Path("/proc/sys/fs/protected_hardlinks")
+
+
 def announce(settings: Settings) -> None:
     """Say plainly at start-up when jobs cannot be kept apart by account."""
     service = Account.current().name
@@ -201,3 +204,17 @@ def announce(settings: Settings) -> None:
             "as root for per-user accounts, or set TORCHYARD_JOB_ACCOUNTS=service to silence this.",
             service,
         )
+    elif not hardlinks_protected():
+        log.warning(
+            "fs.protected_hardlinks is not 1: a job could hard-link a file it cannot read (another "
+            "user's, the service's) into its folder, where the service reads as root. Set "
+            "`sysctl fs.protected_hardlinks=1` (the default of most distributions)."
+        )
+
+
+def hardlinks_protected(setting: Path = PROTECTED_HARDLINKS) -> bool:
+    """Whether the kernel lets an account hard-link only files it owns (or may read and write)."""
+    try:
+        return setting.read_text().strip() == "1"
+    except OSError:  # not Linux, or /proc hidden: nothing to say
+        return True

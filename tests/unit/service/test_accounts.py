@@ -172,3 +172,17 @@ def test_an_operator_group_may_read_job_folders(tmp_path: Path) -> None:
     make_job_folder(files, Account.current(), group.gr_name)
     info = files.folder.stat()
     assert stat.S_IMODE(info.st_mode) == 0o750 and info.st_gid == group.gr_gid
+
+
+def test_a_root_service_says_so_when_hard_links_are_not_protected(
+    as_root: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "on").write_text("1\n")
+    (tmp_path / "off").write_text("0\n")
+    assert accounts.hardlinks_protected(tmp_path / "on")
+    assert not accounts.hardlinks_protected(tmp_path / "off")
+    assert accounts.hardlinks_protected(tmp_path / "not-linux")
+
+    monkeypatch.setattr(accounts, "hardlinks_protected", lambda: False)
+    accounts.announce(owner_settings(tmp_path))
+    assert "fs.protected_hardlinks is not 1" in caplog.text
