@@ -7,9 +7,7 @@ step opens a directory handle without following links, and only regular files ar
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,14 +16,13 @@ from typing import BinaryIO
 from sqlmodel import Session
 
 from service.domain.auth import Principal
-from service.domain.job_files import open_job_file
+from service.domain.job_files import folder_below, open_job_file
 from service.domain.jobs import get_job
 from service.errors import NotFound
 from service.ledger.models import CheckpointPublic
 from worker.spec import CHECKPOINT_NOTE_SUFFIX, CHECKPOINT_PATTERN, JobFiles, parse_checkpoint_note
 
 MAX_NOTE_BYTES = 64 * 1024
-_DIRECTORY_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,8 @@ def list_checkpoints(session: Session, job_id: int, viewer: Principal) -> list[C
     if job.folder is None:
         return []
     found = []
-    with _checkpoint_folder(Path(job.folder)) as folder:
+    files = JobFiles(Path(job.folder))
+    with folder_below(files.folder, files.checkpoints) as folder:
         if folder is None:
             return []
         for entry in os.scandir(folder):
@@ -67,32 +65,12 @@ def open_checkpoint(session: Session, job_id: int, viewer: Principal, name: str)
     missing = NotFound(f"job {job_id} has no checkpoint {name}", field="checkpoint")
     if job.folder is None or CHECKPOINT_PATTERN.fullmatch(name) is None:
         raise missing
-    with _checkpoint_folder(Path(job.folder)) as folder:
+    files = JobFiles(Path(job.folder))
+    with folder_below(files.folder, files.checkpoints) as folder:
         handle = open_job_file(name, dir_fd=folder) if folder is not None else None
     if handle is None:
         raise missing
     return CheckpointDownload(handle, os.fstat(handle.fileno()).st_size, name)
-
-
-@contextlib.contextmanager
-def _checkpoint_folder(job_folder: Path) -> Iterator[int | None]:
-    """A handle on the job's checkpoints/ (None when it is missing or not a real folder)."""
-    try:
-        outer = os.open(job_folder, _DIRECTORY_NO_LINK)
-    except OSError:
-        yield None
-        return
-    try:
-        inner = os.open(JobFiles(job_folder).checkpoints.name, _DIRECTORY_NO_LINK, dir_fd=outer)
-    except OSError:
-        inner = None
-    finally:
-        os.close(outer)
-    try:
-        yield inner
-    finally:
-        if inner is not None:
-            os.close(inner)
 
 
 def _note_metrics(folder: int, checkpoint: str) -> dict[str, float | None]:

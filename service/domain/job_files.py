@@ -5,10 +5,12 @@ folder is written by untrusted code, so every reader here takes whatever it find
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -52,31 +54,40 @@ def open_job_file(path: Path | str, dir_fd: int | None = None) -> BinaryIO | Non
 _FOLDER_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
+@contextlib.contextmanager
+def folder_below(folder: Path, path: Path) -> Iterator[int | None]:
+    """A handle on the folder `path`, the job's `folder` or one below it, walked from `folder` with no
+    link followed on the way: the job can swap a folder of its own (`placement/`, `submitit/`,
+    `checkpoints/`) for a link to another job's, which the service could read and it could not. None
+    when a step is missing or a link, or `path` is not below `folder`."""
+    try:
+        steps = path.relative_to(folder).parts
+    except ValueError:
+        steps = ("..",)
+    handle: int | None = None
+    if ".." not in steps:
+        try:
+            handle = os.open(folder, _FOLDER_NO_LINK)
+            for step in steps:
+                inner = os.open(step, _FOLDER_NO_LINK, dir_fd=handle)
+                os.close(handle)
+                handle = inner
+        except OSError:  # a step missing, or a link
+            if handle is not None:
+                os.close(handle)
+            handle = None
+    try:
+        yield handle
+    finally:
+        if handle is not None:
+            os.close(handle)
+
+
 def open_below(folder: Path, path: Path) -> BinaryIO | None:
     """`path`, a file below the job's `folder`, opened as open_job_file opens one, with no link
-    followed on the way either: the job can swap a folder of its own (`placement/`, `submitit/`) for a
-    link to another job's, which the service could read and it could not. None for a path that is
-    not below `folder`."""
-    try:
-        *steps, name = path.relative_to(folder).parts
-    except ValueError:
-        return None
-    if ".." in steps:
-        return None
-    try:
-        handle = os.open(folder, _FOLDER_NO_LINK)
-    except OSError:
-        return None
-    try:
-        for step in steps:
-            inner = os.open(step, _FOLDER_NO_LINK, dir_fd=handle)
-            os.close(handle)
-            handle = inner
-        return open_job_file(name, dir_fd=handle)
-    except OSError:  # a step missing, or a link
-        return None
-    finally:
-        os.close(handle)
+    followed on the way either (folder_below); None for anything else."""
+    with folder_below(folder, path.parent) as handle:
+        return open_job_file(path.name, dir_fd=handle) if handle is not None else None
 
 
 def read_job_file(folder: Path, path: Path, most: int) -> str | None:
@@ -164,17 +175,13 @@ def submitted_external_id(files: JobFiles) -> str | None:
     which the service would then poll and cancel as this job's. So a name counts only on a file the
     service owns, in a submitit folder that is no link (with jobs run as the service's own account,
     nothing keeps them apart anyway)."""
-    try:
-        handle = os.open(files.submitit, _FOLDER_NO_LINK)
-    except OSError:
-        return None
-    try:
+    with folder_below(files.folder, files.submitit) as handle:
+        if handle is None:
+            return None
         for name in os.listdir(handle):
             if name.endswith(SUBMITTED_SUFFIX) and _service_file(name, handle):
                 return name[: -len(SUBMITTED_SUFFIX)]
-        return None
-    finally:
-        os.close(handle)
+    return None
 
 
 def _service_file(name: str, folder: int) -> bool:
