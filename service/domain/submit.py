@@ -60,8 +60,8 @@ class Admission:
         """Admit and store one job; `replayed` when an earlier request with this key made it."""
         backend_name = check_request(payload, self.settings, self.backends)
         backend = require_backend(self.backends, backend_name)
+        payload = await self._apply_policy(payload, user)
         run_as = job_account(user.user, user.unix_user, self.settings)
-        payload = await self._apply_policy(payload, user, run_as)
         row = new_job_row(payload, user.user, backend_name, idempotency_key, run_as=run_as)
         if idempotency_key is not None:
             earlier = await asyncio.to_thread(find_replayed, self.engine, user.user, idempotency_key)
@@ -84,14 +84,14 @@ class Admission:
     async def _submit_sweep(
         self, payload: SweepCreate, user: Principal, idempotency_key: str | None
     ) -> SweepAccepted:
-        run_as = job_account(user.user, user.unix_user, self.settings)
-        job = await self._apply_policy(payload.job, user, run_as)
+        job = await self._apply_policy(payload.job, user)
         assert isinstance(job, JobTemplate)
         payload = payload.model_copy(update={"job": job})
         params = trial_params(payload)
         trials = trial_jobs(payload, params)
         backend_name = check_request(trials[0], self.settings, self.backends)
         backend = require_backend(self.backends, backend_name)
+        run_as = job_account(user.user, user.unix_user, self.settings)
         sweep = NewSweep(
             name=payload.name,
             owner=user.user,
@@ -150,10 +150,11 @@ class Admission:
             self.quotas.stored(user, jobs=jobs)
         return accepted
 
-    async def _apply_policy(self, payload: JobCreate, user: Principal, run_as: str) -> JobCreate:
+    async def _apply_policy(self, payload: JobCreate, user: Principal) -> JobCreate:
         policy.check_env(payload.env, self.settings)
         if payload.python is not None:
             policy.check_python_allowed(payload.python, self.settings)
+            run_as = job_account(user.user, user.unix_user, self.settings)
             await asyncio.to_thread(policy.check_python_runs_jobs, payload.python, run_as)
         if payload.code is not None:
             paths = await asyncio.to_thread(self._code_paths, payload.code, user)
