@@ -4,8 +4,9 @@
 #   2. pip install torch==2.13.0 FIRST: the CPU wheel on this machine's disk. The project's own
 #      `torch>=2.3,<3` is then already satisfied; a bare torch requirement would pull a CUDA build.
 #   3. pip install -e '.[dev]'
-# Idempotent and quick the second time: a stamp in .venv records the hash of pyproject.toml and the
-# torch version it was built for; nothing is installed while both still match.
+# Idempotent and quick the second time: a stamp in .venv records the hash of pyproject.toml, the torch
+# version and the Python it was built for; nothing is installed while all three still match (a venv
+# of another Python is made anew).
 #
 # Environment: TORCHYARD_VENV (default <repo>/.venv), PYTHON (default python3).
 set -euo pipefail
@@ -18,7 +19,8 @@ STAMP=$VENV/.torchyard-setup
 
 log() { echo "[setup] $*" >&2; }
 
-want="pyproject=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) torch=$TORCH_VERSION"
+base=$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')
+want="pyproject=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) torch=$TORCH_VERSION python=$base"
 
 installed() {  # the stamp matches and the distributions are really there (reads metadata, imports nothing)
   [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] &&
@@ -38,9 +40,10 @@ if installed; then
   exit 0
 fi
 
-if [ ! -x "$VENV/bin/python" ]; then
-  log "creating $VENV with $($PYTHON --version 2>&1)"
-  "$PYTHON" -m venv "$VENV"
+if [ ! -x "$VENV/bin/python" ] ||
+  [ "$("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)" != "$base" ]; then
+  log "creating $VENV with Python $base ($PYTHON)"
+  "$PYTHON" -m venv --clear "$VENV"
 fi
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 rm -f "$STAMP"

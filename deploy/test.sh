@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite from nothing, on a fresh Debian 12 machine as root (CI runs exactly this):
-#   1. Debian packages: Chromium (dashboard tests), wrk (benchmarks), SLURM + munge + slurmdbd +
+#   1. Debian packages: Chromium (dashboard tests), wrk (benchmarks), python3-venv, SLURM + munge + slurmdbd +
 #      MariaDB (the real cluster), systemd (systemd-analyze verify of the unit), curl (README
 #      examples), PostgreSQL 15 server binaries when missing: one apt-get update,
 #      only when something is missing;
-#   2. the Python environment (deploy/setup.sh: torch CPU wheel first, then the project);
+#   2. the Python environment (deploy/setup.sh: torch CPU wheel first, then the project), made from
+#      the oldest Python the project supports that this machine has (Debian 12's /usr/bin/python3,
+#      3.11.2), so that the suite runs where the oldest users run (PYTHON=... picks another);
 #   3. the real two-node SLURM cluster (deploy/slurm/up.sh, when present), with the Unix accounts
 #      alice and bob, and a Python environment for jobs that run as them (deploy/job-python.sh);
 #   4. ruff check, mypy --strict, then pytest with every marker. PostgreSQL is started by the tests
@@ -52,7 +54,8 @@ finish() {
 }
 
 system_packages() {
-  local packages=(chromium wrk slurm-wlm munge slurmdbd mariadb-server iproute2 procps systemd curl) missing=() pkg
+  local packages=(chromium wrk slurm-wlm munge slurmdbd mariadb-server iproute2 procps systemd curl python3-venv)
+  local missing=() pkg
   [ -x /usr/lib/postgresql/15/bin/initdb ] || packages+=(postgresql-15)
   for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -91,6 +94,11 @@ slurm_cluster() {
 }
 
 step packages system_packages
+# requires-python is >=3.11: Debian's own python3 is the oldest one here that every account can run.
+if [ -z "${PYTHON:-}" ] && [ -x /usr/bin/python3 ] &&
+  /usr/bin/python3 -c 'import sys, venv; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+  export PYTHON=/usr/bin/python3
+fi
 if ! step setup bash deploy/setup.sh; then
   log "no Python environment: nothing else can run"
   finish

@@ -9,8 +9,8 @@ its file list. The id is the SHA-256 of the bytes uploaded, so a client can tell
 whether the service has them (`torchyard submit --code` packs deterministically to make that pay).
 
 A snapshot belongs to every user who uploaded it (one `CodeSnapshot` row each); another user's id is
-a 404. The dispatcher unpacks it read-only into each job's folder (`unpack_into`), with tarfile's
-`data` filter as a second guard; the ranks never read the store.
+a 404. The dispatcher unpacks it read-only into each job's folder (`unpack_into`), checking every
+member again as it goes; the ranks never read the store.
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def find(session: Session, user: Principal, code_id: str) -> CodeSnapshot:
 
 
 def _zip_as_tar_gz(data: bytes) -> bytes:
-    """A checked zip's members as a .tar.gz, so that one unpacker (tarfile's data filter) serves both."""
+    """A checked zip's members as a .tar.gz, so that one unpacker (`_unpack`) serves both."""
     out = io.BytesIO()
     with zipfile.ZipFile(io.BytesIO(data)) as archive, tarfile.open(fileobj=out, mode="w:gz") as tar:
         for info in archive.infolist():
@@ -360,27 +360,40 @@ def _zip_as_tar_gz(data: bytes) -> bytes:
 # ---------------------------------------------------------------- a job's copy
 
 
-TarFilter = Callable[[tarfile.TarInfo, str], "tarfile.TarInfo | None"]
+def _unpack(tar: tarfile.TarFile, building: Path) -> None:
+    """Every member of a stored snapshot into `building` (a folder only the service can enter), each
+    held to check_archive's rules against the members unpacked before it: a snapshot stored before a
+    rule was made is held to it too, at the cost of no second read of the archive. Its refusal is a
+    TarError, which fails the one job (not the dispatcher's batch).
 
-
-def _unpack_filter() -> TarFilter:
-    """check_archive's rules for each member against the ones unpacked before it, then tarfile's `data`
-    filter (no absolute path, no link out, no device): a snapshot stored before a rule was made
-    is held to it too, at the cost of no second read of the archive. Its refusal is a TarError, which
-    fails the one job (not the dispatcher's batch)."""
+    Written member by member rather than by tarfile's extractall: its `filter` argument, the only
+    guard it has against an archive's own owners, modes and links, is missing from Python 3.11.2
+    (Debian 12's), and the rules above are stricter than any of its filters anyway. A file is created
+    anew (never through a link), read-only to the job; a folder is readable by it."""
     links: set[str] = set()
-
-    def check(info: tarfile.TarInfo, destination: str) -> tarfile.TarInfo | None:
+    for info in tar:
         try:
             member = _tar_member(info)
             _check_not_through_links(member, links)
         except InvalidRequest as problem:
-            raise tarfile.FilterError(f"the code snapshot: {problem.message}") from None
+            raise tarfile.TarError(f"the code snapshot: {problem.message}") from None
+        target = building / member.path
+        if member.kind == "dir":
+            target.mkdir(parents=True, exist_ok=True)
+            target.chmod(0o755)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
         if member.kind == "link":
             links.add(member.path)
-        return tarfile.data_filter(info, destination)
-
-    return check
+            os.symlink(member.target, target)
+            continue
+        source = tar.extractfile(info)
+        if source is None:  # pragma: no cover - a regular member always has content
+            raise tarfile.TarError(f"the code snapshot: '{member.path}' has no content")
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with source, os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(source, out)
+            os.fchmod(out.fileno(), 0o555 if member.mode & 0o100 else 0o444)
 
 
 def unpack_into(store_dir: Path, code_id: str, folder: Path) -> Path:
@@ -406,10 +419,7 @@ def unpack_into(store_dir: Path, code_id: str, folder: Path) -> Path:
                 return folder / "code"
             raise NotADirectoryError(f"{folder / 'code'} is not a folder (a link the job made?)")
         with tarfile.open(store_dir / f"{digest_of(code_id)}.tar.gz", mode="r:*") as tar:
-            tar.extractall(building, filter=_unpack_filter())
-        for path in building.rglob("*"):
-            if not path.is_symlink() and not path.is_dir():
-                path.chmod(0o555 if path.stat().st_mode & 0o100 else 0o444)
+            _unpack(tar, building)
         os.rename(building, "code", dst_dir_fd=handle)  # a link planted at `code` is replaced, not followed
     finally:
         os.close(handle)
