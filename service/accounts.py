@@ -27,6 +27,8 @@ from pathlib import Path
 
 from service.config import Settings
 from service.errors import Forbidden, InvalidRequest
+from service.programs import program
+from worker.spec import ascii_int
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +69,14 @@ class Account:
     def command_prefix(self) -> list[str]:
         """What to put before a command so that it runs as this account (nothing when it already does).
 
-        setpriv execs the command, so a PID taken from the started process is the command's own.
+        setpriv execs the command, so a PID taken from the started process is the command's own. It is
+        named by its absolute path (service.programs): the command runs with the job's environment,
+        whose PATH starts in a folder the job's user may own. The command after it must be absolute
+        too, for setpriv finds a bare name on that PATH. ProgramMissing without setpriv.
         """
         if self.is_current:
             return []
-        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--"]
+        return [program("setpriv"), f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--"]
 
     def own(self, path: Path, group: str | None = None) -> None:
         """Give `path` to this account and its group (or `group`, when one is set). A link is given
@@ -184,8 +189,8 @@ def person_uids(login_defs: Path = LOGIN_DEFS) -> range:
         lines = []
     for line in lines:
         fields = line.split()
-        if len(fields) >= 2 and fields[0] in bounds and fields[1].isdigit():
-            bounds[fields[0]] = int(fields[1])
+        if len(fields) >= 2 and fields[0] in bounds and (number := ascii_int(fields[1])) is not None:
+            bounds[fields[0]] = number
     return range(bounds["UID_MIN"], bounds["UID_MAX"] + 1)
 
 

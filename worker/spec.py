@@ -209,9 +209,6 @@ class JobFiles:
         """submitit's own folder: pickles and per-rank logs (`<id>_<rank>_log.out|err`)."""
         return self.folder / "submitit"
 
-    def errors(self) -> list[Path]:
-        return sorted(self.folder.glob("error-rank*.txt"))
-
     def checkpoint_file(self, epoch_or_step: int) -> Path:
         """Where rank 0 saves the checkpoint of this epoch or step (zero-padded, so names sort)."""
         return self.checkpoints / f"ckpt-{epoch_or_step:08d}.pt"
@@ -275,6 +272,7 @@ class RankPlacement(BaseModel):
 
 
 MAX_HOST_CHARS = 255  # a DNS name's length
+MAX_PATH_CHARS = 4096  # PATH_MAX: a checkpoint's path, as a progress line names it
 
 
 def parse_placement(text: str, attempt: int) -> RankPlacement | None:
@@ -309,10 +307,24 @@ def parse_checkpoint_note(text: str) -> dict[str, float | None]:
 def parse_error_text(text: str) -> tuple[int | None, str]:
     """An error file's (attempt, traceback); attempt is None for a file without the attempt line."""
     first, newline, rest = text.partition("\n")
-    number = first.removeprefix(ERROR_ATTEMPT_PREFIX).strip()
-    if first.startswith(ERROR_ATTEMPT_PREFIX) and number.isdigit():
-        return int(number), rest if newline else ""
+    number = ascii_int(first.removeprefix(ERROR_ATTEMPT_PREFIX).strip())
+    if first.startswith(ERROR_ATTEMPT_PREFIX) and number is not None:
+        return number, rest if newline else ""
     return None, text
+
+
+MAX_DIGITS = 18  # any count or id a job folder or a scheduler names fits; int() refuses 4,300 and more
+
+
+def ascii_int(text: str) -> int | None:
+    """`text` as a whole number when it is 1 to MAX_DIGITS ASCII digits, else None.
+
+    The one way a number written by a job (a file name, a line of a file) or printed by a command is
+    read: str.isdigit() also accepts "²" and other digits that int() then refuses, and a long run of
+    digits makes int() raise too, either of which would stop a loop that reads many jobs' files."""
+    if 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit():
+        return int(text)
+    return None
 
 
 def parse_progress_line(line: str | bytes) -> ProgressRecord | CheckpointRecord | None:
@@ -338,7 +350,7 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord | CheckpointRecord 
     common = {"time": _number(data.get("time")), "attempt": _count(data.get("attempt"))}
     if "checkpoint" in data:
         path = data["checkpoint"]
-        if not isinstance(path, str) or "\x00" in path:
+        if not isinstance(path, str) or len(path) > MAX_PATH_CHARS or _unservable_text(path):
             return None
         return CheckpointRecord(checkpoint=path, step=_count(data.get("step")), **common)
     step = _count(data.get("step"))
@@ -415,7 +427,7 @@ def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, str]
             for key, child in pairs:
                 child_path = f"{path}.{key}" if path else str(key)
                 if isinstance(key, str) and (held := _unservable_text(key)):
-                    return _clean_text(child_path), f"its name must not hold {held}"
+                    return clean_text(child_path), f"its name must not hold {held}"
                 stack.append((child_path, child, depth + 1))
     return None
 
@@ -426,14 +438,22 @@ def storable(value: Any, depth: int = 0) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, str):
-        return _clean_text(value)
+        return clean_text(value)
     if isinstance(value, dict | list):
         if depth >= MAX_JSON_DEPTH:
             return None
         if isinstance(value, dict):
-            return {_clean_text(str(key)): storable(item, depth + 1) for key, item in value.items()}
+            return {clean_text(str(key)): storable(item, depth + 1) for key, item in value.items()}
         return [storable(item, depth + 1) for item in value]
     return value
+
+
+def clean_text(text: str, most: int | None = None) -> str:
+    """`text` as every reader and column can hold it: lone surrogates become U+FFFD, NUL is dropped,
+    and what is past its first `most` characters (when given) is cut. The one cleaner of text a job
+    wrote (tracebacks, log tails, JSON values) before it goes near the ledger."""
+    cleaned = _SURROGATE.sub("\ufffd", text).replace("\x00", "")
+    return cleaned if most is None else cleaned[:most]
 
 
 def _unservable_text(text: str) -> str | None:
@@ -444,6 +464,3 @@ def _unservable_text(text: str) -> str | None:
         return "a NUL character"
     return None
 
-
-def _clean_text(text: str) -> str:
-    return _SURROGATE.sub("\ufffd", text).replace("\x00", "")

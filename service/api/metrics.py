@@ -129,7 +129,15 @@ class LedgerCollector:
         yield reconcile
         yield polls
         yield scheduler
-
+        faults = CounterMetricFamily(
+            "torchyard_job_faults",
+            "Unexpected errors on one job's part of a loop's pass, which cost that job (its reason says "
+            "why; after a few in a row it fails), never the pass.",
+            labels=["step"],
+        )
+        for guard in (runtime.dispatcher.bulkhead, runtime.reconciler.bulkhead, runtime.housekeeper.bulkhead):
+            faults.add_metric([guard.step], guard.faults_total)
+        yield faults
 
     @staticmethod
     def _disk(runtime: Runtime) -> Iterable[Metric]:

@@ -48,7 +48,9 @@ class JobEnvironment:
     ) -> JobEnvironment:
         """For jobs run by `python` (default: the service's), with the operator's `pythonpath`
         folders after the worker, and the folders of these `tools` (srun...) on PATH."""
-        python = python or sys.executable
+        # Absolute (not resolved: a venv's bin/python is a link): it follows setpriv, which would look
+        # a relative name up on the job's PATH.
+        python = os.path.abspath(python or sys.executable)
         worker_root = stage_worker(data_dir.resolve() / "runtime")
         folders = [str(Path(python).parent)]
         folders += [str(Path(found).parent) for tool in tools if (found := shutil.which(tool))]

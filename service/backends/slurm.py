@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -28,7 +27,7 @@ from typing import Any, Protocol
 
 from service.accounts import Account
 from service.backends import slurm_parse as parse
-from service.backends.base import BackendStatus, SubmitOutcome
+from service.backends.base import BackendStatus, SubmitOutcome, is_external_id
 from service.backends.job_env import JobEnvironment
 from service.backends.slurm_states import UnknownSlurmState, map_slurm_state
 from service.backends.slurm_submit import (
@@ -46,8 +45,9 @@ from service.backends.slurm_submit import (
 )
 from service.config import Settings
 from service.errors import BackendError, InvalidRequest
+from service.programs import program
 from service.states import is_terminal
-from worker.spec import JobFiles, RunSpec
+from worker.spec import JobFiles, RunSpec, ascii_int
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,16 @@ def _left_out(specs: Sequence[RunSpec], text: str) -> list[SubmitOutcome]:
     return [SubmitOutcome(spec.job_id, error=text, transient=True) for spec in specs]
 
 
+def _ids(external_ids: Sequence[str]) -> list[str]:
+    """The ids to ask about, each once; anything that is not an id's shape is left out (and said)."""
+    wanted = list(dict.fromkeys(str(one) for one in external_ids))
+    ids = [one for one in wanted if is_external_id(one)]
+    if len(ids) < len(wanted):
+        log.warning("left out %d value(s) that are no SLURM job id: %r", len(wanted) - len(ids),
+                    [one for one in wanted if not is_external_id(one)][:5])
+    return ids
+
+
 def _chunks(items: Sequence[str], size: int) -> Iterator[list[str]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
@@ -163,8 +173,11 @@ class SlurmBackend:
         settings: Settings,
         runner: Runner = run_command,
         clock: Callable[[], float] = time.monotonic,
+        programs: Callable[[str], str] = program,
     ) -> None:
+        """`programs`: a command's absolute path from its name (service.programs)."""
         self._settings = settings
+        self._programs = programs
         self.poll_interval_s = settings.reconcile_interval_s  # every poll is a scheduler command
         self._runner = runner
         self._clock = clock
@@ -193,18 +206,15 @@ class SlurmBackend:
 
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         """Equal parameters -> one job array per MaxArraySize jobs. A refused array is retried job by job
-        to isolate the refusal. BackendError only while nothing was accepted (the batch can be retried)."""
+        to isolate the refusal. BackendError only while nothing was accepted (the batch can be retried).
+        Anything else raised is about a job, not SLURM: the dispatcher then hands the jobs over one by
+        one (a sweep's array whole) to find it."""
         if not specs:
             return []
-        try:
-            return self._submit(specs)
-        except BackendError:
-            raise
-        except Exception as error:  # before any sbatch ran: nothing to lose track of
-            raise BackendError(f"SLURM submission failed: {error}") from error
+        return self._submit(specs)
 
     def poll(self, external_ids: Sequence[str]) -> dict[str, BackendStatus]:
-        wanted = list(dict.fromkeys(str(one) for one in external_ids))
+        wanted = _ids(external_ids)
         if not wanted:
             return {}
         waiting = self.controller_backoff.remaining()
@@ -270,8 +280,8 @@ class SlurmBackend:
 
     def cancel(self, external_ids: Sequence[str]) -> None:
         """One scancel per POLL_CHUNK ids. Unknown and finished jobs are not an error."""
-        for chunk in _chunks(list(dict.fromkeys(str(one) for one in external_ids)), POLL_CHUNK):
-            result = self._call(["scancel", *chunk], COMMAND_TIMEOUT_S)
+        for chunk in _chunks(_ids(external_ids), POLL_CHUNK):
+            result = self._call([self._programs("scancel"), "--", *chunk], COMMAND_TIMEOUT_S)
             if result.returncode == 0:
                 continue
             lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -302,9 +312,9 @@ class SlurmBackend:
         try:
             return self._runner(argv, timeout_s, env)
         except subprocess.TimeoutExpired as error:
-            raise BackendError(f"{argv[0]} did not answer in {timeout_s:.0f} s") from error
+            raise BackendError(f"{os.path.basename(argv[0])} did not answer in {timeout_s:.0f} s") from error
         except OSError as error:
-            raise BackendError(f"cannot run {argv[0]}: {error}") from error
+            raise BackendError(f"cannot run {os.path.basename(argv[0])}: {error}") from error
 
     def _query(self, argv: list[str], backoff: Backoff) -> CommandResult:
         """A status command under a backoff; an unknown id is an empty answer, not an error."""
@@ -315,7 +325,7 @@ class SlurmBackend:
             backoff.failed(str(error))
             raise
         if result.returncode != 0 and "invalid job id" not in result.stderr.lower():
-            message = f"{argv[0]} failed: {parse.sbatch_error(result.stderr)}"
+            message = f"{os.path.basename(argv[0])} failed: {parse.sbatch_error(result.stderr)}"
             backoff.failed(message)
             raise BackendError(message)
         elapsed = self._clock() - started
@@ -326,7 +336,9 @@ class SlurmBackend:
         return result
 
     def _squeue(self, ids: list[str]) -> dict[str, parse.SchedulerRecord]:
-        argv = ["squeue", "-h", "-t", "all", "-r", "-O", parse.SQUEUE_FORMAT, "-j", ",".join(ids)]
+        # `--jobs=<ids>` in one word: squeue's list is optional, so a separate word could be an option.
+        squeue = self._programs("squeue")
+        argv = [squeue, "-h", "-t", "all", "-r", "-O", parse.SQUEUE_FORMAT, f"--jobs={','.join(ids)}"]
         result = self._query(argv, self.controller_backoff)
         return parse.parse_squeue(result.stdout) if result.returncode == 0 else {}
 
@@ -350,7 +362,7 @@ class SlurmBackend:
 
     def _every_submission(self) -> list[parse.Submission]:
         """Every job SLURM still shows, each array element on its own, with its script's path."""
-        argv = ["squeue", "-h", "-t", "all", "-r", "-O", parse.SUBMISSIONS_FORMAT]
+        argv = [self._programs("squeue"), "-h", "-t", "all", "-r", "-O", parse.SUBMISSIONS_FORMAT]
         return parse.parse_submissions(self._query(argv, self.controller_backoff).stdout)
 
     def _sacct(self, ids: list[str]) -> dict[str, parse.SchedulerRecord]:
@@ -358,7 +370,8 @@ class SlurmBackend:
         queried = list(dict.fromkeys(one.split("_", 1)[0] for one in ids))
         records: dict[str, parse.SchedulerRecord] = {}
         for chunk in _chunks(queried, POLL_CHUNK):
-            argv = ["sacct", "-n", "-P", "-X", "-o", parse.SACCT_FORMAT, "-j", ",".join(chunk)]
+            jobs = f"--jobs={','.join(chunk)}"
+            argv = [self._programs("sacct"), "-n", "-P", "-X", "-o", parse.SACCT_FORMAT, jobs]
             found = parse.parse_sacct(self._query(argv, self.accounting_backoff).stdout)
             records.update((one, replace(record, left_queue=True)) for one, record in found.items())
         # An array cancelled before any element left the queue can be one row under the array's
@@ -395,7 +408,7 @@ class SlurmBackend:
         cached = self._cached_verdict(key)
         if cached is not None:
             return cached[1]
-        result = self._call(check_argv(params), COMMAND_TIMEOUT_S)
+        result = self._call([self._programs("sbatch"), *check_argv(params)], COMMAND_TIMEOUT_S)
         refusal = None if result.returncode == 0 else parse.sbatch_error(result.stderr)
         if refusal is not None and parse.is_transient(refusal):
             raise BackendError(f"cannot reach SLURM to check the request: {refusal}")
@@ -408,11 +421,11 @@ class SlurmBackend:
     def max_array_size(self) -> int:
         """MaxArraySize from `scontrol show config`, read once; an array holds at most this many jobs."""
         if self._max_array_size is None:
-            result = self._call(["scontrol", "show", "config"], COMMAND_TIMEOUT_S)
+            result = self._call([self._programs("scontrol"), "show", "config"], COMMAND_TIMEOUT_S)
             if result.returncode != 0:
                 raise BackendError(f"scontrol show config failed: {parse.sbatch_error(result.stderr)}")
-            value = parse.parse_config_value(result.stdout, "MaxArraySize")
-            self._max_array_size = max(1, int(value)) if value and value.isdigit() else 1
+            value = ascii_int(parse.parse_config_value(result.stdout, "MaxArraySize") or "")
+            self._max_array_size = max(1, value or 1)
         return self._max_array_size
 
     def _sbatch(self, script: Path, account: Account, environment: Mapping[str, str]) -> str:
@@ -421,8 +434,10 @@ class SlurmBackend:
         Not an --export list: any list but ALL makes slurmd load the account's login environment
         first (SLURM_GET_USER_ENV), which costs a login shell before every job starts."""
         try:
-            sbatch = shutil.which("sbatch", path=scheduler_env()["PATH"]) or "sbatch"  # the operator's
-            argv = [*account.command_prefix(), sbatch, "--parsable", str(script)]
+            argv = [*account.command_prefix(), self._programs("sbatch"), "--parsable", str(script)]
+        except OSError as error:  # setpriv or sbatch is missing: the operator's to fix
+            raise _Refused(str(error), transient=False) from error
+        try:
             result = self._call(argv, SUBMIT_TIMEOUT_S, environment)
         except BackendError as error:
             raise _Refused(str(error), transient=True) from error
@@ -448,7 +463,7 @@ class SlurmBackend:
                 folder = spec.files.submitit
                 check_folder(folder)
                 os.makedirs(folder, exist_ok=True)  # made at claim already: os, not pathlib, per trial
-            except (OSError, ValueError) as error:
+            except Exception as error:  # this job's: the others go on
                 outcomes[index] = SubmitOutcome(spec.job_id, error=f"cannot prepare the job: {error}")
                 continue
             group = spec.group.key if spec.group is not None else None

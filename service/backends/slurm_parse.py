@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from service.backends.base import BackendStatus
 from service.backends.slurm_states import map_slurm_state, slurm_kind
 from service.states import JobState, is_terminal
+from worker.spec import ascii_int
 
 # squeue -O "name:|": no width means no padding and no truncation, and "|" follows the field.
 # StartTime: for a pending job, the scheduler's own estimate of its start (its backfill pass), taken
@@ -88,13 +89,13 @@ def parse_squeue(text: str) -> dict[str, SchedulerRecord]:
             continue
         job_id, state, reason, raw_exit, restarts, nodes = (field.strip() for field in fields[:6])
         start = _start_time(fields[6]) if len(fields) > 6 else None
-        status = int(raw_exit) if raw_exit.isdigit() else 0
+        status = ascii_int(raw_exit) or 0
         record = SchedulerRecord(
             state=state,
             reason=_reason(reason),
             exit_code=(status >> 8) & 0xFF,
             signal=(status & 0x7F) or None,
-            restarts=int(restarts) if restarts.isdigit() else 0,
+            restarts=ascii_int(restarts) or 0,
             nodes=_nodes(nodes),
             start=start,
         )
@@ -114,7 +115,7 @@ class Submission:
     @property
     def array_index(self) -> int:
         _, _, index = self.job_id.partition("_")
-        return int(index) if index.isdigit() else 0
+        return ascii_int(index) or 0
 
 
 def parse_submissions(text: str) -> list[Submission]:
@@ -139,8 +140,8 @@ def parse_sacct(text: str) -> dict[str, SchedulerRecord]:
         record = SchedulerRecord(
             state=state,
             reason=_reason(reason),
-            exit_code=int(code) if code.isdigit() else None,
-            signal=int(sig) if sig.isdigit() and int(sig) else None,
+            exit_code=ascii_int(code),
+            signal=ascii_int(sig) or None,
             nodes=_nodes(nodes),
         )
         for one in expand_job_ids(job_id):  # a pending or cancelled-while-pending array: "35_[0-3]"
@@ -203,7 +204,7 @@ _PREFIXES = ("sbatch: error: ", "batch job submission failed: ", "allocation fai
 
 def parse_sbatch_job_id(stdout: str) -> str | None:
     """`sbatch --parsable` prints "<id>" or "<id>;<cluster>"; plain sbatch "Submitted batch job <id>"."""
-    match = re.search(r"^(?:Submitted batch job )?(\d+)(?:;\S+)?\s*$", stdout.strip(), re.MULTILINE)
+    match = re.search(r"^(?:Submitted batch job )?([0-9]+)(?:;\S+)?\s*$", stdout.strip(), re.MULTILINE)
     return match.group(1) if match else None
 
 

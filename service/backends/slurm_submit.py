@@ -28,7 +28,7 @@ from submitit.slurm import slurm as submitit_slurm
 
 from service.backends.base import SUBMITTED_SUFFIX
 from service.backends.job_folder_files import names_in, remove_from, rename_in, write_new_file
-from worker.spec import Resources, RunSpec
+from worker.spec import Resources, RunSpec, ascii_int
 
 # The only Resources fields that reach sbatch as options of their own (the allow-list): each value is
 # checked against a pattern in worker.spec, and goes into the script as one shell-quoted #SBATCH line.
@@ -90,9 +90,10 @@ def share_throttle(max_parallel: int | None, arrays: int) -> list[int | None]:
 
 
 def check_argv(params: dict[str, Any]) -> list[str]:
-    """`sbatch --test-only` for these parameters: the scheduler's verdict without a job. No shell."""
+    """sbatch's arguments (after the program) for `--test-only` with these parameters: the scheduler's
+    verdict without a job. No shell."""
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in sorted(params.items())]
-    return ["sbatch", "--test-only", "--output=/dev/null", *flags, "--wrap=true"]
+    return ["--test-only", "--output=/dev/null", *flags, "--wrap=true"]
 
 
 def group_key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -124,9 +125,9 @@ def array_job_ids(root: Path, jobs_root: Path) -> set[int]:
         if entry.is_symlink():
             target = Path(os.readlink(entry.path))
             if target.is_relative_to(jobs_root) and target != jobs_root:
-                first = target.relative_to(jobs_root).parts[0]
-                if first.isdigit():
-                    ids.add(int(first))
+                first = ascii_int(target.relative_to(jobs_root).parts[0])
+                if first is not None:
+                    ids.add(first)
     return ids
 
 
@@ -217,8 +218,9 @@ def staged_pickles(folder: Path) -> list[StagedPickle]:
         if not (name.startswith(STAGED_PREFIX) and name.endswith(".pkl")):
             continue
         token, _, index = name[len(STAGED_PREFIX) : -len(".pkl")].rpartition("-")
-        if token and index.isdigit():
-            found.append(StagedPickle(folder, token, int(index)))
+        number = ascii_int(index)
+        if token and number is not None:
+            found.append(StagedPickle(folder, token, number))
     return found
 
 

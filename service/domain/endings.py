@@ -69,7 +69,7 @@ def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -
     result = read_result(files, job.run_attempt)
     if result is not None and status.state in (JobState.succeeded, JobState.failed):
         return Ending(JobState.succeeded, None, "completed", result["value"])
-    errors = rank_errors(files, job.run_attempt)
+    errors = rank_errors(files, job.run_attempt, world_size(job))
     if errors:
         return from_rank_errors(job, errors)
     if status.kind is not None:  # the scheduler named it: a node failure, OOM, a preemption

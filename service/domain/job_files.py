@@ -6,6 +6,7 @@ folder is written by untrusted code, so every reader here takes whatever it find
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -15,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from service.backends.base import SUBMITTED_SUFFIX
+from service.backends.base import SUBMITTED_SUFFIX, is_external_id
 from worker.spec import (
     CheckpointRecord,
     JobFiles,
     ProgressRecord,
+    ascii_int,
+    clean_text,
     parse_error_text,
     parse_placement,
     parse_progress_line,
@@ -32,8 +35,15 @@ MAX_PROGRESS_READ = 4 * 1024 * 1024  # one tick reads at most this much; the res
 
 
 MAX_RESULT_BYTES = 16 * 1024 * 1024
-MAX_ERROR_BYTES = 1024 * 1024
+MAX_ERROR_BYTES = 1024 * 1024  # of a log file, for its tail
 MAX_PLACEMENT_BYTES = 4096
+# A job makes as many files in its folder as it likes (sparse ones cost it no disk), and the service
+# looks at every running job's folder every tick: a look reads a bounded part of it.
+MAX_FOLDER_ENTRIES = 4096  # names looked at in one listing of a job's folder
+MAX_ERROR_FILES = 256  # error files read in one look (the ranks after them are not heard)
+ERROR_HEAD_BYTES = 64  # an error file's first line: `attempt: <n>`
+ERROR_TAIL_BYTES = 8192  # and its end, where a traceback names the exception
+MAX_REASON_TEXT = 4000  # of a traceback or log tail that reaches a job's reason
 
 
 def open_job_file(path: Path | str, dir_fd: int | None = None) -> BinaryIO | None:
@@ -127,26 +137,68 @@ class RankError:
     written: float  # when (the file's mtime)
 
 
-def rank_errors(files: JobFiles, attempt: int | None) -> list[RankError]:
-    """Every rank's error file of `attempt` (files that name another are an earlier run's), the first
-    written first: it is the cause; ranks that fail after it usually fail *because* of it (their peer
-    vanished)."""
+def rank_errors(files: JobFiles, attempt: int | None, world_size: int) -> list[RankError]:
+    """The error files of `attempt` (files that name another are an earlier run's) of ranks below
+    `world_size`, the first written first: it is the cause; ranks that fail after it usually fail
+    *because* of it (their peer vanished). Bounded: at most MAX_ERROR_FILES files, each read only at
+    its head and its last ERROR_TAIL_BYTES, whatever size the job made them."""
     found: list[RankError] = []
-    for path in files.errors():
-        rank = path.stem.removeprefix("error-rank")
-        handle = open_job_file(path)
-        if handle is None or not rank.isdigit():
+    for rank in error_ranks(files, world_size):
+        read = _head_and_tail(files.error(rank))
+        if read is None:
             continue
-        try:
-            with handle:
-                written = os.fstat(handle.fileno()).st_mtime
-                raw = handle.read(MAX_ERROR_BYTES).decode("utf-8", errors="replace")
-        except OSError:
-            continue
+        raw, written = read
         wrote_for, text = parse_error_text(raw)
-        if text.strip() and (attempt is None or wrote_for in (None, attempt)):
-            found.append(RankError(int(rank), text.strip(), written))
+        text = clean_text(text).strip()
+        if text and (attempt is None or wrote_for in (None, attempt)):
+            found.append(RankError(rank, text, written))
     return sorted(found, key=lambda error: (error.written, error.rank))
+
+
+def error_ranks(files: JobFiles, world_size: int) -> list[int]:
+    """The ranks below `world_size` that have an error file in the job's folder (of its first
+    MAX_FOLDER_ENTRIES names; at most MAX_ERROR_FILES of them)."""
+    ranks: list[int] = []
+    with folder_below(files.folder, files.folder) as handle:
+        for name in _names(handle):
+            rank = ascii_int(name.removeprefix("error-rank").removesuffix(".txt"))
+            # The name as the worker writes it: "error-rank007.txt" is nobody's.
+            if rank is not None and rank < world_size and name == files.error(rank).name:
+                ranks.append(rank)
+                if len(ranks) >= MAX_ERROR_FILES:
+                    break
+    return sorted(ranks)
+
+
+def _names(handle: int | None) -> list[str]:
+    """The first MAX_FOLDER_ENTRIES names in the folder `handle` (none for None, or when unreadable)."""
+    if handle is None:
+        return []
+    try:
+        with os.scandir(handle) as entries:
+            return [entry.name for entry in itertools.islice(entries, MAX_FOLDER_ENTRIES)]
+    except OSError:
+        return []
+
+
+def _head_and_tail(path: Path) -> tuple[str, float] | None:
+    """An error file's first line and its last ERROR_TAIL_BYTES (all of it when small), as text, and
+    when it was written; None for anything but a regular file."""
+    handle = open_job_file(path)
+    if handle is None:
+        return None
+    try:
+        with handle:
+            info = os.fstat(handle.fileno())
+            if info.st_size <= ERROR_HEAD_BYTES + ERROR_TAIL_BYTES:
+                raw = handle.read(ERROR_HEAD_BYTES + ERROR_TAIL_BYTES)
+            else:
+                head = handle.read(ERROR_HEAD_BYTES).partition(b"\n")[0]
+                handle.seek(info.st_size - ERROR_TAIL_BYTES)
+                raw = head + b"\n...\n" + handle.read(ERROR_TAIL_BYTES)
+    except OSError:
+        return None
+    return raw.decode("utf-8", errors="replace"), info.st_mtime
 
 
 def read_placement(files: JobFiles, attempt: int, world_size: int) -> list[dict[str, Any]]:
@@ -165,7 +217,7 @@ def log_tail(folder: Path, path: Path, lines: int = 20) -> str:
     """The last `lines` lines of a log file below the job's `folder` (of its first MiB), or "" when
     there is none."""
     text = read_job_file(folder, path, MAX_ERROR_BYTES) or ""
-    return "".join(text.splitlines(keepends=True)[-lines:]).strip()
+    return clean_text("".join(text.splitlines(keepends=True)[-lines:]).strip())[-MAX_REASON_TEXT:]
 
 
 def submitted_external_id(files: JobFiles) -> str | None:
@@ -174,13 +226,15 @@ def submitted_external_id(files: JobFiles) -> str | None:
     The service made that file; the job's account could plant one named after another user's job,
     which the service would then poll and cancel as this job's. So a name counts only on a file the
     service owns, in a submitit folder that is no link (with jobs run as the service's own account,
-    nothing keeps them apart anyway)."""
+    nothing keeps them apart anyway), and only a name of an id's shape (is_external_id): the job's
+    account can rename the service's file, to `--user=bob_submitted.pkl` say."""
     with folder_below(files.folder, files.submitit) as handle:
         if handle is None:
             return None
-        for name in os.listdir(handle):
-            if name.endswith(SUBMITTED_SUFFIX) and _service_file(name, handle):
-                return name[: -len(SUBMITTED_SUFFIX)]
+        for name in _names(handle):
+            external_id = name.removesuffix(SUBMITTED_SUFFIX)
+            if external_id != name and is_external_id(external_id) and _service_file(name, handle):
+                return external_id
     return None
 
 
@@ -192,9 +246,13 @@ def _service_file(name: str, folder: int) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
-def read_new_progress(path: Path, offset: int) -> tuple[list[ProgressRecord | CheckpointRecord], int] | None:
+def read_new_progress(
+    path: Path, offset: int, most_metrics: int
+) -> tuple[list[ProgressRecord | CheckpointRecord], int] | None:
     """The records of the complete lines after byte `offset`, and the offset after them; None while
-    there is no new complete line (rank 0 may be mid-write). Unusable lines are skipped and logged."""
+    there is no new complete line (rank 0 may be mid-write). At most MAX_PROGRESS_READ bytes, and
+    the lines up to the one that brings the metric values read to `most_metrics`: the rest waits for
+    a later read. Unusable lines are skipped and logged."""
     handle = open_job_file(path)
     if handle is None:
         return None
@@ -207,11 +265,21 @@ def read_new_progress(path: Path, offset: int) -> tuple[list[ProgressRecord | Ch
     end = chunk.rfind(b"\n")
     if end < 0:
         return None
-    records = []
-    for raw in chunk[: end + 1].splitlines():
+    records: list[ProgressRecord | CheckpointRecord] = []
+    unusable: list[bytes] = []
+    metrics = used = 0
+    for raw in chunk[: end + 1].splitlines(keepends=True):
+        used += len(raw)
         record = parse_progress_line(raw)
         if record is not None:
             records.append(record)
+            metrics += len(record.metrics) if isinstance(record, ProgressRecord) else 0
         elif raw.strip():
-            log.warning("skipping a progress line it cannot use: %r", raw[:200])
-    return records, offset + end + 1
+            unusable.append(raw)
+        if metrics >= most_metrics:
+            break
+    if unusable:  # once per read: a job can write a million of them
+        log.warning(
+            "%s: skipped %d progress line(s) it cannot use, e.g. %r", path, len(unusable), unusable[0][:200]
+        )
+    return records, offset + used

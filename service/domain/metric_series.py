@@ -191,12 +191,16 @@ def refresh_added(connection: Connection, job_id: int, added: Iterable[tuple[str
 # ---------------------------------------------------------------- reading
 
 
-def series_names(connection: Connection, job_id: int) -> set[str]:
-    """The names of the job's metrics, read from the rollup's top level: a bucket or so per series,
-    however many raw rows there are."""
+def series_sizes(connection: Connection, job_id: int) -> dict[str, int]:
+    """The job's metric names and how many values each holds (all attempts), read from the rollup's
+    top level: a bucket or so per series, however many raw rows there are."""
     r = JobMetricRollup
-    query = select(col(r.name)).where(col(r.job_id) == job_id, col(r.level) == LEVELS).distinct()
-    return set(connection.execute(query).scalars())
+    query = (
+        select(col(r.name), func.sum(col(r.count)))
+        .where(col(r.job_id) == job_id, col(r.level) == LEVELS)
+        .group_by(col(r.name))
+    )
+    return {name: int(count) for name, count in connection.execute(query)}
 
 
 def read_series(

@@ -14,6 +14,7 @@ stored numbers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
@@ -33,6 +34,7 @@ from service.domain.storage import jobs_root
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, UserQuota, utcnow
 from service.ledger.sql import id_conditions
+from service.loops.bulkhead import Bulkhead, Fault
 from service.states import ACTIVE_STATES, TERMINAL_STATES
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 Removing = Literal["files", "folder"]  # everything but the logs; the whole folder
 TERMINAL = [state.value for state in TERMINAL_STATES]
 ACTIVE = [state.value for state in ACTIVE_STATES]
+RETENTION = "retention"  # the bulkhead's step, in a fault's reason and /metrics
 MEASURE_BATCH = 200  # ended jobs measured per tick; more wait for the next
 ARRAY_FOLDER_GRACE_S = 3600.0  # an array folder younger than this is left: its links may be under way
 
@@ -110,30 +113,39 @@ def due_removals(session: Session, settings: Settings, now: datetime) -> list[Re
     return due
 
 
-def run_pass(engine: Engine, settings: Settings, *, dry_run: bool = False) -> PassReport:
-    """One retention pass. A dry run measures what would go and changes nothing."""
+def run_pass(
+    engine: Engine, settings: Settings, *, dry_run: bool = False, guard: Bulkhead | None = None
+) -> PassReport:
+    """One retention pass. A dry run measures what would go and changes nothing. Each job's part is
+    in `guard` (a bulkhead): what goes wrong with one job's folder leaves it for the next pass, and
+    the pass goes on with the others."""
+    guard = guard or Bulkhead(RETENTION)
     report = PassReport()
     root = jobs_root(settings)
     if not dry_run:
         report.freed += job_folders.empty_trash(root)  # what a pass that died half-way left
-        measure_unfinished(engine, settings)
+        measure_unfinished(engine, settings, guard)
     with session_scope(engine) as session:
         due = due_removals(session, settings, utcnow())
     for removal in due:
-        found = job_folders.usage(removal.folder)
-        if found is not None:
-            removal = replace(removal, bytes=found.total - (found.logs if removal.removing == "files" else 0))
+        done = guard.guarded(
+            removal.job_id, functools.partial(_measured_and_removed, engine, removal, dry_run)
+        )
+        if isinstance(done, Fault):  # this folder only (a file it cannot move yet): the next pass retries
+            continue
+        report.removals.append(done)
         if not dry_run:
-            try:
-                _remove(engine, removal)
-            except OSError as error:  # this folder only (a file it cannot move yet): the next pass retries
-                log.warning(
-                    "retention: cannot remove the %s of job %d: %s", removal.removing, removal.job_id, error
-                )
-                continue
             report.freed += job_folders.empty_trash(root)  # room comes back job by job, not at the end
-        report.removals.append(removal)
     return report
+
+
+def _measured_and_removed(engine: Engine, removal: Removal, dry_run: bool) -> Removal:
+    found = job_folders.usage(removal.folder)
+    if found is not None:
+        removal = replace(removal, bytes=found.total - (found.logs if removal.removing == "files" else 0))
+    if not dry_run:
+        _remove(engine, removal)
+    return removal
 
 
 def _remove(engine: Engine, removal: Removal) -> None:
@@ -159,7 +171,7 @@ def _remove(engine: Engine, removal: Removal) -> None:
     )
 
 
-def measure_ended(engine: Engine, settings: Settings) -> int:
+def measure_ended(engine: Engine, settings: Settings, guard: Bulkhead | None = None) -> int:
     """Measure the folders of jobs that ended since their last measurement. Returns how many."""
     query = (
         select(col(Job.id), col(Job.folder))
@@ -170,13 +182,13 @@ def measure_ended(engine: Engine, settings: Settings) -> int:
         )
         .limit(MEASURE_BATCH)
     )
-    return _measure(engine, settings, query, TERMINAL, missing_is_empty=True)
+    return _measure(engine, settings, query, TERMINAL, guard or Bulkhead(RETENTION), missing_is_empty=True)
 
 
-def measure_unfinished(engine: Engine, settings: Settings) -> int:
+def measure_unfinished(engine: Engine, settings: Settings, guard: Bulkhead | None = None) -> int:
     """Measure the folders of every unfinished job (they grow as the jobs run)."""
     query = select(col(Job.id), col(Job.folder)).where(col(Job.state).in_(ACTIVE))
-    return _measure(engine, settings, query, ACTIVE, missing_is_empty=False)
+    return _measure(engine, settings, query, ACTIVE, guard or Bulkhead(RETENTION), missing_is_empty=False)
 
 
 def _measure(
@@ -184,6 +196,7 @@ def _measure(
     settings: Settings,
     query: Select[int | None, str | None],
     states: list[str],
+    guard: Bulkhead,
     *,
     missing_is_empty: bool,
 ) -> int:
@@ -194,7 +207,11 @@ def _measure(
     sizes: dict[int, int] = {}
     for job_id, folder in rows:
         place = _own_folder(settings, job_id, folder)
-        found = job_folders.usage(place) if place is not None else None
+        found = (
+            guard.guarded(job_id, functools.partial(job_folders.usage, place)) if place is not None else None
+        )
+        if isinstance(found, Fault):
+            continue
         if found is not None or missing_is_empty:
             sizes[job_id] = found.total if found is not None else 0
     if not sizes:

@@ -6,7 +6,7 @@ import sqlite3
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -118,13 +118,15 @@ def session_scope(engine: Engine) -> Iterator[Session]:
             raise
 
 
-_sqlite_writers: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+_sqlite_writers: weakref.WeakKeyDictionary[Engine, threading.Lock] = weakref.WeakKeyDictionary()
 _writers_guard = threading.Lock()
+_turns_held = threading.local()  # .engines: ids of the engines whose turn this thread holds
 
 
 @contextmanager
 def write_scope(engine: Engine) -> Iterator[Session]:
-    """session_scope for the loops' write transactions (intake, dispatch, reconcile).
+    """session_scope for the loops' write transactions (intake, dispatch, reconcile), in which each
+    job's work may have a savepoint of its own.
 
     SQLite lets one writer in at a time and makes the others wait in its busy handler, which sleeps
     between tries (up to 100 ms a sleep). Under a burst of POSTs the intake commits again and again,
@@ -133,12 +135,33 @@ def write_scope(engine: Engine) -> Iterator[Session]:
     locks rows, not the database: no lock there.
     """
     with writer_turn(engine), session_scope(engine) as session:
+        if is_sqlite(str(engine.url)):
+            # Python's sqlite3 begins a transaction only before a data change: a SAVEPOINT (a job's
+            # bulkhead, service.loops.bulkhead) sent first would open one itself, and its RELEASE
+            # would COMMIT it. So the transaction begins here, with the write lock it is for: one
+            # that read first and wrote later fails at once where another connection (another
+            # engine, a CLI command) committed meanwhile, instead of waiting for its turn.
+            session.connection().exec_driver_sql("BEGIN IMMEDIATE")
         yield session
 
 
-def writer_turn(engine: Engine) -> AbstractContextManager[object]:
-    """This process's turn to write to a SQLite ledger (a no-op on PostgreSQL, which locks rows)."""
+@contextmanager
+def writer_turn(engine: Engine) -> Iterator[None]:
+    """This process's turn to write to a SQLite ledger (a no-op on PostgreSQL, which locks rows).
+
+    A turn taken inside another on the same thread would wait for that one's write lock for ever:
+    RuntimeError instead."""
     if not is_sqlite(str(engine.url)):
-        return nullcontext()
+        yield
+        return
+    held: set[int] = _turns_held.__dict__.setdefault("engines", set())
+    if id(engine) in held:
+        raise RuntimeError("a write scope inside another on this thread would wait for itself")
     with _writers_guard:
-        return _sqlite_writers.setdefault(engine, threading.RLock())  # re-entrant: a scope inside one
+        lock = _sqlite_writers.setdefault(engine, threading.Lock())
+    with lock:
+        held.add(id(engine))
+        try:
+            yield
+        finally:
+            held.discard(id(engine))

@@ -7,6 +7,11 @@ it (`<id>_submitted.pkl`, named once the backend answered, and only if the sched
 that id as another folder's job: the folder is the job's account's to change); when the replica died
 while the backend was still answering, the backend's `recover` asks the scheduler. What it has is
 adopted, never submitted again.
+
+Each job of a batch is prepared, recovered and recorded on its own (service.loops.bulkhead): an
+unexpected error there costs that job a tick (its reason says why; after a few in a row it fails),
+never the batch. A backend that raises on a batch is given its jobs again one by one (a sweep's
+array whole), so that the job that raised is found and only it pays.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import ColumnElement, and_, or_, update
 from sqlalchemy import select as core_select
@@ -35,19 +41,21 @@ from service.accounts import Account
 from service.backends.base import Backend, SubmitOutcome
 from service.config import Settings
 from service.domain.code_store import store_root, unpack_into
-from service.domain.job_files import submitted_external_id
+from service.domain.job_files import error_ranks, submitted_external_id
 from service.domain.storage import DATA_DIR_MODE
 from service.errors import BackendError
 from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
 from service.loops import sweep_claims
+from service.loops.bulkhead import Bulkhead, Fault
 from service.loops.transitions import Submission, record_submissions, record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
-from worker.spec import ArrayGroup, JobFiles, RunSpec
+from worker.spec import ArrayGroup, JobFiles, RunSpec, ascii_int
 
 log = logging.getLogger(__name__)
 
+_V = TypeVar("_V")
 CLAIM_TTL = timedelta(seconds=60)
 # A job folder that cannot be made for one of these reasons waits for a later tick instead of failing
 # the job: a full disk or quota, a shared file system's stale handle or I/O error, no memory.
@@ -72,6 +80,10 @@ _CLAIM_COLUMNS = (
 )
 
 
+class _AccountGone(Exception):
+    """The job's account or folder group no longer exists: the job cannot run as it was admitted."""
+
+
 def replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -87,6 +99,7 @@ class Dispatcher:
         self._thread = threading.Thread(target=self._run, name="torchyard-dispatch", daemon=True)
         self.last_duration_s = 0.0
         self._next_stale_check = 0.0  # time.monotonic(): the first tick looks
+        self.bulkhead = Bulkhead("dispatching")
 
     # ---------------------------------------------------------------- loop
 
@@ -165,46 +178,36 @@ class Dispatcher:
             return claimed
 
     def _prepare_all(self, claimed: list[tuple[RowMapping, ArrayGroup | None]]) -> list[tuple[str, RunSpec]]:
-        """The claimed jobs' specs, their folders made; a job whose folder cannot be made fails here,
+        """The claimed jobs' specs, their folders made. A job whose folder cannot be made fails here,
         unless the reason passes (PASSING_ERRNOS): then it waits for a later tick. An unexpected
-        error releases the batch's claims (its jobs are submitted at a later tick)."""
+        error is that job's fault (the bulkhead's): it waits for a later tick, or fails after a few."""
         accounts = functools.cache(Account.of_job)  # one passwd lookup per account, not per job
         ready: list[tuple[str, RunSpec]] = []
         unfit: list[tuple[int, str]] = []  # (job id, why it ends here)
-        later: list[int] = []  # the file system said no for a passing reason: a later tick tries again
-        reason_later = ""
+        later: list[tuple[int, str]] = []  # (job id, why): a later tick tries again
         ids = [row["id"] for row, _ in claimed]
         started = renewed = time.monotonic()
-        try:
-            for row, group in claimed:
-                if time.monotonic() - renewed > CLAIM_RENEW_S:
-                    self._renew_claims(ids)
-                    renewed = time.monotonic()
-                try:
-                    ready.append((row["backend"], self._prepare(row, group, accounts)))
-                except (OSError, tarfile.TarError) as error:  # tarfile's: the job's code snapshot
-                    if isinstance(error, OSError) and error.errno in PASSING_ERRNOS:
-                        later.append(row["id"])
-                        reason_later = f"dispatch failed, will retry: cannot write the job folder: {error}"
-                    else:
-                        unfit.append((row["id"], f"cannot write the job folder: {error}"))
-                except KeyError:  # pwd or grp: the account or group is gone since admission
-                    unfit.append(
-                        (
-                            row["id"],
-                            f"the Unix account '{row['run_as']}' (or the job folder group) "
-                            "no longer exists on the service's host",
-                        )
-                    )
-        except Exception as error:
-            self._release(ids, f"dispatch failed, will retry: {error}")
-            raise
+        for row, group in claimed:
+            if time.monotonic() - renewed > CLAIM_RENEW_S:
+                self._renew_claims(ids)
+                renewed = time.monotonic()
+            prepared = self.bulkhead.guarded(
+                row["id"], functools.partial(self._prepare, row, group, accounts)
+            )
+            if isinstance(prepared, Fault):
+                (unfit if prepared.gives_up else later).append((row["id"], prepared.reason))
+            elif isinstance(prepared, str):
+                unfit.append((row["id"], prepared))
+            elif isinstance(prepared, OSError):
+                text = f"cannot write the job folder: {prepared}"
+                later.append((row["id"], f"dispatch failed, will retry: {text}"))
+            else:
+                ready.append((row["backend"], prepared))
         if time.monotonic() - started > CLAIM_RENEW_S:  # the submission starts with a fresh claim
             self._renew_claims(ids)
-        if unfit:
-            self._fail_unfit(unfit)
-        if later:
-            self._release(later, reason_later)
+        self._fail_unfit(unfit)
+        for job_id, reason in later:
+            self._release([job_id], reason)
         return ready
 
     def _renew_claims(self, job_ids: Sequence[int]) -> None:
@@ -213,6 +216,8 @@ class Dispatcher:
 
     def _fail_unfit(self, unfit: list[tuple[int, str]]) -> None:
         """End the jobs whose folder could not be made, unless a user's cancel got there first."""
+        if not unfit:
+            return
         with write_scope(self._engine) as session:
             for job_id, failure in unfit:
                 job = session.get(Job, job_id, with_for_update=True)
@@ -226,6 +231,22 @@ class Dispatcher:
                     record_transition(session, job, JobState.failed, failure)
 
     def _prepare(
+        self, job: RowMapping, group: ArrayGroup | None, accounts: Callable[[str | None], Account]
+    ) -> RunSpec | str | OSError:
+        """The job's spec, its folder made; else why the job cannot go (a text: it fails), or the
+        passing error its folder met (an OSError of PASSING_ERRNOS: a later tick tries again)."""
+        try:
+            return self._prepare_folder(job, group, accounts)
+        except OSError as error:
+            if error.errno in PASSING_ERRNOS:
+                return error
+            return f"cannot write the job folder: {error}"
+        except tarfile.TarError as error:  # the job's code snapshot
+            return f"cannot write the job folder: {error}"
+        except _AccountGone as gone:
+            return str(gone)
+
+    def _prepare_folder(
         self, job: RowMapping, group: ArrayGroup | None, accounts: Callable[[str | None], Account]
     ) -> RunSpec:
         assert job["folder"] is not None
@@ -242,8 +263,14 @@ class Dispatcher:
         )
         files = spec.files
         if spec.attempt > 1:
-            archive_attempt(files, spec.attempt - 1)
-        make_job_folder(files, accounts(spec.run_as), self._settings.job_folder_group)
+            archive_attempt(files, spec.attempt - 1, spec.resources.world_size)
+        try:  # pwd's and grp's KeyError: the account or the group is gone since admission
+            make_job_folder(files, accounts(spec.run_as), self._settings.job_folder_group)
+        except KeyError:
+            raise _AccountGone(
+                f"the Unix account '{spec.run_as}' (or the job folder group) no longer exists on the "
+                "service's host"
+            ) from None
         if spec.code is not None:  # the job's own copy: what it runs cannot change under it
             unpack_into(store_root(self._settings), spec.code, files.folder)
         return spec
@@ -259,14 +286,19 @@ class Dispatcher:
         for job in session.exec(query).all():
             if not self._is_stale(job):
                 continue
+            assert job.id is not None
             folder = Path(job.folder or ".")
-            external_id = submitted_external_id(JobFiles(folder))
-            if external_id is None:
+            external_id = self.bulkhead.guarded(
+                job.id, functools.partial(submitted_external_id, JobFiles(folder))
+            )
+            if isinstance(external_id, Fault):
+                kept |= self._recovery_fault(session, job, external_id)
+            elif external_id is None:
                 unsure[job.backend].append(job)
             else:
                 named[job.backend][folder] = (job, external_id)
         for backend_name, found in named.items():
-            others = self._disowned_by_backend(backend_name, {f: one for f, (_, one) in found.items()})
+            others = self._disowned_by_backend(session, backend_name, found)
             for folder, (job, external_id) in found.items():
                 if others is None:  # the scheduler cannot be asked: keep the claim for the next tick
                     kept = True
@@ -275,9 +307,9 @@ class Dispatcher:
                 else:
                     _release_claim(session, job, external_id)
         for backend_name, jobs in unsure.items():
-            folders = [Path(job.folder or ".") for job in jobs]
-            answers = self._recovered_by_backend(backend_name, folders)
-            for job, folder in zip(jobs, folders, strict=True):
+            answers = self._recovered_by_backend(session, backend_name, jobs)
+            for job in jobs:
+                folder = Path(job.folder or ".")
                 if folder in answers:
                     _release_claim(session, job, answers[folder])
                 else:
@@ -285,31 +317,74 @@ class Dispatcher:
         session.flush()  # the claim below is a Core query: it sees freed jobs only once they are written
         return kept
 
-    def _recovered_by_backend(self, backend_name: str, folders: list[Path]) -> dict[Path, str | None]:
+    def _recovered_by_backend(
+        self, session: Session, backend_name: str, jobs: list[Job]
+    ) -> dict[Path, str | None]:
         backend = self._backends.get(backend_name)
+        folders = {Path(job.folder or "."): job for job in jobs}
         if backend is None:  # submitting again fails and says why
-            return {folder: None for folder in folders}
+            return dict.fromkeys(folders)
         try:
-            return backend.recover(folders)
+            return self._per_job(session, folders, lambda some: backend.recover(list(some)))
         except BackendError as error:
             log.warning("cannot recover %d claim(s) on %s yet: %s", len(folders), backend_name, error)
             return {}
 
-    def _disowned_by_backend(self, backend_name: str, named: dict[Path, str]) -> set[Path] | None:
+    def _disowned_by_backend(
+        self, session: Session, backend_name: str, found: dict[Path, tuple[Job, str]]
+    ) -> set[Path] | None:
         backend = self._backends.get(backend_name)
         if backend is None:
             return set()
+        named = {folder: external_id for folder, (_, external_id) in found.items()}
+
+        def disowned(some: Sequence[Path]) -> dict[Path, bool]:
+            return dict.fromkeys(backend.disowned({folder: named[folder] for folder in some}), True)
+
         try:
-            return backend.disowned(named)
+            return set(self._per_job(session, {folder: job for folder, (job, _) in found.items()}, disowned))
         except BackendError as error:
             log.warning("cannot check %d adopted id(s) on %s yet: %s", len(named), backend_name, error)
             return None
+
+    def _per_job(
+        self, session: Session, jobs: dict[Path, Job], ask: Callable[[Sequence[Path]], dict[Path, _V]]
+    ) -> dict[Path, _V]:
+        """ask(the folders) of the backend, for all of these jobs at once; when it raises anything but
+        BackendError (the scheduler's, which is everyone's), again for each job alone, so that only
+        the job whose folder made it raise pays (the bulkhead's fault: its claim is kept)."""
+        try:
+            return ask(list(jobs))
+        except BackendError:
+            raise
+        except Exception as error:
+            if len(jobs) == 1:
+                ((folder, job),) = jobs.items()
+                assert job.id is not None
+                self._recovery_fault(session, job, self.bulkhead.fault(job.id, error))
+                return {}
+        answers: dict[Path, _V] = {}
+        for folder, job in jobs.items():
+            answers.update(self._per_job(session, {folder: job}, ask))
+        return answers
+
+    @staticmethod
+    def _recovery_fault(session: Session, job: Job, fault: Fault) -> bool:
+        """Say on the job why its claim cannot be recovered; when the bulkhead gives up, fail it (the
+        scheduler may hold it: submitting it again could run it twice). True when the claim is kept."""
+        if not fault.gives_up:
+            job.reason = fault.reason
+            session.add(job)
+            return True
+        job.claimed_by = job.claimed_at = None
+        record_transition(session, job, JobState.failed, fault.reason)
+        return False
 
     def _is_stale(self, job: Job) -> bool:
         if job.claimed_at is not None and utcnow() - job.claimed_at > CLAIM_TTL:
             return True
         host, _, pid = (job.claimed_by or "").rpartition(":")
-        if host != socket.gethostname() or not pid.isdigit() or job.claimed_by == self._replica:
+        if host != socket.gethostname() or ascii_int(pid) is None or job.claimed_by == self._replica:
             return False
         return not Path(f"/proc/{pid}").exists()
 
@@ -324,6 +399,18 @@ class Dispatcher:
         except BackendError as error:
             log.warning("backend %s refused a batch of %d: %s", backend_name, len(specs), error)
             self._release([spec.job_id for spec in specs], f"dispatch failed, will retry: {error}")
+            return
+        except Exception as error:  # not the scheduler's: something about some job of the batch
+            units = _units(specs)
+            if len(units) > 1:
+                for unit in units:  # each alone, so that only the one that raises pays
+                    self._submit(backend_name, unit)
+                return
+            faults = [self.bulkhead.fault(spec.job_id, error) for spec in specs]
+            self._fail_unfit([(fault.job_id, fault.reason) for fault in faults if fault.gives_up])
+            for fault in faults:
+                if not fault.gives_up:
+                    self._release([fault.job_id], fault.reason)
             return
         self._record(backend, outcomes)
 
@@ -355,7 +442,8 @@ class Dispatcher:
                     continue
                 job = session.get(Job, outcome.job_id)
                 assert job is not None  # locked above
-                if self._record_one(session, job, outcome, backend):
+                record = functools.partial(self._record_one, session, job, outcome, backend)
+                if self.bulkhead.guarded(outcome.job_id, record, session) is True:
                     to_cancel.append(str(outcome.external_id))
             record_submissions(session, accepted)
         if to_cancel:
@@ -377,6 +465,21 @@ class Dispatcher:
             return True
         record_transition(session, job, JobState.submitted, f"{backend.name} id {job.external_id}")
         return False
+
+
+def _units(specs: Sequence[RunSpec]) -> list[list[RunSpec]]:
+    """The batch as the backend must take it: a job alone, a sweep's array whole."""
+    groups: dict[str, list[RunSpec]] = {}
+    units: list[list[RunSpec]] = []
+    for spec in specs:
+        if spec.group is None:
+            units.append([spec])
+        elif spec.group.key not in groups:
+            groups[spec.group.key] = [spec]
+            units.append(groups[spec.group.key])
+        else:
+            groups[spec.group.key].append(spec)
+    return units
 
 
 def _unclaim(session: Session, job_id: int, reason: str) -> None:
@@ -427,7 +530,7 @@ def _made_folder(folder: Path, mode: int) -> bool:
     return True
 
 
-def archive_attempt(files: JobFiles, attempt: int) -> None:
+def archive_attempt(files: JobFiles, attempt: int, world_size: int) -> None:
     """Move what attempt `attempt` left that the next one must not meet to `attempts/<attempt>/`: its
     submitit folder, whose pickle would name the old id to a recovering dispatcher, and its error
     files. Checkpoints, progress and the rendezvous files (keyed by attempt) stay.
@@ -438,7 +541,7 @@ def archive_attempt(files: JobFiles, attempt: int) -> None:
     replaced: a second dispatch of the same attempt (after a refused sbatch) leaves the new
     attempt's own submitit folder where it is.
     """
-    names = [*(path.name for path in files.errors()), files.submitit.name]
+    names = [*(files.error(rank).name for rank in error_ranks(files, world_size)), files.submitit.name]
     with (
         _folder_handle(os.open(files.folder, _DIRECTORY_NO_LINK)) as folder,
         _folder_handle(_service_subfolder(folder, "attempts")) as attempts,

@@ -18,6 +18,7 @@ from service.config import Settings
 from service.domain import code_store, retention
 from service.ledger import name_index
 from service.ledger.db import session_scope
+from service.loops.bulkhead import Bulkhead
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class Housekeeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchyard-housekeeping", daemon=True)
         self.freed_bytes = 0  # by this process's passes, for /metrics
+        self.bulkhead = Bulkhead(retention.RETENTION)
         self.last_pass_at = 0.0  # time.time() of the last pass that completed
 
     def start(self) -> None:
@@ -41,7 +43,7 @@ class Housekeeper:
         self._thread.join(timeout=10)
 
     def run_pass(self) -> retention.PassReport:
-        report = retention.run_pass(self._engine, self._settings)
+        report = retention.run_pass(self._engine, self._settings, guard=self.bulkhead)
         self.freed_bytes += report.freed
         self._collect_code()
         retention.prune_array_folders(self._engine, self._settings)
@@ -65,7 +67,7 @@ class Housekeeper:
                 if time.monotonic() >= next_pass:
                     next_pass = time.monotonic() + self._settings.gc_interval_s
                     self.run_pass()
-                retention.measure_ended(self._engine, self._settings)
+                retention.measure_ended(self._engine, self._settings, self.bulkhead)
             except Exception:  # the loop must outlive a bad pass (database down, a sick disk, ...)
                 log.exception("housekeeping failed; trying again later")
             self._stop.wait(min(MEASURE_EVERY_S, max(0.0, next_pass - time.monotonic())))

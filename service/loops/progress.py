@@ -2,9 +2,15 @@
 
 Reading and parsing is service.domain.job_files (with the worker's one parser); this module writes:
 metric rows (and their rollup buckets, service.domain.metric_series), the job's latest progress and
-checkpoint, and how far the file has been read. A job names its metrics, so it could name a new one
-in every line: the first MAX_METRIC_NAMES names it reports are recorded, and new names after them are
-dropped (the parser already keeps a line to its first metrics and the ledger's name length).
+checkpoint, and how far the file has been read. A job is untrusted and writes as much as it likes, so
+what it costs the ledger is bounded:
+- a series (a metric of an attempt) holds one value per step: a step reported again replaces it;
+- a job names its metrics, so it could name a new one in every line: the first MAX_METRIC_NAMES
+  names it reports are recorded, and new names after them are dropped (the parser already keeps a
+  line to its first metrics and the ledger's name length);
+- one read takes the lines up to MAX_METRIC_ROWS_PER_READ values (the rest wait for the next tick);
+- a job keeps at most MAX_METRIC_ROWS values: past them its progress is still shown, but no more
+  values are recorded, and its reason says so.
 """
 
 from __future__ import annotations
@@ -13,14 +19,19 @@ import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlmodel import Session
+from sqlalchemy import delete
+from sqlmodel import Session, col
 
 from service.domain import metric_series
 from service.domain.job_files import read_new_progress
 from service.ledger.models import Job, JobMetric, utcnow
+from service.loops.transitions import record_transition
+from service.states import JobState
 from worker.spec import MAX_METRIC_NAMES, CheckpointRecord, ProgressRecord
 
 log = logging.getLogger(__name__)
+MAX_METRIC_ROWS_PER_READ = 20_000
+MAX_METRIC_ROWS = 1_000_000
 # Jobs already said to have dropped names, so that the service log says it once per job (per run),
 # not once per tick for as long as the job goes on reporting them.
 _TOLD: set[int] = set()
@@ -28,7 +39,7 @@ _TOLD: set[int] = set()
 
 def ingest_progress(session: Session, job: Job, path: Path) -> bool:
     """Add new metric rows and the latest progress to `job`. Returns True when anything was read."""
-    read = read_new_progress(path, job.progress_offset)
+    read = read_new_progress(path, job.progress_offset, MAX_METRIC_ROWS_PER_READ)
     if read is None:
         return False
     records, job.progress_offset = read
@@ -43,9 +54,10 @@ def ingest_progress(session: Session, job: Job, path: Path) -> bool:
     if latest is not None:
         job.progress = latest.shown
     session.add(job)  # stamped by the ledger clock at commit, like every change to a job
-    added = _within_name_limit(session, job, added)
+    added = _within_limits(session, job, _last_of_each_step(added))
     if added:
         assert job.id is not None
+        _forget_replaced(session, job.id, added)
         session.add_all(added)
         session.flush()  # the rollup is rebuilt from the rows, so they must be in the database
         series = ((m.name, m.attempt, m.step) for m in added)
@@ -71,12 +83,45 @@ def _metrics(job: Job, record: ProgressRecord) -> list[JobMetric]:
     ]
 
 
-def _within_name_limit(session: Session, job: Job, rows: list[JobMetric]) -> list[JobMetric]:
-    """`rows` less those of new names past the job's first MAX_METRIC_NAMES (first come, first kept)."""
+def _last_of_each_step(rows: list[JobMetric]) -> list[JobMetric]:
+    """One row per series and step: the last reported."""
+    return list({(row.name, row.attempt, row.step): row for row in rows}.values())
+
+
+def _forget_replaced(session: Session, job_id: int, rows: list[JobMetric]) -> None:
+    """Delete the stored values of the steps these rows report again (one statement per series)."""
+    steps: dict[tuple[str, int], list[int]] = {}
+    for row in rows:
+        steps.setdefault((row.name, row.attempt), []).append(row.step)
+    for (name, attempt), reported in steps.items():
+        session.execute(
+            delete(JobMetric).where(
+                col(JobMetric.job_id) == job_id,
+                col(JobMetric.name) == name,
+                col(JobMetric.attempt) == attempt,
+                col(JobMetric.step).in_(reported),
+            ),
+            execution_options={"synchronize_session": False},
+        )
+
+
+def _within_limits(session: Session, job: Job, rows: list[JobMetric]) -> list[JobMetric]:
+    """`rows` less those of new names past the job's first MAX_METRIC_NAMES (first come, first kept),
+    and none once the job holds MAX_METRIC_ROWS values."""
     if not rows:
         return rows
     assert job.id is not None
-    known = metric_series.series_names(session.connection(), job.id)
+    stored = metric_series.series_sizes(session.connection(), job.id)
+    held = sum(stored.values())
+    if held + len(rows) > MAX_METRIC_ROWS:
+        if held < MAX_METRIC_ROWS:  # said once, as the job reaches the limit
+            record_transition(
+                session, job, JobState(job.state),
+                f"reports more than {MAX_METRIC_ROWS:,} metric values: its progress is still shown, "
+                "its later values are not recorded",
+            )  # fmt: skip
+        rows = rows[: max(MAX_METRIC_ROWS - held, 0)]
+    known = set(stored)
     new = [name for name in dict.fromkeys(row.name for row in rows) if name not in known]
     room = max(MAX_METRIC_NAMES - len(known), 0)
     if len(new) <= room:

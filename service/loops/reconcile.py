@@ -4,11 +4,13 @@ Per backend and per interval it makes ONE batched status query for all the jobs 
 API readers never cause one. Several replicas may reconcile the same jobs: each job is updated under
 a row lock (FOR UPDATE SKIP LOCKED on PostgreSQL), and never from a status older than its last change.
 A terminal state from the scheduler is confirmed against the job folder (rank 0's result, the ranks'
-error files) before it is written.
+error files) before it is written. Each job's part of a tick runs in its own savepoint
+(service.loops.bulkhead): what one job wrote or raised costs that job, never the tick.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -22,12 +24,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
 from service.backends.base import Backend, BackendStatus
-from service.domain.endings import from_rank_errors, settle, world_size
+from service.domain.endings import Ending, from_rank_errors, settle, world_size
 from service.domain.job_files import rank_errors, read_placement, read_result
 from service.errors import BackendError
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
+from service.loops.bulkhead import Bulkhead, Fault
 from service.loops.progress import ingest_progress
 from service.loops.transitions import end_attempt, record_transition, record_waiting
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
@@ -73,6 +76,7 @@ class Reconciler:
         self._reaps: dict[str, dict[str, float]] = {name: {} for name in backends}
         self._cancels: dict[str, set[str]] = {name: set() for name in backends}
         self.last_duration_s: dict[str, float] = dict.fromkeys(backends, 0.0)
+        self.bulkhead = Bulkhead("reconciling")
         for name, backend in backends.items():
             backend.set_wakeup(self._wakes[name].set)
 
@@ -135,18 +139,29 @@ class Reconciler:
         if not found:
             return 0
         with write_scope(self._engine) as session:
+            jobs = _lock_rows(session, [job_id for job_id, _ in found])
             for job_id, external_id in found:
                 watched.pop(job_id, None)
-                job = session.get(Job, job_id, with_for_update={"skip_locked": True})
+                job = jobs.get(job_id)
                 if job is None or not _still_the_run(job, external_id):
                     continue
-                files = JobFiles(Path(job.folder or "."))
-                result = read_result(files, job.run_attempt)
-                if result is None:  # not a whole result (yet): the next tick reads it again
-                    continue
-                self._succeed(session, job, files, result["value"], backend_name)
-                ended += 1
+                settle = functools.partial(self._settle_result, session, job, backend_name)
+                outcome = self.bulkhead.guarded(job_id, settle, session)
+                if isinstance(outcome, Fault):
+                    if self._record_fault(session, job, outcome):
+                        self._cancels[backend_name].add(external_id)
+                elif outcome:
+                    ended += 1
         return ended
+
+    def _settle_result(self, session: Session, job: Job, backend_name: str) -> bool:
+        """End `job` by its rank 0's result; False while there is no whole result (yet)."""
+        files = JobFiles(Path(job.folder or "."))
+        result = read_result(files, job.run_attempt)
+        if result is None:  # not a whole result (yet): the next tick reads it again
+            return False
+        self._succeed(session, job, files, result["value"], backend_name)
+        return True
 
     def _succeed(self, session: Session, job: Job, files: JobFiles, value: Any, backend_name: str) -> None:
         """Rank 0 has written its result: the job is done for its user; its processes are only exiting.
@@ -208,7 +223,6 @@ class Reconciler:
                 del reaps[external_id]
                 log.warning("job %s runs on after its result: stopping it", external_id)
                 self._cancels[backend_name].add(external_id)
-        to_cancel = self._cancels[backend_name]
         newly_queued: dict[int, str | None] = {}  # submitted -> pending, written together below
         changed: list[tuple[int, str, BackendStatus | None]] = []
         for job_id, external_id, state, reason, _, expected_start in watched:
@@ -220,6 +234,21 @@ class Reconciler:
                 newly_queued[job_id] = status.reason  # not started: no file of its own to read
                 continue
             changed.append((job_id, str(external_id), status))
+        if changed or newly_queued:
+            self._write_changes(backend_name, changed, newly_queued, polled_at)
+        self._cancel_pending(backend_name)
+        self.last_duration_s[backend_name] = time.perf_counter() - started
+        return len(watched)
+
+    def _write_changes(
+        self,
+        backend_name: str,
+        changed: list[tuple[int, str, BackendStatus | None]],
+        newly_queued: dict[int, str | None],
+        polled_at: datetime,
+    ) -> None:
+        """One transaction for the tick's changes, each job's in a savepoint of its own."""
+        to_cancel = self._cancels[backend_name]
         with write_scope(self._engine) as session:
             jobs = _lock_rows(session, [job_id for job_id, _, _ in changed])
             for job_id, external_id, status in changed:
@@ -233,12 +262,13 @@ class Reconciler:
                 job = jobs.get(job_id)
                 if job is None or not _still_the_run(job, external_id) or job.updated_at > polled_at:
                     continue
-                if self._apply(session, job, status, backend_name):
+                apply = functools.partial(self._apply, session, job, status, backend_name)
+                outcome = self.bulkhead.guarded(job_id, apply, session)
+                if isinstance(outcome, Fault):
+                    outcome = self._record_fault(session, job, outcome)
+                if outcome:
                     to_cancel.add(external_id)
             record_waiting(session, newly_queued, unchanged_since=polled_at)
-        self._cancel_pending(backend_name)
-        self.last_duration_s[backend_name] = time.perf_counter() - started
-        return len(watched)
 
     def _apply(self, session: Session, job: Job, status: BackendStatus | None, backend_name: str) -> bool:
         """Update one job; returns True when its remaining ranks must be stopped."""
@@ -262,7 +292,7 @@ class Reconciler:
                 if placement and placement != job.placement:
                     job.placement = placement
                     session.add(job)
-            errors = rank_errors(files, job.run_attempt)
+            errors = rank_errors(files, job.run_attempt, world)
             if errors:
                 # One rank raised while the others still run: end the attempt now rather than let
                 # the survivors wait out the rendezvous timeout. Rank 0 may have written progress
@@ -279,6 +309,21 @@ class Reconciler:
             return False
         end_attempt(session, job, settle(job, files, status, self._backends[backend_name]), status.exit_code)
         return False
+
+    @staticmethod
+    def _record_fault(session: Session, job: Job, fault: Fault) -> bool:
+        """Tell `job`'s user what failed on it (its reason); when the bulkhead gives up, fail it. True
+        when its ranks must be stopped."""
+        try:
+            with session.begin_nested():
+                if not fault.gives_up:
+                    record_transition(session, job, JobState(job.state), fault.reason)
+                    return False
+                end_attempt(session, job, Ending(JobState.failed, "failure", fault.reason), None)
+                return True
+        except Exception:  # its row cannot be written either: the log and /metrics still say it
+            log.exception("job %s: its fault could not be recorded on it", job.id)
+            return False
 
     @staticmethod
     def _move(session: Session, job: Job, target: JobState, reason: str | None) -> None:

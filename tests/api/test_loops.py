@@ -354,13 +354,13 @@ def test_what_rank_0_reported_just_before_its_attempt_ended_reaches_the_ledger(
     # progress file and before it looks for the file that ends the attempt.
     looked_for = job_files.read_result if ending == "result" else job_files.rank_errors
 
-    def ended_meanwhile(looked_in: JobFiles, attempt: int | None) -> Any:
+    def ended_meanwhile(looked_in: JobFiles, attempt: int | None, *world_size: int) -> Any:
         report(2)
         if ending == "result":
             files.result.write_text(json.dumps({"attempt": attempt, "value": "done"}))
         else:
             files.error(0).write_text("Traceback (most recent call last):\nValueError: diverged\n")
-        return looked_for(looked_in, attempt)
+        return looked_for(looked_in, attempt, *world_size)
 
     monkeypatch.setattr(f"service.loops.reconcile.{looked_for.__name__}", ended_meanwhile)
 

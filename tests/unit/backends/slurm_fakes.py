@@ -44,6 +44,12 @@ class FakeCommands:
         self.answers[command] = list(answers)
         return self
 
+    @staticmethod
+    def program(name: str) -> str:
+        """Where the backend finds each command (its `programs`): an absolute path, as
+        service.programs gives."""
+        return f"/opt/slurm/bin/{name}"
+
     def named(self, command: str) -> list[list[str]]:
         return [argv for argv in self.calls if Path(argv[0]).name == command]
 
@@ -53,6 +59,8 @@ class FakeCommands:
     def __call__(
         self, argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None
     ) -> CommandResult:
+        # A bare name would be looked up on the PATH of the call's environment (the job's, for sbatch).
+        assert Path(argv[0]).is_absolute(), f"{argv[0]!r} is run by a bare name"
         self.calls.append(list(argv))
         self.environments.append(env)
         self.clock += self.call_seconds

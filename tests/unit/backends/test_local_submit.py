@@ -4,12 +4,18 @@ of the same account can swap that folder for a link to any folder while the serv
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from service.accounts import Account
 from service.backends.job_env import JobEnvironment
 from service.backends.local import LocalBackend
+from service.loops.dispatch import make_job_folder
 from tests.support import wait_for
 from worker.spec import JobFiles, RunSpec
 
@@ -54,3 +60,42 @@ def test_an_adopted_pid_of_another_folder_s_controller_is_disowned(tmp_path: Pat
 
 def _names(cmdline: Path, folder: Path) -> bool:
     return str(folder).encode() in cmdline.read_bytes()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching a job to another account needs root")
+def test_a_setpriv_planted_in_the_interpreters_folder_never_runs(tmp_path: Path) -> None:
+    """The job's PATH starts with its interpreter's folder, which its user may own: the `setpriv` that
+    starts the job as its account is the service's own, by its absolute path, never one found there."""
+    env = tmp_path / "env" / "bin"  # a project environment's folder, the user's to write
+    env.mkdir(parents=True)
+    (env / "python").symlink_to(sys.executable)
+    ran_as_root = tmp_path / "planted-setpriv-ran"
+    planted = env / "setpriv"
+    planted.write_text(f'#!/bin/sh\ntouch {ran_as_root}\nexec {shutil.which("setpriv")} "$@"\n')
+    planted.chmod(0o755)
+    spec = RunSpec(
+        job_id=1, name="x", entrypoint="worker.tasks.seed:ddp_parameters", folder=str(tmp_path / "1"),
+        run_as="nobody", python=str(env / "python"),
+    )  # fmt: skip
+    make_job_folder(spec.files, Account.named("nobody"), None)
+    environment = JobEnvironment.build(tmp_path / "data")
+    assert environment.with_python(spec.python).path[0] == str(env)  # first on the job's PATH
+
+    outcome = LocalBackend(environment).submit([spec])[0]
+    try:
+        assert outcome.accepted, outcome.error
+        wait_for(lambda: not _controller_running(outcome.external_id), 30, "the controller to end")
+    finally:
+        subprocess.run(["kill", "-9", f"-{outcome.external_id}"], check=False, capture_output=True)
+    assert not ran_as_root.exists()
+
+
+def _controller_running(pid: str | None) -> bool:
+    return pid is not None and Path(f"/proc/{pid}").exists() and b"Z" not in _state(pid)
+
+
+def _state(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[-1].split()[:1][0]
+    except (OSError, IndexError):
+        return b"Z"

@@ -20,12 +20,14 @@ UNREACHABLE = "squeue: error: Unable to contact slurm controller (connect failur
 
 
 def backend(commands: FakeCommands, tmp_path: Path) -> SlurmBackend:
-    return SlurmBackend(Settings(data_dir=tmp_path), runner=commands, clock=commands.now)
+    return SlurmBackend(
+        Settings(data_dir=tmp_path), runner=commands, clock=commands.now, programs=commands.program
+    )
 
 
 def running_rows(argv: Sequence[str]) -> CommandResult:
     """squeue's answer: every id asked for is RUNNING on n1."""
-    ids = argv[argv.index("-j") + 1].split(",")
+    ids = next(arg for arg in argv if arg.startswith("--jobs=")).removeprefix("--jobs=").split(",")
     return ok("".join(f"{one}|RUNNING|None|0|0|n1\n" for one in ids))
 
 
@@ -58,8 +60,8 @@ def test_poll_of_200_jobs_is_one_scheduler_call(commands: FakeCommands, tmp_path
     assert set(statuses) == set(ids)
     assert all(s.state is JobState.running and s.nodes == "n1" for s in statuses.values())
     (argv,) = commands.calls
-    assert argv[:6] == ["squeue", "-h", "-t", "all", "-r", "-O"]
-    assert argv[-1] == ",".join(ids)
+    assert argv[:6] == ["/opt/slurm/bin/squeue", "-h", "-t", "all", "-r", "-O"]
+    assert argv[-1] == "--jobs=" + ",".join(ids)
 
 
 def test_very_long_id_lists_are_chunked(commands: FakeCommands, tmp_path: Path) -> None:
@@ -76,7 +78,7 @@ def test_jobs_squeue_forgot_are_asked_of_sacct_once(commands: FakeCommands, tmp_
     statuses = slurm.poll(["10", "24", "35_2", "26_1", "999"])
     assert slurm.scheduler_calls == 2
     (argv,) = commands.named("sacct")
-    assert argv[-1] == "24,35,26,999"  # array elements by their array's id: "35_[0-3]" is one row
+    assert argv[-1] == "--jobs=24,35,26,999"  # array elements by their array's id: "35_[0-3]" is one row
     assert statuses["10"].state is JobState.running
     assert (statuses["24"].state, statuses["24"].exit_code) == (JobState.failed, 3)
     assert statuses["35_2"].state is JobState.cancelled
@@ -94,7 +96,7 @@ def test_an_array_cancelled_before_it_split_is_one_bare_row_for_all_its_elements
     statuses = backend(commands, tmp_path).poll(["62530_0", "62530_99", "62533_7", "62534_0"])
 
     (argv,) = commands.named("sacct")
-    assert argv[-1] == "62530,62533,62534"
+    assert argv[-1] == "--jobs=62530,62533,62534"
     assert {one: status.state for one, status in statuses.items()} == {
         "62530_0": JobState.cancelled,
         "62530_99": JobState.cancelled,
@@ -175,9 +177,27 @@ def test_cancel_is_one_scancel_and_idempotent(commands: FakeCommands, tmp_path: 
     commands.on("scancel", ok(recorded("scancel_finished_and_unknown.txt")), fail(gone))
     slurm = backend(commands, tmp_path)
     slurm.cancel(["5", "6", "7_1", "5"])
-    assert commands.calls == [["scancel", "5", "6", "7_1"]]
+    assert commands.calls == [["/opt/slurm/bin/scancel", "--", "5", "6", "7_1"]]
     slurm.cancel(["5", "6"])  # older SLURM complains about unknown and finished ids: still fine
     assert slurm.scheduler_calls == 2
+
+
+def test_no_value_but_an_id_reaches_a_scheduler_command(commands: FakeCommands, tmp_path: Path) -> None:
+    """An id comes after `--` (scancel) or inside `--jobs=` (squeue, sacct), and only an id's shape
+    goes at all: `--user=bob` from a job folder would otherwise be an option of a root scancel."""
+    commands.on("scancel", ok())
+    commands.on("squeue", ok("5|RUNNING|None|0|0|n1\n"))
+    commands.on("sacct", ok())
+    slurm = backend(commands, tmp_path)
+
+    slurm.cancel(["5", "--user=bob", "-j", "7_1"])
+    statuses = slurm.poll(["5", "--user=bob", "6\u00b2"])
+
+    assert commands.named("scancel") == [["/opt/slurm/bin/scancel", "--", "5", "7_1"]]
+    (squeue,) = commands.named("squeue")
+    assert squeue[-1] == "--jobs=5" and "--user=bob" not in squeue
+    assert set(statuses) == {"5"}
+    assert all(argv[0].startswith("/") for argv in commands.calls)
 
 
 def test_cancel_fails_when_the_controller_does(commands: FakeCommands, tmp_path: Path) -> None:
@@ -194,7 +214,7 @@ def test_validate_refusal_names_the_field(commands: FakeCommands, tmp_path: Path
     assert caught.value.field == "resources.nodes"
     assert caught.value.message == "SLURM refuses this request: Node count specification invalid"
     (argv,) = commands.calls
-    assert argv[:2] == ["sbatch", "--test-only"]
+    assert argv[:2] == ["/opt/slurm/bin/sbatch", "--test-only"]
     assert {"--nodes=3", "--ntasks-per-node=2", "--time=5", "--wrap=true"} <= set(argv)
 
 
@@ -214,7 +234,10 @@ def test_validate_answers_are_cached_per_shape(commands: FakeCommands, tmp_path:
 def test_validate_passes_the_allow_listed_options(commands: FakeCommands, tmp_path: Path) -> None:
     commands.on("sbatch", ok())
     slurm = SlurmBackend(
-        Settings(data_dir=tmp_path, slurm_partition="debug"), runner=commands, clock=commands.now
+        Settings(data_dir=tmp_path, slurm_partition="debug"),
+        runner=commands,
+        clock=commands.now,
+        programs=commands.program,
     )
     slurm.validate(
         spec(tmp_path, account="physics", qos="high", constraint="a100|h100", mem_gb=1.5, gpus_per_node=2)

@@ -14,7 +14,7 @@ import pytest
 
 from service.backends import slurm_parse as parse
 from service.backends.slurm import CommandResult, SlurmBackend
-from service.backends.slurm_submit import script_name, script_token
+from service.backends.slurm_submit import script_name, script_token, staged_pickles
 from service.config import Settings
 from service.domain.job_files import submitted_external_id
 from service.errors import BackendError
@@ -88,7 +88,9 @@ def killed(commands: FakeCommands, tmp_path: Path) -> KilledDuringSbatch:
 
 
 def backend(commands: FakeCommands, tmp_path: Path) -> SlurmBackend:
-    return SlurmBackend(Settings(data_dir=tmp_path / "data"), runner=commands, clock=commands.now)
+    return SlurmBackend(
+        Settings(data_dir=tmp_path / "data"), runner=commands, clock=commands.now, programs=commands.program
+    )
 
 
 def submit_and_kill(commands: FakeCommands, killed: KilledDuringSbatch, tmp_path: Path) -> list[RunSpec]:
@@ -121,7 +123,9 @@ def test_jobs_slurm_queued_are_found_by_their_script_and_can_run(
     answers = backend(commands, tmp_path).recover(folders(specs))
 
     assert answers == dict(zip(folders(specs), ["100_0", "100_1", "100_2", "101"], strict=True))
-    assert [argv[:2] for argv in commands.calls] == [["squeue", "-h"]]  # one query, for every account
+    assert [argv[:2] for argv in commands.calls] == [
+        ["/opt/slurm/bin/squeue", "-h"]
+    ]  # one query, for every account
     for spec, external_id in zip(specs, ["100_0", "100_1", "100_2", "101"], strict=True):
         assert submitted_external_id(spec.files) == external_id  # the name submitit's runtime waits for
         assert [p.name for p in pickles(spec)] == [f"{external_id}_submitted.pkl"]
@@ -144,6 +148,19 @@ def test_a_staged_pickle_named_after_another_job_s_script_adopts_nothing(
     assert answers[Path(planter.folder)] is None
     assert answers[Path(specs[1].folder)] == "100_1"  # the element's own folder still finds it
     assert not list(planter.files.submitit.glob("*_submitted.pkl"))
+
+
+@pytest.mark.parametrize("index", ["\u00b2", "9" * 200, "", "1x"])
+def test_a_staged_pickle_with_no_usable_index_is_no_staged_pickle(
+    commands: FakeCommands, tmp_path: Path, index: str
+) -> None:
+    """Issue 35, finding 4: `.staged-x-\u00b2.pkl` passed str.isdigit(), int() raised, and recovery
+    stopped dispatch for everyone."""
+    spec = make(tmp_path, 5)
+    spec.files.submitit.mkdir(parents=True)
+    (spec.files.submitit / f".staged-{'a' * 32}-{index}.pkl").write_bytes(b"")
+    assert staged_pickles(spec.files.submitit) == []
+    assert backend(commands, tmp_path).recover([Path(spec.folder)]) == {Path(spec.folder): None}
 
 
 def test_a_submission_slurm_does_not_hold_or_already_ended_is_safe_to_send_again(
@@ -223,4 +240,6 @@ def test_an_adopted_id_whose_script_is_another_folder_s_is_disowned(
     }
 
     assert backend(commands, tmp_path).disowned(named) == {Path(planter.folder)}
-    assert [argv[:2] for argv in commands.named("squeue")] == [["squeue", "-h"]]  # one query for all
+    assert [argv[:2] for argv in commands.named("squeue")] == [
+        ["/opt/slurm/bin/squeue", "-h"]
+    ]  # one query for all

@@ -69,7 +69,9 @@ def sbatch(commands: FakeCommands) -> FakeSbatch:
 
 
 def backend(commands: FakeCommands, tmp_path: Path) -> SlurmBackend:
-    return SlurmBackend(Settings(data_dir=tmp_path / "data"), runner=commands, clock=commands.now)
+    return SlurmBackend(
+        Settings(data_dir=tmp_path / "data"), runner=commands, clock=commands.now, programs=commands.program
+    )
 
 
 def test_equal_jobs_go_out_as_one_array_with_per_job_folders(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grp
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -146,11 +147,11 @@ def test_a_service_that_is_not_root_cannot_switch_and_runs_everything_as_itself(
     assert "cannot start jobs as their owners' accounts" in caplog.text  # said plainly at start-up
 
 
-def test_a_process_is_started_as_another_account_with_setpriv() -> None:
+def test_a_process_is_started_as_another_account_with_setpriv_by_its_absolute_path() -> None:
     other = Account.named(OTHER)
     assert Account.current().command_prefix() == []
     assert other.command_prefix() == [
-        "setpriv", f"--reuid={other.uid}", f"--regid={other.gid}", "--init-groups", "--"
+        shutil.which("setpriv"), f"--reuid={other.uid}", f"--regid={other.gid}", "--init-groups", "--"
     ]  # fmt: skip
     assert Account.of_job(None) == Account.current()  # a job from before accounts were kept
 

@@ -17,6 +17,7 @@ import pytest
 from service.accounts import Account
 from service.domain import policy
 from service.errors import Forbidden, InvalidRequest
+from service.programs import program
 
 SERVICE = Account.current().name
 OTHER = "nobody"  # an account every Debian host has
@@ -54,7 +55,7 @@ def test_the_probe_runs_as_the_job_s_account_and_is_remembered_per_account(
     policy.check_python_runs_jobs(python, OTHER)  # asked before, as this account: not run again
 
     prefix = Account.named(OTHER).command_prefix()
-    assert prefix and prefix[0] == "setpriv"
+    assert prefix and prefix[0] == program("setpriv")
     assert [command[:-4] for command in probes] == [prefix, []]  # then: python -I -c PROBE
     assert all(command[-4:-1] == [python, "-I", "-c"] for command in probes)
 
@@ -132,4 +133,4 @@ def test_only_root_the_service_and_the_job_s_own_account_may_own_it(
         policy.check_python_runs_jobs(str(python), SERVICE)  # not the job's account's: refused
     assert probes == []
     policy.check_python_runs_jobs(str(python), OTHER)  # the job's account's own: asked, as it
-    assert len(probes) == 1 and probes[0][0] == "setpriv"
+    assert len(probes) == 1 and probes[0][0] == program("setpriv")

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import os
 import pwd
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from service.domain.job_files import log_tail, open_below, read_placement, submitted_external_id
+from service.domain.job_files import (
+    log_tail,
+    open_below,
+    rank_errors,
+    read_placement,
+    submitted_external_id,
+)
 from worker.spec import JobFiles
 
 PLACEMENT = '{"rank": 0, "attempt": 1, "host": "victim-host", "local_rank": 0, "gpu": null}'
@@ -60,6 +67,22 @@ def test_only_a_pickle_the_service_made_names_the_scheduler_id(tmp_path: Path) -
     assert submitted_external_id(files) is None  # a link is nobody's pickle
 
 
+@pytest.mark.parametrize("name", ["--user=bob", "41;42", "\u00b2", "4_1_2", "-1", "41 ", "1" * 19])
+def test_a_name_the_job_gave_the_services_pickle_is_no_id(tmp_path: Path, name: str) -> None:
+    """The job's account can rename the service's `<id>_submitted.pkl` in its own folder: `--user=bob`
+    would reach scancel as an option (and cancel all of bob's jobs as root)."""
+    files = job(tmp_path, "2")
+    (files.submitit / f"{name}_submitted.pkl").write_bytes(b"")  # the service's file, renamed
+
+    assert submitted_external_id(files) is None
+
+
+def test_an_array_element_s_pickle_names_its_id(tmp_path: Path) -> None:
+    files = job(tmp_path, "2")
+    (files.submitit / "41_7_submitted.pkl").write_bytes(b"")
+    assert submitted_external_id(files) == "41_7"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="planting a file of another account needs root")
 def test_a_pickle_the_jobs_account_planted_names_nothing(tmp_path: Path) -> None:
     files = job(tmp_path, "2")
@@ -69,3 +92,26 @@ def test_a_pickle_the_jobs_account_planted_names_nothing(tmp_path: Path) -> None
     os.chown(planted, nobody.pw_uid, nobody.pw_gid)
 
     assert submitted_external_id(files) is None
+
+
+def test_error_files_cost_a_bounded_read_however_many_and_large_the_job_made_them(tmp_path: Path) -> None:
+    """Issue 35, finding 5: a job's sparse error files cost it no disk, and each was read up to 1 MiB
+    and held: 20,000 of them were about 20 GiB in the root service, every tick."""
+    files = job(tmp_path, "2")
+    for rank in range(300):  # the world is 4: the others are nobody's
+        with files.error(rank).open("wb") as sparse:
+            sparse.write(b"attempt: 1\nTraceback (most recent call last):\n")
+            sparse.truncate(1 << 30)
+            sparse.seek((1 << 30) - 30)
+            sparse.write(b"\nValueError: the real cause\n")
+
+    tracemalloc.start()
+    try:
+        errors = rank_errors(files, 1, 4)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert [error.rank for error in errors] == [0, 1, 2, 3]
+    assert all(error.text.endswith("ValueError: the real cause") for error in errors)
+    assert peak < 1 << 20, f"{peak} bytes held to read four ranks' errors"

@@ -89,3 +89,62 @@ def test_a_job_records_the_first_metrics_of_a_line_and_its_first_names_only(
     assert {row.name for row in rows} == set(names[:MAX_METRIC_NAMES])  # s4_*: the 257th name on
     assert [(row.name, row.value) for row in rows if row.step == 9] == [("n0", 2.0), ("s3_63", 2.0)]
     assert caplog.text.count("reports more than 256 metric names") == 1  # said once, not every tick
+
+
+def _rows(engine: Engine, job_id: int | None) -> list[tuple[str, int, float]]:
+    with session_scope(engine) as session:
+        found = session.exec(select(JobMetric).where(JobMetric.job_id == job_id)).all()
+        return sorted((row.name, row.step, row.value) for row in found)
+
+
+def test_a_step_reported_again_replaces_its_value(engine: Engine, tmp_path: Path) -> None:
+    """A series holds one value per step, so a job that repeats one step costs one row, and the
+    rollup's refresh of that step reads one row, however often it is repeated."""
+    job = _job(engine)
+    path = tmp_path / "progress.jsonl"
+    path.write_text("".join(json.dumps({"step": 5, "metrics": {"loss": n}}) + "\n" for n in range(1000)))
+    _ingest(engine, job.id, path)
+    with path.open("a") as more:
+        more.write(json.dumps({"step": 5, "metrics": {"loss": -1}}) + "\n")
+        more.write(json.dumps({"step": 6, "metrics": {"loss": 0.5}}) + "\n")
+    _ingest(engine, job.id, path)
+
+    assert _rows(engine, job.id) == [("loss", 5, -1.0), ("loss", 6, 0.5)]
+
+
+def test_one_read_takes_a_bounded_number_of_values_and_the_next_goes_on(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress, "MAX_METRIC_ROWS_PER_READ", 100)
+    job = _job(engine)
+    path = tmp_path / "progress.jsonl"
+    lines = [json.dumps({"step": step, "metrics": {f"m{i}": 1.0 for i in range(10)}}) for step in range(25)]
+    path.write_text("\n".join(lines) + "\n")
+
+    _, first = _ingest(engine, job.id, path)
+    assert len(_rows(engine, job.id)) == 100 and first.progress == json.loads(lines[9]) | {
+        "total": None, "time": None, "attempt": None
+    }  # fmt: skip
+    assert first.progress_offset == sum(len(line) + 1 for line in lines[:10])  # a line's end
+    _ingest(engine, job.id, path)
+    _, last = _ingest(engine, job.id, path)
+    assert len(_rows(engine, job.id)) == 250 and last.progress_offset == path.stat().st_size
+
+
+def test_past_its_limit_a_job_s_progress_is_shown_and_its_values_are_not_kept(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress, "MAX_METRIC_ROWS", 30)
+    job = _job(engine)
+    path = tmp_path / "progress.jsonl"
+    path.write_text(
+        "".join(json.dumps({"step": step, "metrics": {"a": 1, "b": 2}}) + "\n" for step in range(20))
+    )
+    _ingest(engine, job.id, path)
+    with path.open("a") as more:
+        more.write(json.dumps({"step": 99, "metrics": {"a": 3}}) + "\n")
+    _, after = _ingest(engine, job.id, path)
+
+    assert len(_rows(engine, job.id)) == 30
+    assert after.progress is not None and after.progress["step"] == 99
+    assert after.reason is not None and "more than 30 metric values" in after.reason

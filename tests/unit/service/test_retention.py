@@ -22,6 +22,7 @@ from service.domain import job_folders, retention
 from service.domain.storage import jobs_root, prepare_data_dir
 from service.ledger import name_index
 from service.ledger.models import Job, JobEvent, JobMetric, UserQuota, utcnow
+from service.loops.bulkhead import Bulkhead
 from service.loops.housekeeping import Housekeeper
 from service.states import JobState
 
@@ -165,8 +166,8 @@ def test_a_users_own_keep_time_and_for_ever(data: Settings, engine: Engine) -> N
     assert retention.keep_days(same) == retention.KeepDays(7.0, 7.0)
 
 
-class Crash(Exception):
-    """The service dying at this point."""
+class Crash(BaseException):
+    """The service dying at this point (no Exception: no bulkhead of a loop catches a kill)."""
 
 
 def crash_on(monkeypatch: pytest.MonkeyPatch, target: object, name: str, after: int,
@@ -280,3 +281,27 @@ def test_a_pass_leaves_the_name_index_in_one_piece(data: Settings, engine: Engin
         add_job(engine, data, JobState.queued)
     Housekeeper(engine, data).run_pass()
     assert name_index.merge_segments(engine) == 0
+
+
+def test_a_folder_that_breaks_the_pass_costs_that_job_only(
+    data: Settings, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bulkhead: an error nothing expects, on one job's folder, leaves it for the next pass, and
+    the pass goes on with the others (before, the first such folder stopped every pass there)."""
+    broken = add_job(engine, data, JobState.succeeded, ended_days_ago=40)
+    fine = add_job(engine, data, JobState.succeeded, ended_days_ago=40)
+    real = job_folders.usage
+
+    def usage(folder: Path | None) -> object:
+        if folder == Path(broken.folder or ""):
+            raise RuntimeError("nothing expects this")
+        return real(folder)
+
+    monkeypatch.setattr(job_folders, "usage", usage)
+    guard = Bulkhead(retention.RETENTION)
+    report = retention.run_pass(engine, data, guard=guard)
+
+    assert [removal.job_id for removal in report.removals] == [fine.id]
+    assert job_row(engine, fine.id).folder_removed_at is not None
+    assert job_row(engine, broken.id).folder_removed_at is None and Path(broken.folder or "").exists()
+    assert guard.faults_total == 1

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service.backends.base import BackendStatus
-from service.domain.endings import Ending, from_rank_errors, rank_host, settle
+from service.domain.endings import Ending, from_rank_errors, rank_host, settle, world_size
 from service.domain.job_files import rank_errors, read_result
 from service.ledger.db import make_engine, migrate
 from service.ledger.models import Job, JobAttempt, JobEvent, RetryPolicy, utcnow
@@ -76,7 +76,7 @@ def test_a_rank_that_raised_on_its_own_is_the_jobs_failure_whatever_its_peers_sa
     write_error(tmp_path, 0, GLOO_LOST_PEER)  # then rank 0, which lost rank 1
     with Session(engine) as session:
         job = running_job(session, tmp_path, None, nodes=2, tasks_per_node=1)
-        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None))
+        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None, world_size(job)))
 
     assert ending.kind == "failure" and ending.state is S.failed
     assert ending.reason.startswith("rank 1 on n2 raised:\n")
@@ -89,7 +89,7 @@ def test_ranks_that_only_lost_a_peer_mean_the_silent_rank_vanished(engine: Engin
         write_error(tmp_path, rank, GLOO_LOST_PEER, age_s=3 - rank)
     with Session(engine) as session:
         job = running_job(session, tmp_path, None, nodes=2, tasks_per_node=2)
-        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None))
+        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None, world_size(job)))
 
     assert ending.kind == "node_failure"
     assert ending.reason.startswith("rank 2 on n2 vanished (rank 0 on n1 lost it):\n")
@@ -98,11 +98,19 @@ def test_ranks_that_only_lost_a_peer_mean_the_silent_rank_vanished(engine: Engin
 @pytest.mark.parametrize(
     ("status", "kind", "state", "says"),
     [
-        (BackendStatus(S.failed, "node failure", kind="node_failure"), "node_failure", S.failed,
-         "node failure (nodes n[1-2])"),
+        (
+            BackendStatus(S.failed, "node failure", kind="node_failure"),
+            "node_failure",
+            S.failed,
+            "node failure (nodes n[1-2])",
+        ),
         (BackendStatus(S.failed, "out of memory", kind="oom"), "oom", S.failed, "out of memory"),
-        (BackendStatus(S.failed, "preempted, not requeued", kind="preemption"), "preemption", S.failed,
-         "preempted, not requeued"),
+        (
+            BackendStatus(S.failed, "preempted, not requeued", kind="preemption"),
+            "preemption",
+            S.failed,
+            "preempted, not requeued",
+        ),
         (BackendStatus(S.failed, None, exit_code=137), "oom", S.failed, "out of memory, most likely"),
         (BackendStatus(S.timeout, None), "timeout", S.timeout, "exceeded its time limit"),
         (BackendStatus(S.cancelled, "cancelled by uid 0"), "cancel", S.cancelled, "cancelled by uid 0"),
@@ -235,15 +243,19 @@ def test_a_lost_peer_in_a_job_of_one_rank_is_its_own_failure(engine: Engine, tmp
     write_error(tmp_path, 0, GLOO_LOST_PEER)  # its own connection to some server broke
     with Session(engine) as session:
         job = running_job(session, tmp_path, None, nodes=1, tasks_per_node=1)
-        assert from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None)).kind == "failure"
+        errors = rank_errors(JobFiles(tmp_path / "job"), None, world_size(job))
+        assert from_rank_errors(job, errors).kind == "failure"
 
 
 def test_files_of_an_earlier_attempt_are_not_this_ones(engine: Engine, tmp_path: Path) -> None:
     files = JobFiles(tmp_path / "job")
     write_error(tmp_path, 0, f"{ERROR_ATTEMPT_PREFIX}1\n{USER_ERROR}")
     files.result.write_text('{"attempt": 1, "value": {"loss": 0.5}}')
-    assert rank_errors(files, 2) == [] and read_result(files, 2) is None  # attempt 2 runs now
-    assert len(rank_errors(files, 1)) == 1 and read_result(files, 1) == {"attempt": 1, "value": {"loss": 0.5}}
+    assert rank_errors(files, 2, 2) == [] and read_result(files, 2) is None  # attempt 2 runs now
+    assert len(rank_errors(files, 1, 2)) == 1 and read_result(files, 1) == {
+        "attempt": 1,
+        "value": {"loss": 0.5},
+    }
 
 
 @pytest.mark.parametrize("kind", ["link", "fifo", "folder"])
@@ -263,7 +275,7 @@ def test_a_job_file_that_is_not_a_regular_file_is_not_read(tmp_path: Path, kind:
         files.error(0).mkdir()
 
     assert read_result(files, None) is None
-    assert rank_errors(files, None) == []
+    assert rank_errors(files, None, 2) == []
 
 
 # ---------------------------------------------------------------- what a retry moves aside
@@ -275,14 +287,14 @@ def test_archiving_moves_the_attempts_files_once_and_keeps_the_new_attempts_own(
     (files.submitit / "100_submitted.pkl").write_bytes(b"attempt 1")
     write_error(tmp_path, 0, USER_ERROR)
 
-    archive_attempt(files, 1)
+    archive_attempt(files, 1, 1)
     files.submitit.mkdir()  # the dispatcher makes attempt 2's, and its sbatch is refused ...
     (files.submitit / ".staged-x-0.pkl").write_bytes(b"attempt 2")
-    archive_attempt(files, 1)  # ... so the job is dispatched again
+    archive_attempt(files, 1, 1)  # ... so the job is dispatched again
 
     archive = files.folder / "attempts" / "1"
     assert (archive / "submitit" / "100_submitted.pkl").read_bytes() == b"attempt 1"
-    assert (archive / "error-rank0.txt").exists() and not files.errors()
+    assert (archive / "error-rank0.txt").exists() and not list(files.folder.glob("error-rank*.txt"))
     assert (files.submitit / ".staged-x-0.pkl").read_bytes() == b"attempt 2"  # left where it is
     assert archive.stat().st_uid == os.geteuid()
 
@@ -293,11 +305,11 @@ def test_archiving_follows_no_link_the_job_planted(tmp_path: Path) -> None:
     files = JobFiles(tmp_path / "job")
     files.folder.mkdir()
     (files.folder / "submitit").symlink_to(victim)  # moved as a link, the target untouched
-    archive_attempt(files, 1)
+    archive_attempt(files, 1, 1)
     assert (files.folder / "attempts" / "1" / "submitit").is_symlink() and list(victim.iterdir()) == []
 
     (files.folder / "attempts").rename(files.folder / "moved")
     (files.folder / "attempts").symlink_to(victim)  # where the archive would be made
     with pytest.raises(OSError):
-        archive_attempt(files, 2)
+        archive_attempt(files, 2, 1)
     assert list(victim.iterdir()) == []
