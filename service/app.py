@@ -72,6 +72,8 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
         summary="Launch PyTorch distributed training on this machine or a SLURM cluster.",
         lifespan=lifespan,
         telemetry=_telemetry(settings),
+        docs_url=None,  # the dashboard's router serves /docs from the package, under a policy of its own
+        redoc_url=None,  # ReDoc would load from a CDN too; /docs is the one page
     )
     app.state.settings = settings  # what it was made with, for whoever serves it (tests.serving)
     install_error_handlers(app)
@@ -80,7 +82,7 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
     if settings.trusted_proxies:  # outside the gate: the client they name is the one it checks
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies)
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)  # last added: outermost
-    # Matched in order, ahead of FastAPI's own routes (/openapi.json, /docs, /redoc): see ROUTERS.
+    # Matched in order, ahead of FastAPI's own route (/openapi.json): see ROUTERS.
     app.router.routes[:0] = [route for router in ROUTERS for route in router.routes]
     dashboard.mount_assets(app)
     return app
