@@ -102,6 +102,12 @@ class LedgerCollector:
             value=runtime.job_watch.waiters(),
         )
         yield GaugeMetricFamily(
+            "torchyard_nodes_unprotected_hardlinks",
+            "Nodes whose ranks said fs.protected_hardlinks is not 1 there, since start (their placement "
+            "files; the log names them).",
+            value=runtime.reconciler.hardlinks.unprotected(),
+        )
+        yield GaugeMetricFamily(
             "torchyard_dispatch_last_duration_seconds",
             "How long the last dispatch tick took.",
             value=runtime.dispatcher.last_duration_s,

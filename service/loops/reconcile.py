@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
+from service.accounts import NodeHardlinks
 from service.backends.base import Backend, BackendStatus
 from service.domain.endings import from_rank_errors, settle, world_size
 from service.domain.job_files import rank_errors, read_placement, read_result
@@ -73,6 +74,7 @@ class Reconciler:
         self._reaps: dict[str, dict[str, float]] = {name: {} for name in backends}
         self._cancels: dict[str, set[str]] = {name: set() for name in backends}
         self.last_duration_s: dict[str, float] = dict.fromkeys(backends, 0.0)
+        self.hardlinks = NodeHardlinks()  # what the ranks' placement files say of their nodes
         for name, backend in backends.items():
             backend.set_wakeup(self._wakes[name].set)
 
@@ -262,6 +264,7 @@ class Reconciler:
                 if placement and placement != job.placement:
                     job.placement = placement
                     session.add(job)
+                    self.hardlinks.note(job.id or 0, placement)
             errors = rank_errors(files, job.run_attempt)
             if errors:
                 # One rank raised while the others still run: end the attempt now rather than let
