@@ -22,13 +22,15 @@ import grp
 import logging
 import os
 import pwd
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from service.config import Settings
 from service.errors import Forbidden, InvalidRequest
 from service.programs import program
-from worker.spec import ascii_int
+from worker.spec import PROTECTED_HARDLINKS, ascii_int, node_hardlinks_protected
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +196,6 @@ def person_uids(login_defs: Path = LOGIN_DEFS) -> range:
     return range(bounds["UID_MIN"], bounds["UID_MAX"] + 1)
 
 
-PROTECTED_HARDLINKS = Path("/proc/sys/fs/protected_hardlinks")
-
-
 def announce(settings: Settings) -> None:
     """Say plainly at start-up when jobs cannot be kept apart by account."""
     service = Account.current().name
@@ -218,8 +217,44 @@ def announce(settings: Settings) -> None:
 
 
 def hardlinks_protected(setting: Path = PROTECTED_HARDLINKS) -> bool:
-    """Whether the kernel lets an account hard-link only files it owns (or may read and write)."""
-    try:
-        return setting.read_text().strip() == "1"
-    except OSError:  # not Linux, or /proc hidden: nothing to say
-        return True
+    """Whether the kernel lets an account hard-link only files it owns (or may read and write); True
+    where it cannot tell (not Linux, /proc hidden): nothing to say then."""
+    return node_hardlinks_protected(setting) is not False
+
+
+MAX_NODES_NOTED = 1024  # a job writes its placement files, host names included: remember this many
+
+
+class NodeHardlinks:
+    """The nodes whose ranks said fs.protected_hardlinks is off there (their placement files): a
+    SLURM job makes its links on a compute node, whose setting the start-up check on the service's
+    own host cannot see. Each such node is warned about once, and counted in /metrics.
+
+    The job writes its placement files, so this is a hint to the operator, not a guard: a job may
+    say what it likes of its node. Only so many nodes are remembered, however many a job names."""
+
+    def __init__(self) -> None:
+        self._unprotected: set[str] = set()
+        self._lock = threading.Lock()  # one reconcile thread per backend
+
+    def note(self, job_id: int, placement: list[dict[str, Any]]) -> None:
+        for placed in placement:
+            if placed.get("protected_hardlinks") is not False:
+                continue
+            host = str(placed["host"])
+            with self._lock:
+                if host in self._unprotected or len(self._unprotected) >= MAX_NODES_NOTED:
+                    continue
+                self._unprotected.add(host)
+            log.warning(
+                "job %d's rank %s runs on %r, where fs.protected_hardlinks is not 1: a job there could "
+                "hard-link a file it cannot read into its folder, where the service reads as root. Set "
+                "`sysctl fs.protected_hardlinks=1` on every compute node (docs/operations.md).",
+                job_id,
+                placed.get("rank"),
+                host,
+            )
+
+    def unprotected(self) -> int:
+        """How many nodes said so since the service started."""
+        return len(self._unprotected)

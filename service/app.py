@@ -14,7 +14,7 @@ from service.api.errors import install_error_handlers
 from service.api.gate import RequestGate
 from service.api.loopback import is_loopback
 from service.api.metrics import LatencyMiddleware, ServiceMetrics
-from service.api.routes import access, code, dashboard, health, jobs, sweeps
+from service.api.routes import access, checkpoints, code, dashboard, health, jobs, sweeps
 from service.api.routes import metrics as metrics_routes
 from service.backends.base import Backend
 from service.config import Settings, get_settings
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # API schema.
 ROUTERS: tuple[APIRouter, ...] = (
     jobs.router,
+    checkpoints.router,
     health.router,
     sweeps.router,
     access.router,
@@ -71,6 +72,8 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
         summary="Launch PyTorch distributed training on this machine or a SLURM cluster.",
         lifespan=lifespan,
         telemetry=_telemetry(settings),
+        docs_url=None,  # the dashboard's router serves /docs from the package, under a policy of its own
+        redoc_url=None,  # ReDoc would load from a CDN too; /docs is the one page
     )
     app.state.settings = settings  # what it was made with, for whoever serves it (tests.serving)
     install_error_handlers(app)
@@ -79,7 +82,7 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
     if settings.trusted_proxies:  # outside the gate: the client they name is the one it checks
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies)
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)  # last added: outermost
-    # Matched in order, ahead of FastAPI's own routes (/openapi.json, /docs, /redoc): see ROUTERS.
+    # Matched in order, ahead of FastAPI's own route (/openapi.json): see ROUTERS.
     app.router.routes[:0] = [route for router in ROUTERS for route in router.routes]
     dashboard.mount_assets(app)
     return app

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from worker.spec import ERROR_ATTEMPT_PREFIX
+from worker.spec import ERROR_ATTEMPT_PREFIX, node_hardlinks_protected
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,11 @@ def to_jsonable(value: Any) -> Any:
 
 
 def write_placement(path: Path, attempt: int, rank: int, local_rank: int, gpu: str | None) -> None:
-    """A rank's placement file (worker.spec.parse_placement reads it)."""
+    """A rank's placement file (worker.spec.parse_placement reads it), with its node's
+    fs.protected_hardlinks, which the service cannot see from its own host."""
     host = socket.gethostname()
-    record = {"attempt": attempt, "rank": rank, "host": host, "local_rank": local_rank, "gpu": gpu}
+    record = {"attempt": attempt, "rank": rank, "host": host, "local_rank": local_rank, "gpu": gpu,
+              "protected_hardlinks": node_hardlinks_protected()}  # fmt: skip
     atomic_write_text(path, json.dumps(record) + "\n")
 
 

@@ -93,8 +93,12 @@ class KeepBest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    metric: str = Field(min_length=1, max_length=MAX_METRIC_NAME_CHARS, pattern=r"^[^\x00]+$",
-                        description="A metric the job reports (`ctx.report(..., loss=...)`).")
+    metric: str = Field(
+        min_length=1,
+        max_length=MAX_METRIC_NAME_CHARS,
+        pattern=r"^[^\x00]+$",
+        description="A metric the job reports (`ctx.report(..., loss=...)`).",
+    )
     goal: Literal["min", "max"] = Field("min", description="Lowest (`min`) or highest (`max`) is best.")
 
 
@@ -269,6 +273,21 @@ class RankPlacement(BaseModel):
     host: str
     local_rank: int
     gpu: str | None = None  # as CUDA_VISIBLE_DEVICES names it (an index or a UUID), None on CPU
+    protected_hardlinks: bool | None = None  # the host's fs.protected_hardlinks; None: not said
+
+
+PROTECTED_HARDLINKS = Path("/proc/sys/fs/protected_hardlinks")
+
+
+def node_hardlinks_protected(setting: Path = PROTECTED_HARDLINKS) -> bool | None:
+    """Whether this machine's kernel lets an account hard-link only files it owns (or may read and
+    write): fs.protected_hardlinks 1 or 0; None where it cannot tell (not Linux, /proc hidden). The
+    service asks it of its own host; each rank writes its node's into its placement file, since a
+    SLURM job makes its links on the compute nodes."""
+    try:
+        return {"1": True, "0": False}.get(setting.read_text().strip())
+    except OSError:
+        return None
 
 
 MAX_HOST_CHARS = 255  # a DNS name's length
@@ -288,7 +307,9 @@ def parse_placement(text: str, attempt: int) -> RankPlacement | None:
     if rank is None or local_rank is None or not _short_text(host, MAX_HOST_CHARS):
         return None
     gpu = gpu if _short_text(gpu, 64) else None
-    return RankPlacement(rank=rank, host=host, local_rank=local_rank, gpu=gpu)
+    protected = data.get("protected_hardlinks")  # absent from an older worker's file
+    protected = protected if isinstance(protected, bool) else None
+    return RankPlacement(rank=rank, host=host, local_rank=local_rank, gpu=gpu, protected_hardlinks=protected)
 
 
 def _short_text(value: Any, most: int) -> bool:

@@ -36,7 +36,7 @@ from service.domain.auth import DEV_PRINCIPAL, Principal, TokenCheck, bearer_tok
 from service.errors import Forbidden, ServiceError, TooLarge, Unauthenticated
 
 PRINCIPAL = "torchyard.principal"  # the scope key the gate leaves the caller under
-PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = (f"{ASSETS_PREFIX}/",)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # The bodies a page may POST to another site without a CORS preflight.

@@ -3,8 +3,9 @@
 Job counts are read from the ledger when Prometheus scrapes (one GROUP BY), not kept in counters the
 code must remember to update: the ledger is the truth, and several replicas then agree. Loop timings
 and query counts come from the Dispatcher / Reconciler / backends this process runs. Job folder sizes
-are the ones stored by the housekeeping loop (no folder is walked at scrape time); the data directory's
-free space is one statvfs.
+are the ones stored by the housekeeping loop (no folder is walked at scrape time), summed: any token
+may read these, so they name no job (an admin finds the largest through GET /api/v1/folders); the
+data directory's free space is one statvfs.
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ class LedgerCollector:
             value=runtime.job_watch.waiters(),
         )
         yield GaugeMetricFamily(
+            "torchyard_nodes_unprotected_hardlinks",
+            "Nodes whose ranks said fs.protected_hardlinks is not 1 there, since start (their placement "
+            "files; the log names them).",
+            value=runtime.reconciler.hardlinks.unprotected(),
+        )
+        yield GaugeMetricFamily(
             "torchyard_dispatch_last_duration_seconds",
             "How long the last dispatch tick took.",
             value=runtime.dispatcher.last_duration_s,
@@ -142,16 +149,20 @@ class LedgerCollector:
     @staticmethod
     def _disk(runtime: Runtime) -> Iterable[Metric]:
         with Session(runtime.engine) as session:
-            sizes = retention.folder_sizes(session)
-        folders = GaugeMetricFamily(
-            "torchyard_job_folder_bytes",
-            "Bytes each job folder still on disk takes, as last measured (when the job ended; hourly "
-            "while it runs).",
-            labels=["job_id"],
+            folders = retention.folder_totals(session)
+        yield GaugeMetricFamily(
+            "torchyard_job_folders",
+            "Job folders still on disk whose size was measured (when the job ended; hourly while it runs).",
+            value=folders.count,
         )
-        for job_id, size in sizes:
-            folders.add_metric([str(job_id)], size)
-        yield folders
+        yield GaugeMetricFamily(
+            "torchyard_job_folders_bytes", "Bytes those job folders take together.", value=folders.bytes
+        )
+        yield GaugeMetricFamily(
+            "torchyard_job_folder_largest_bytes",
+            "Bytes the largest of them takes (which: GET /api/v1/folders, admins; `torchyard folders`).",
+            value=folders.largest,
+        )
         try:
             usage = shutil.disk_usage(runtime.settings.data_dir)
         except OSError:  # the data directory is gone or unreadable: no numbers rather than wrong ones

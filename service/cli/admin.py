@@ -1,5 +1,5 @@
-"""`torchyard token ...`, `torchyard quota ...` and `torchyard gc`: run on the service host, straight on
-the ledger (and, for gc, the data directory).
+"""`torchyard token ...`, `torchyard quota ...`, `torchyard gc` and `torchyard folders`: run on the
+service host, straight on the ledger (and, for gc, the data directory).
 
 They read the same TORCHYARD_* settings as `torchyard serve` (the database URL above all), so the
 first admin token can be made before anyone can call the API: that is the bootstrap.
@@ -213,6 +213,23 @@ def gc(
     verb = "would free" if dry_run else "freed"
     freed = total if dry_run else report.freed
     typer.echo(f"{len(report.removals)} job folder(s); {verb} {freed:,} bytes")
+
+
+def folders(
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many folders.")] = 20,
+) -> None:
+    """The largest job folders on disk, as last measured (/metrics shows only their total): whose
+    jobs fill the data directory. GET /api/v1/folders answers the same to an admin token."""
+    from service.domain import retention
+
+    table = Table("job", "owner", "name", "state", "bytes", "measured")
+    with _ledger() as session:
+        totals = retention.folder_totals(session)
+        for job in retention.largest_folders(session, limit):
+            measured = job.folder_measured_at.isoformat(timespec="seconds") if job.folder_measured_at else ""
+            table.add_row(str(job.id), job.owner, job.name, job.state, f"{job.folder_bytes or 0:,}", measured)
+    Console(highlight=False, width=160).print(table)
+    typer.echo(f"{totals.count} measured job folder(s) on disk, {totals.bytes:,} bytes in all")
 
 
 code_app = typer.Typer(help="Uploaded code snapshots (on the service host).", no_args_is_help=True)

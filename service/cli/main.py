@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from service.cli.admin import code_app, gc, quota_app, token_app
+from service.cli.admin import code_app, folders, gc, quota_app, token_app
 from service.cli.logs import STREAMS, print_logs
 from service.cli.progress import watch_jobs
 from service.cli.render import Job, as_json, job_details, jobs_table, state_text
@@ -48,6 +48,7 @@ app = typer.Typer(
 app.add_typer(token_app, name="token")
 app.add_typer(quota_app, name="quota")
 app.command()(gc)
+app.command()(folders)
 app.add_typer(code_app, name="code")
 
 

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
@@ -230,14 +230,32 @@ def _measure(
     return len(sizes)
 
 
-def folder_sizes(session: Session) -> list[tuple[int, int]]:
-    """(job id, bytes) of every job folder still on disk, as last measured: what /metrics shows."""
-    query = (
-        select(col(Job.id), col(Job.folder_bytes))
-        .where(col(Job.folder_removed_at).is_(None), col(Job.folder_bytes).is_not(None))
-        .order_by(col(Job.id))
-    )
-    return [(int(job_id), int(size)) for job_id, size in session.execute(query)]
+ON_DISK = (col(Job.folder_removed_at).is_(None), col(Job.folder_bytes).is_not(None))  # and measured
+MAX_LARGEST = 1000
+
+
+@dataclass(frozen=True)
+class FolderTotals:
+    """The job folders still on disk, as last measured, together: what /metrics shows. Any token may
+    read /metrics, so it names no job (a job's id and size would tell who runs what, and how big)."""
+
+    count: int
+    bytes: int
+    largest: int
+
+
+def folder_totals(session: Session) -> FolderTotals:
+    size = col(Job.folder_bytes)
+    query = select(func.count(), func.coalesce(func.sum(size), 0), func.coalesce(func.max(size), 0))
+    count, total, largest = session.execute(query.where(*ON_DISK)).one()
+    return FolderTotals(int(count), int(total), int(largest))
+
+
+def largest_folders(session: Session, limit: int) -> list[Job]:
+    """The `limit` largest job folders still on disk, as last measured, largest first: for an admin
+    looking for what fills the disk (the index on folder_bytes answers it)."""
+    query = select(Job).where(*ON_DISK).order_by(col(Job.folder_bytes).desc(), col(Job.id)).limit(limit)
+    return list(session.scalars(query))
 
 
 def _overrides(session: Session) -> dict[str, float]:

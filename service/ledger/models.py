@@ -493,6 +493,18 @@ class JobMetricPublic(SQLModel):
     time: datetime
 
 
+class JobFolderPublic(SQLModel):
+    """A job folder still on disk, as the housekeeping loop last measured it (GET /api/v1/folders)."""
+
+    id: int = Field(description="The job's id.")
+    name: str
+    owner: str
+    state: JobState
+    folder_bytes: int
+    folder_measured_at: datetime | None
+    finished_at: datetime | None = Field(description="When the job ended (None: not yet).")
+
+
 class CheckpointPublic(SQLModel):
     """One of rank 0's checkpoints, as its job folder holds it now."""
 

@@ -23,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
+from service.accounts import NodeHardlinks
 from service.backends.base import Backend, BackendStatus
 from service.domain.endings import Ending, from_rank_errors, settle, world_size
 from service.domain.job_files import rank_errors, read_placement, read_result
@@ -77,6 +78,7 @@ class Reconciler:
         self._cancels: dict[str, set[str]] = {name: set() for name in backends}
         self.last_duration_s: dict[str, float] = dict.fromkeys(backends, 0.0)
         self.bulkhead = Bulkhead("reconciling")
+        self.hardlinks = NodeHardlinks()  # what the ranks' placement files say of their nodes
         for name, backend in backends.items():
             backend.set_wakeup(self._wakes[name].set)
 
@@ -292,6 +294,7 @@ class Reconciler:
                 if placement and placement != job.placement:
                     job.placement = placement
                     session.add(job)
+                    self.hardlinks.note(job.id or 0, placement)
             errors = rank_errors(files, job.run_attempt, world)
             if errors:
                 # One rank raised while the others still run: end the attempt now rather than let

@@ -9,6 +9,7 @@ import os
 import tracemalloc
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import Login
@@ -104,3 +105,77 @@ def test_a_large_checkpoint_is_streamed_not_read_whole(api: TestClient) -> None:
 
     assert size == 100 * 2**20 and tail == b"last"
     assert peak < 30 * 2**20
+
+
+def many_checkpoints(files: JobFiles, steps: range) -> None:
+    """One empty file hard-linked under every name, with a note each: what a job can make cheaply."""
+    files.checkpoints.mkdir(exist_ok=True)
+    empty = files.folder / "empty"
+    empty.write_bytes(b"")
+    note = files.folder / "note.json"
+    note.write_text(json.dumps({"metrics": {"loss": 1.0}}))
+    for step in steps:
+        os.link(empty, files.checkpoint_file(step))
+        os.link(note, files.checkpoint_note(files.checkpoint_file(step)))
+
+
+def test_the_list_is_paged_oldest_first_with_a_cursor(api: TestClient) -> None:
+    job_id, files = job_with_checkpoints(api)  # steps 8 and 16
+    many_checkpoints(files, range(100, 350))  # 252 checkpoints in all
+
+    first = api.get(f"{JOBS}/{job_id}/checkpoints")
+    assert first.status_code == 200
+    steps = [c["step"] for c in first.json()]
+    assert steps == [8, 16, *range(100, 198)]  # 100 a page by default, oldest first as before
+    assert first.headers["x-next-after"] == "ckpt-00000197.pt"
+    assert "x-listing-cut" not in first.headers
+
+    second = api.get(f"{JOBS}/{job_id}/checkpoints", params={"after": "ckpt-00000197.pt", "limit": 200})
+    assert [c["step"] for c in second.json()] == list(range(198, 350))
+    assert "x-next-after" not in second.headers  # the last page
+
+    newest = api.get(f"{JOBS}/{job_id}/checkpoints", params={"order": "newest", "limit": 3})
+    assert [c["step"] for c in newest.json()] == [349, 348, 347]
+    older = api.get(
+        f"{JOBS}/{job_id}/checkpoints",
+        params={"order": "newest", "limit": 3, "after": newest.headers["x-next-after"]},
+    )
+    assert [c["step"] for c in older.json()] == [346, 345, 344]
+    assert older.json()[0]["metrics"] == {"loss": 1.0}
+
+    for bad in ({"limit": 0}, {"limit": 1001}, {"after": "spec.json"}, {"order": "biggest"}):
+        assert api.get(f"{JOBS}/{job_id}/checkpoints", params=bad).status_code == 422, bad
+
+
+def test_only_the_page_is_stat_ed_and_its_notes_read(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.domain import checkpoints
+
+    job_id, files = job_with_checkpoints(api)
+    many_checkpoints(files, range(100, 2100))
+    opened: list[str] = []
+    real_open = checkpoints.open_job_file
+
+    def counted(path: Path | str, dir_fd: int | None = None) -> object:
+        opened.append(str(path))
+        return real_open(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(checkpoints, "open_job_file", counted)
+    listed = api.get(f"{JOBS}/{job_id}/checkpoints", params={"limit": 5, "order": "newest"}).json()
+    assert [c["step"] for c in listed] == [2099, 2098, 2097, 2096, 2095]
+    assert len(opened) == 5  # one note a checkpoint on the page, not one per name in the folder
+
+
+def test_a_folder_of_too_many_names_is_listed_in_part_and_says_so(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.domain import checkpoints
+
+    job_id, files = job_with_checkpoints(api)
+    many_checkpoints(files, range(100, 400))  # 604 names with the notes
+    monkeypatch.setattr(checkpoints, "MAX_SCANNED_NAMES", 100)
+    response = api.get(f"{JOBS}/{job_id}/checkpoints", params={"limit": 1000})
+    assert response.status_code == 200
+    assert 0 < len(response.json()) <= 100
+    assert response.headers["x-listing-cut"] == "100"

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.config import Settings
 from service.states import JobState
+from tests.conftest import Login
 from tests.fakes import FakeBackend
 from tests.support import authorize, wait_for
 
@@ -110,7 +111,7 @@ def test_disk_in_metrics_and_on_the_job_comes_from_stored_sizes(
     job = wait_for(lambda: (j := api.get(f"/api/v1/jobs/{job_id}").json())["state"] == "running" and j)
     (Path(job["folder"]) / "weights.bin").write_bytes(b"w" * 300_000)
     assert job["folder_bytes"] is None
-    assert sample(api.get("/metrics").text, "torchyard_job_folder_bytes", job_id=str(job_id)) is None
+    assert sample(api.get("/metrics").text, "torchyard_job_folders") == 0  # not measured yet
 
     backend.finish(job_id, "done")
     wait_for(lambda: api.get(f"/api/v1/jobs/{job_id}").json()["state"] == "succeeded", what="succeeded")
@@ -121,7 +122,10 @@ def test_disk_in_metrics_and_on_the_job_comes_from_stored_sizes(
 
     (Path(job["folder"]) / "more.bin").write_bytes(b"m" * 300_000)  # not walked at scrape time
     text = api.get("/metrics").text
-    assert sample(text, "torchyard_job_folder_bytes", job_id=str(job_id)) == ended["folder_bytes"]
+    assert sample(text, "torchyard_job_folders_bytes") == ended["folder_bytes"]
+    assert sample(text, "torchyard_job_folders") == 1
+    assert sample(text, "torchyard_job_folder_largest_bytes") == ended["folder_bytes"]
+    assert "job_id=" not in text  # any token may read /metrics: it names no job, only totals
     free = sample(text, "torchyard_data_dir_free_bytes")
     assert free is not None and abs(free - shutil.disk_usage(settings.data_dir).free) < 100 * 2**20
     assert sample(text, "torchyard_data_dir_size_bytes") == shutil.disk_usage(settings.data_dir).total
@@ -150,3 +154,23 @@ def test_requests_ask_opentelemetry_only_when_turned_on(
         asked.clear()  # start-up's own look
         assert authorize(client).get("/api/v1/jobs").status_code == 200
     assert bool(asked) is opentelemetry
+
+
+def test_an_admin_finds_the_largest_folders_and_nobody_else_does(api: TestClient, login: Login) -> None:
+    from service.ledger.db import session_scope
+    from service.ledger.models import Job
+    from tests.support import runtime_of
+
+    ids = [api.post("/api/v1/jobs", json={"name": f"f{n}", "entrypoint": EP}).json()["id"] for n in range(3)]
+    wait_for(lambda: all(api.get(f"/api/v1/jobs/{i}").json()["folder"] for i in ids), what="folders")
+    with session_scope(runtime_of(api).engine) as session:  # as the housekeeping loop stores them
+        for job_id, size in zip(ids, (10, 3000, 200), strict=True):
+            session.get_one(Job, job_id).folder_bytes = size
+
+    admin = login("root", admin=True)
+    largest = api.get("/api/v1/folders", params={"limit": 2}, headers=admin)
+    assert largest.status_code == 200
+    assert [(f["id"], f["folder_bytes"]) for f in largest.json()] == [(ids[1], 3000), (ids[2], 200)]
+    assert largest.json()[0]["owner"] == api.get(f"/api/v1/jobs/{ids[1]}").json()["owner"]
+    assert api.get("/api/v1/folders", headers=login("bob")).status_code == 403
+    assert api.get("/api/v1/folders", params={"limit": 0}, headers=admin).status_code == 422

@@ -1,4 +1,5 @@
-"""The dashboard: static files shipped in the package, served at / (no build step, nothing fetched)."""
+"""The dashboard: static files shipped in the package, served at / (no build step, nothing fetched);
+and the API's page at /docs, Swagger UI from the same files."""
 
 from __future__ import annotations
 
@@ -39,12 +40,36 @@ PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
 }
 
+# /docs shares the dashboard's origin, and so its sessionStorage and the token in it: FastAPI's own
+# page loads an unpinned Swagger UI from a CDN, which could read that token. This page runs the copy
+# vendored under vendor/swagger-ui/ and its starter, api_docs.js, and nothing else: no inline script
+# or style (Swagger UI sets styles through the DOM, which a policy does not govern), requests to this
+# origin only (the schema, "Try it out").
+DOCS_CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+DOCS_HEADERS = {**PAGE_HEADERS, "Content-Security-Policy": DOCS_CONTENT_SECURITY_POLICY}
+
 router = APIRouter(include_in_schema=False)
 
 
 @router.get("/")
 def index() -> FileResponse:
     return FileResponse(DASHBOARD_DIR / "index.html", headers=PAGE_HEADERS)
+
+
+@router.get("/docs")
+def api_docs() -> FileResponse:
+    return FileResponse(DASHBOARD_DIR / "api_docs.html", headers=DOCS_HEADERS)
 
 
 @router.get(f"{ASSETS_PREFIX}/states.js")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 from sqlmodel import SQLModel
 
@@ -28,13 +28,12 @@ from service.api.errors import error_responses
 from service.api.fragments import Page
 from service.api.gate import principal_of
 from service.api.metrics import HELD_S
-from service.domain import checkpoints, jobs, logs, metric_series
+from service.domain import jobs, logs, metric_series
 from service.domain.auth import Principal
 from service.domain.metric_series import MAX_POINTS, POINTS_PER_BUCKET
 from service.errors import InvalidRequest
 from service.ledger.clock import LedgerVersion
 from service.ledger.models import (
-    CheckpointPublic,
     JobAttemptPublic,
     JobCreate,
     JobEventPublic,
@@ -267,7 +266,7 @@ def get_events(
         return _not_modified(tag)
     rows = jobs.list_events(session, job_id, user)
     events = [JobEventPublic.model_validate(row, from_attributes=True) for row in rows]
-    return Response(_dump(events), media_type=JSON, headers={**etag.headers(tag), **VARY})
+    return Response(dump_list(events), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
 @router.get(
@@ -285,7 +284,7 @@ def get_attempts(
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
     attempts = jobs.list_attempts(session, job_id, user)
-    return Response(_dump(attempts), media_type=JSON, headers={**etag.headers(tag), **VARY})
+    return Response(dump_list(attempts), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
 @router.get(
@@ -333,10 +332,11 @@ def get_metrics(
         return Response(page.model_dump_json(), media_type=JSON, headers=headers)
     rows = jobs.list_metrics(session, job_id, user, name=name, after_step=after_step)
     metrics = [JobMetricPublic.model_validate(row, from_attributes=True) for row in rows]
-    return Response(_dump(metrics), media_type=JSON, headers=headers)
+    return Response(dump_list(metrics), media_type=JSON, headers=headers)
 
 
-def _dump(items: Sequence[SQLModel]) -> bytes:
+def dump_list(items: Sequence[SQLModel]) -> bytes:
+    """A JSON array of public models, each rendered once (no list model built around them)."""
     return b"[" + b",".join(item.model_dump_json().encode() for item in items) + b"]"
 
 
@@ -377,55 +377,6 @@ def get_logs(
     )
     headers = {"X-Log-Size": str(window.size), "X-Log-Next-Offset": str(window.end)}
     return PlainTextResponse(window.text, headers=headers)
-
-
-@router.get(
-    "/{job_id}/checkpoints",
-    response_model=list[CheckpointPublic],
-    summary="Rank 0's checkpoints",
-    responses=error_responses(404, 422),
-)
-def get_checkpoints(job_id: JobId, session: SessionDep, user: CurrentUser) -> Response:
-    """The checkpoints the job folder holds now, oldest first: what the job's checkpoint policy kept
-    (none once retention removed them)."""
-    found = checkpoints.list_checkpoints(session, job_id, user)
-    return Response(_dump(found), media_type=JSON, headers=VARY)
-
-
-CHUNK_BYTES = 1024 * 1024
-
-
-@router.get(
-    "/{job_id}/checkpoints/{checkpoint}",
-    response_class=StreamingResponse,
-    summary="Download one checkpoint",
-    responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "The file, streamed."},
-        **error_responses(404, 422, json_route=False),
-    },
-)
-def download_checkpoint(
-    job_id: JobId,
-    session: SessionDep,
-    user: CurrentUser,
-    checkpoint: Annotated[
-        str, Path(max_length=100, pattern=r"^ckpt-\d+\.pt$", description="A name from the list.")
-    ],
-) -> StreamingResponse:
-    """The file as it is on disk, a chunk at a time (a checkpoint may be many gigabytes)."""
-    found = checkpoints.open_checkpoint(session, job_id, user, checkpoint)
-
-    def chunks() -> Iterator[bytes]:
-        with found.handle:
-            while chunk := found.handle.read(CHUNK_BYTES):
-                yield chunk
-
-    headers = {
-        "Content-Length": str(found.size),
-        "Content-Disposition": f'attachment; filename="{found.name}"',
-        **VARY,
-    }
-    return StreamingResponse(chunks(), media_type="application/octet-stream", headers=headers)
 
 
 @router.post(

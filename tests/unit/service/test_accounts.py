@@ -187,3 +187,26 @@ def test_a_root_service_says_so_when_hard_links_are_not_protected(
     monkeypatch.setattr(accounts, "hardlinks_protected", lambda: False)
     accounts.announce(owner_settings(tmp_path))
     assert "fs.protected_hardlinks is not 1" in caplog.text
+
+
+def test_each_node_whose_ranks_say_hard_links_are_unprotected_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service's own fs.protected_hardlinks says nothing of the compute nodes, where SLURM jobs
+    make their links: the ranks say theirs in their placement files."""
+    nodes = accounts.NodeHardlinks()
+    placed = [
+        {"rank": 0, "host": "n1", "local_rank": 0, "protected_hardlinks": False},
+        {"rank": 1, "host": "n2", "local_rank": 0, "protected_hardlinks": True},
+        {"rank": 2, "host": "n3", "local_rank": 0},  # an older worker: nothing said
+    ]
+    nodes.note(7, placed)
+    nodes.note(8, placed)
+    warnings = [r.getMessage() for r in caplog.records if "protected_hardlinks" in r.getMessage()]
+    assert len(warnings) == 1 and "'n1'" in warnings[0] and "job 7" in warnings[0]
+    assert nodes.unprotected() == 1
+
+    monkeypatch.setattr(accounts, "MAX_NODES_NOTED", 3)  # a job may name hosts at will: bounded
+    for host in ("a", "b", "c", "d"):
+        nodes.note(9, [{"rank": 0, "host": host, "local_rank": 0, "protected_hardlinks": False}])
+    assert nodes.unprotected() == 3

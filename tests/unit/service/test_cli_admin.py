@@ -166,3 +166,28 @@ def test_allow_code_on_tokens_and_quotas_and_code_gc(ledger: str, tmp_path: Path
         assert auth.may_run_code(session, carol_token) is False  # the quota row wins over the token
     assert tokens == {"carol": True, "dave": False} and carol.allow_code is False
     assert "removed 0 code snapshot(s)" in run("code", "gc")
+
+
+def test_folders_lists_the_largest_job_folders_first(ledger: str) -> None:
+    from service.config import Settings
+    from service.domain.storage import prepare_data_dir
+    from service.ledger.db import migrate, session_scope
+    from service.ledger.models import Job
+    from service.states import JobState
+    from tests.unit.service.test_retention import add_job
+
+    settings = Settings()
+    prepare_data_dir(settings)
+    engine = make_engine(ledger)
+    migrate(engine)
+    small, big, unmeasured = (add_job(engine, settings, JobState.running) for _ in range(3))
+    with session_scope(engine) as session:
+        session.get_one(Job, small.id).folder_bytes = 1_000
+        session.get_one(Job, big.id).folder_bytes = 5_000_000
+    engine.dispose()
+
+    output = run("folders", "--limit", "5")
+    rows = [line for line in output.splitlines() if "alice" in line]
+    assert [row.split("│")[1].strip() for row in rows] == [str(big.id), str(small.id)]
+    assert "5,000,000" in rows[0] and str(unmeasured.id) not in [r.split("│")[1].strip() for r in rows]
+    assert "2 measured job folder(s) on disk, 5,001,000 bytes in all" in output

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from worker import files as files_module
 from worker.files import (
     ProgressWriter,
     atomic_write_text,
@@ -26,6 +27,7 @@ from worker.spec import (
     JobFiles,
     ProgressRecord,
     RankPlacement,
+    node_hardlinks_protected,
     parse_checkpoint_note,
     parse_error_text,
     parse_placement,
@@ -88,7 +90,10 @@ def test_to_jsonable_handles_what_entrypoints_return() -> None:
             return [1, 2]
 
     assert to_jsonable({"a": Scalar(), "b": (Vector(), None), 3: float("nan")}) == {
-        "a": 1.5, "b": [[1, 2], None], "3": "nan"}
+        "a": 1.5,
+        "b": [[1, 2], None],
+        "3": "nan",
+    }
     assert to_jsonable(object()).startswith("<object")
 
 
@@ -250,7 +255,10 @@ def test_a_rank_says_where_it_runs_and_the_service_reads_it_back(tmp_path: Path)
 
     placed = parse_placement(files.placement(1).read_text(), attempt=2)
 
-    assert placed == RankPlacement(rank=1, host=socket.gethostname(), local_rank=1, gpu="3")
+    here = node_hardlinks_protected()
+    assert placed == RankPlacement(
+        rank=1, host=socket.gethostname(), local_rank=1, gpu="3", protected_hardlinks=here
+    )
     assert parse_placement(files.placement(1).read_text(), attempt=1) is None  # another attempt's
 
 
@@ -275,3 +283,27 @@ def test_a_gpu_that_is_not_short_text_is_left_out() -> None:
     record = {"attempt": 1, "rank": 0, "host": "n1", "local_rank": 0, "gpu": {"id": 0}}
     assert parse_placement(json.dumps(record), attempt=1) == RankPlacement(rank=0, host="n1", local_rank=0)
     assert parse_placement("{torn", attempt=1) is None
+
+
+@pytest.mark.parametrize(("setting", "said"), [("1\n", True), ("0\n", False), ("2\n", None), (None, None)])
+def test_a_rank_says_whether_its_node_protects_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, said: bool | None
+) -> None:
+    """SLURM ranks make their links on the compute nodes, whose fs.protected_hardlinks the service's
+    own host cannot see: each rank writes its node's in the placement file."""
+    node = tmp_path / "protected_hardlinks"
+    if setting is not None:
+        node.write_text(setting)
+    assert node_hardlinks_protected(node) is said
+    monkeypatch.setattr(files_module, "node_hardlinks_protected", lambda: node_hardlinks_protected(node))
+    write_placement(tmp_path / "rank0.json", attempt=1, rank=0, local_rank=0, gpu=None)
+    placed = parse_placement((tmp_path / "rank0.json").read_text(), attempt=1)
+    assert placed is not None and placed.protected_hardlinks is said
+
+
+def test_a_placement_from_an_older_worker_or_with_a_bad_value_still_parses() -> None:
+    old = {"attempt": 1, "rank": 0, "host": "n1", "local_rank": 0, "gpu": None}
+    assert parse_placement(json.dumps(old), attempt=1) == RankPlacement(rank=0, host="n1", local_rank=0)
+    for bad in (1, "yes", [True]):
+        placed = parse_placement(json.dumps({**old, "protected_hardlinks": bad}), attempt=1)
+        assert placed == RankPlacement(rank=0, host="n1", local_rank=0, protected_hardlinks=None)
