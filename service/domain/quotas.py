@@ -53,6 +53,11 @@ class RetryLater(LimitExceeded):
         self.retry_after_s = retry_after_s
 
 
+class TooManyUnfinished(RetryLater):
+    """Refused for the count of the user's unfinished jobs: the one refusal after counting that gives
+    the submission's slot of the minute back (it says "wait for a job to end", not "slow down")."""
+
+
 @dataclass
 class _Book:
     limits: Limits
@@ -98,9 +103,9 @@ _COUNT_UNFINISHED = (
 )
 
 
-def too_many_unfinished(active: int, limit: int, asked: int = 1) -> RetryLater:
+def too_many_unfinished(active: int, limit: int, asked: int = 1) -> TooManyUnfinished:
     more = "" if asked == 1 else f" and ask for {asked} more"
-    return RetryLater(
+    return TooManyUnfinished(
         f"you have {active} unfinished jobs{more}, your limit is {limit}; submit more when some finish",
         retry_after_s=REFRESH_S,
     )
@@ -195,11 +200,14 @@ class QuotaBook:
             book.stored_total += jobs
             book.stored_since_count += jobs
 
-    def release(self, user: str, jobs: int = 1) -> None:
-        """A counted submission that was not stored after all (validation or the database said no)."""
+    def release(self, user: str, jobs: int = 1, give_back_slot: bool = False) -> None:
+        """A counted submission that stored nothing (a refusal after counting, or a replay): its jobs
+        leave the count. Its slot of the minute stays used, for what it cost (service.domain.submit)
+        and so that refusals cannot be asked for without end, unless `give_back_slot`: a replay of
+        a stored job, or a refusal for the unfinished-jobs count."""
         with self._lock:
             book = self._books.get(user)
             if book is not None:
                 book.pending = max(0, book.pending - jobs)
-                if book.submissions:
+                if give_back_slot and book.submissions:
                     book.submissions.pop()
