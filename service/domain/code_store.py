@@ -25,18 +25,22 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import bindparam, func
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from service.config import Settings
 from service.domain.auth import Principal
-from service.domain.code_archive import check_archive, is_zip, unpack_filter, zip_as_tar_gz
+from service.domain.code_archive import FIELD, check_archive, is_zip, unpack_filter, zip_as_tar_gz
 from service.errors import Forbidden, NotFound
 from service.ledger.models import CodeSnapshot, CodeSnapshotDetail, CodeSnapshotPublic, Job, utcnow
 from service.states import JobState, is_terminal
 from worker.spec import CODE_ID_PREFIX
 
 SHOWN_PATHS = 10_000
+_BYTES_HELD = select(func.coalesce(func.sum(CodeSnapshot.bytes), 0)).where(
+    col(CodeSnapshot.owner) == bindparam("owner")
+)
 STORE_MODE = 0o700  # the service's alone: jobs get their copy unpacked in their folder
 
 
@@ -54,11 +58,17 @@ class CodeStore:
         self._settings = settings
         self.root = store_root(settings)
 
-    def add(self, session: Session, user: Principal, data: bytes) -> tuple[CodeSnapshotPublic, bool]:
-        """Store `data` for `user` (once, whoever uploaded it before); True when it is new to them."""
+    def add(
+        self, session: Session, user: Principal, data: bytes, most_held: int | None = None
+    ) -> tuple[CodeSnapshotPublic, bool]:
+        """Store `data` for `user` (once, whoever uploaded it before); True when it is new to them.
+        With `most_held`, the bytes of snapshots they may have stored, checked before the archive
+        is (it is the cheaper check) and before anything is written."""
         require_code_permission(user)
-        members = check_archive(data, self._settings.max_code_bytes)
         digest = hashlib.sha256(data).hexdigest()
+        if most_held is not None:
+            self.check_room_for(session, user.user, digest, len(data), most_held)
+        members = check_archive(data, self._settings.max_code_bytes)
         files = [member for member in members if member.kind != "dir"]
         self._write(digest, data, sorted(member.path for member in files))
         now = utcnow()
@@ -75,6 +85,20 @@ class CodeStore:
         row = session.get(CodeSnapshot, (digest, user.user), populate_existing=True)
         assert row is not None  # just written, in this transaction
         return public(row), row.created_at == now
+
+    def check_room_for(self, session: Session, owner: str, digest: str, size: int, most: int) -> None:
+        """Forbidden (field `archive`) when `size` more bytes would take `owner`'s snapshots past
+        `most`. A snapshot they have already adds nothing: uploading it again must work at the limit."""
+        if session.get(CodeSnapshot, (digest, owner)) is not None:
+            return
+        held = int(session.execute(_BYTES_HELD, {"owner": owner}).scalar_one())
+        if held + size > most:
+            raise Forbidden(
+                f"your code snapshots hold {held} bytes, and this archive's {size} more would pass your "
+                f"limit of {most} bytes (TORCHYARD_MAX_CODE_BYTES_PER_USER): a snapshot no unfinished job "
+                f"uses is removed {self._settings.code_keep_h:g} hours after its last upload",
+                field=FIELD,
+            )
 
     def describe(self, session: Session, user: Principal, code_id: str) -> CodeSnapshotDetail:
         row = find(session, user, code_id)

@@ -1,4 +1,5 @@
-"""Per-user limits: how big one job may be, how many may be unfinished, how fast one may submit.
+"""Per-user limits: how big one job may be, how many may be unfinished, how fast one may submit
+(jobs, sweeps and code uploads share that rate).
 
 Defaults come from Settings; a `UserQuota` row overrides them for one user (`torchyard quota set`).
 Job size over a limit is 403 (asking again will not help), and so is a submission of more jobs
@@ -123,6 +124,19 @@ def check_job_size(resources: Resources, limits: Limits) -> None:
             raise Forbidden(f"this job asks for {value} {what}; your limit is {maximum}", field=field_name)
 
 
+def _check_rate(book: _Book, now: float) -> None:
+    """RetryLater when the user's submissions of the last minute have reached their limit."""
+    while book.submissions and book.submissions[0] <= now - WINDOW_S:
+        book.submissions.popleft()
+    if len(book.submissions) >= book.limits.max_submissions_per_minute:
+        wait = book.submissions[0] + WINDOW_S - now
+        raise RetryLater(
+            f"over your limit of {book.limits.max_submissions_per_minute} submissions per minute (jobs, "
+            f"sweeps and code uploads together); try again in {wait:.0f} s",
+            retry_after_s=wait,
+        )
+
+
 class QuotaBook:
     """The per-user counts of one replica. `refresh` runs in a worker thread, `admit` on the event loop."""
 
@@ -178,19 +192,21 @@ class QuotaBook:
                 field=jobs_field,
             )
         now = time.monotonic()
-        while book.submissions and book.submissions[0] <= now - WINDOW_S:
-            book.submissions.popleft()
-        if len(book.submissions) >= book.limits.max_submissions_per_minute:
-            wait = book.submissions[0] + WINDOW_S - now
-            raise RetryLater(
-                f"over your limit of {book.limits.max_submissions_per_minute} submissions per minute; "
-                f"try again in {wait:.0f} s",
-                retry_after_s=wait,
-            )
+        _check_rate(book, now)
         if book.active + jobs > book.limits.max_active_jobs:
             raise too_many_unfinished(book.active, book.limits.max_active_jobs, asked=jobs)
         book.submissions.append(now)
         book.pending += jobs
+
+    def admit_upload(self, user: str) -> None:
+        """Count a code upload against the user's submissions of the minute, or raise RetryLater: an
+        upload costs the service what a submission does (a body read, an archive checked, a file
+        written), and one limit is simpler to know than two."""
+        with self._lock:
+            book = self._books[user]
+            now = time.monotonic()
+            _check_rate(book, now)
+            book.submissions.append(now)
 
     def stored(self, user: str, jobs: int = 1) -> None:
         """An admitted submission is in the ledger now (the next count will hold it)."""
