@@ -197,7 +197,7 @@ def test_a_probe_that_never_answers_is_refused_at_its_timeout_and_killed_whole(
     child = tmp_path / "child.pid"
     python = interpreter(tmp_path / "slow" / "bin", f"sleep 40 & echo $! > {child}\nwait")
 
-    with pytest.raises(InvalidRequest, match="cannot run .* timed out") as refused:
+    with pytest.raises(InvalidRequest, match=r"cannot run .* timed out") as refused:
         policy.check_python_runs_jobs(str(python), SERVICE)
 
     assert refused.value.field == "python"
