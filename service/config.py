@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 BackendName = Literal["local", "slurm"]
 ALL_BACKENDS: tuple[BackendName, ...] = ("local", "slurm")
 CommaList = Annotated[list[str], NoDecode]  # from the environment as "a,b,c", not as JSON
+CODE_BYTES_PER_USER_FACTOR = 16  # the default per-user store: this many uploads of the largest size
 
 
 class Settings(BaseSettings):
@@ -110,6 +111,12 @@ class Settings(BaseSettings):
     max_code_bytes: int = Field(
         64 * 2**20, ge=1024, description="Largest code snapshot upload (its unpacked files: 4 times this)."
     )
+    max_code_bytes_per_user: int | None = Field(
+        None,
+        ge=1024,
+        description="Most bytes of code snapshots one user may have stored (their archives); default: "
+        f"{CODE_BYTES_PER_USER_FACTOR} times max_code_bytes.",
+    )
     code_keep_h: float = Field(
         24.0 * 7, ge=0, description="Hours a snapshot no unfinished job uses is kept before it is collected."
     )
@@ -143,6 +150,12 @@ class Settings(BaseSettings):
     def job_interpreter(self) -> str:
         """The Python jobs run when their spec names none."""
         return self.job_python or sys.executable
+
+    def code_bytes_per_user(self) -> int:
+        """The bytes of code snapshots one user may have stored."""
+        if self.max_code_bytes_per_user is not None:
+            return self.max_code_bytes_per_user
+        return CODE_BYTES_PER_USER_FACTOR * self.max_code_bytes
 
     def resolved_database_url(self) -> str:
         if self.database_url:

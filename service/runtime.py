@@ -17,6 +17,7 @@ from service.backends.base import Backend
 from service.config import Settings
 from service.domain.auth import TokenCheck
 from service.domain.code_store import CodeStore
+from service.domain.code_uploads import CodeUploads
 from service.domain.quotas import QuotaBook
 from service.domain.storage import RoomCheck, jobs_root, prepare_data_dir
 from service.domain.submit import Admission
@@ -45,6 +46,7 @@ class Runtime:
     job_watch: JobWatch  # long polls on one job (GET ?wait_s=)
     housekeeper: Housekeeper  # retention passes and folder sizes
     code: CodeStore
+    code_uploads: CodeUploads  # permission, rate, room and per-user bytes before the store
     fragments: Fragments = field(default_factory=Fragments)  # each job's JSON per version
     pages: LastPages = field(default_factory=LastPages)  # list pages while the clock stands still
     writers: WritersFirst = field(default_factory=WritersFirst)  # polls wait for POSTs in flight
@@ -64,7 +66,8 @@ class Runtime:
         quotas = QuotaBook(engine, settings)
         reader = LedgerReader(engine)
         code = CodeStore(settings)
-        admission = Admission(settings, engine, backends, quotas, RoomCheck(settings), intake, code)
+        room = RoomCheck(settings)  # one for jobs and uploads: their checks share rounds
+        admission = Admission(settings, engine, backends, quotas, room, intake, code)
         job_watch = JobWatch(settings.max_long_polls, settings.max_long_polls_per_user)
         runtime = cls(
             settings,
@@ -80,6 +83,7 @@ class Runtime:
             job_watch,
             Housekeeper(engine, settings),
             code,
+            CodeUploads(settings, engine, code, quotas, room),
         )
         on_stamped_commit(engine, runtime.job_watch.changed)
         return runtime

@@ -67,8 +67,8 @@ class ErrorBody(BaseModel):
 
 ERROR_DESCRIPTIONS: dict[int, str] = {
     401: "No token, a malformed one, or one the service does not know",
-    403: "Not allowed: not an admin, over a per-job limit, refused by an allow-list, or a dev-mode "
-    "service asked from another machine or another site",
+    403: "Not allowed: not an admin, over a per-job limit or your code storage, refused by an allow-list, "
+    "or a dev-mode service asked from another machine or another site",
     404: "No such job, or one the caller may not see",
     409: "Clashes with the current state (an Idempotency-Key reused with another body)",
     413: "The body is over TORCHYARD_MAX_BODY_BYTES",

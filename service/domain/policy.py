@@ -12,12 +12,15 @@ import posixpath
 import re
 import stat
 import subprocess
+import threading
+from collections import OrderedDict
 from collections.abc import Collection, Iterator
 from pathlib import Path, PurePosixPath
 
 from service.accounts import Account
 from service.config import Settings
 from service.errors import Forbidden, InvalidRequest
+from service.programs import OutputTooLong, run_bounded
 
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -124,10 +127,49 @@ def check_env(env: dict[str, str], settings: Settings) -> None:
 
 JOB_MODULES = ("torch", "submitit", "pydantic")  # what the worker imports on every rank
 _INTERPRETER_CHECK_S = 30.0
+# What is read of the probe's stdout and of its stderr: its answer is a line, and the last line of a
+# traceback is all a refusal shows. The interpreter may be the user's own (a sitecustomize that prints).
+PROBE_OUTPUT_BYTES = 8192
+INTERPRETERS_KEPT = 256  # answers remembered: a deployment's interpreters times the accounts using them
 _MAX_LINKS = 40  # what the kernel follows before ELOOP
-# (path, mtime, account) -> the modules it lacks: one file may find other packages as another account
-# (files only some accounts can read, a user's own site-packages).
-_CHECKED_INTERPRETERS: dict[tuple[str, float, str], str] = {}
+ProbeKey = tuple[str, float, str]  # (path, mtime, account)
+
+
+class RecentAnswers:
+    """The modules each of the last `most` interpreters asked lacks, the least recently asked
+    forgotten first: a user can name any number of them (every file of an allowed folder, every new
+    mtime), which must not each be kept for ever. Shared by admission's threads, hence the lock."""
+
+    def __init__(self, most: int) -> None:
+        self._most = most
+        self._kept: OrderedDict[ProbeKey, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: ProbeKey) -> str | None:
+        with self._lock:
+            if key not in self._kept:
+                return None
+            self._kept.move_to_end(key)
+            return self._kept[key]
+
+    def __setitem__(self, key: ProbeKey, lacking: str) -> None:
+        with self._lock:
+            self._kept[key] = lacking
+            self._kept.move_to_end(key)
+            while len(self._kept) > self._most:
+                self._kept.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+
+# One file may find other packages as another account (files only some accounts can read, a user's
+# own site-packages), hence the account in the key.
+_CHECKED_INTERPRETERS = RecentAnswers(INTERPRETERS_KEPT)
 
 
 def check_python_allowed(python: str, settings: Settings) -> str:
@@ -215,19 +257,23 @@ def _entries_on_the_way(path: str) -> Iterator[str]:
 
 def _modules_lacking(python: str, account: Account) -> str:
     probe = (
-        "import importlib.util as u\n"
-        f"print(', '.join(m for m in {JOB_MODULES!r} if u.find_spec(m) is None))"
+        f"import importlib.util as u\nprint(', '.join(m for m in {JOB_MODULES!r} if u.find_spec(m) is None))"
     )
     try:
-        done = subprocess.run(
+        done = run_bounded(
             [*account.command_prefix(), python, "-I", "-c", probe],
-            capture_output=True,
-            text=True,
-            timeout=_INTERPRETER_CHECK_S,
+            timeout_s=_INTERPRETER_CHECK_S,
+            most_bytes=PROBE_OUTPUT_BYTES,
             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
             cwd="/",  # the service's own folder may be closed to the job's account
-            check=False,
         )
+    except OutputTooLong as error:
+        raise InvalidRequest(
+            f"{python} printed more than {error.most_bytes} bytes on {error.stream} when asked which "
+            "modules it has, and was stopped: a job's interpreter must start without printing (a "
+            "sitecustomize or .pth file that does?)",
+            field="python",
+        ) from None
     except (OSError, subprocess.TimeoutExpired) as error:
         raise InvalidRequest(f"cannot run {python}: {error}", field="python") from None
     if done.returncode != 0:

@@ -1,4 +1,5 @@
-"""Per-user limits: how big one job may be, how many may be unfinished, how fast one may submit.
+"""Per-user limits: how big one job may be, how many may be unfinished, how fast one may submit
+(jobs, sweeps and code uploads share that rate).
 
 Defaults come from Settings; a `UserQuota` row overrides them for one user (`torchyard quota set`).
 Job size over a limit is 403 (asking again will not help), and so is a submission of more jobs
@@ -53,6 +54,11 @@ class RetryLater(LimitExceeded):
         self.retry_after_s = retry_after_s
 
 
+class TooManyUnfinished(RetryLater):
+    """Refused for the count of the user's unfinished jobs: the one refusal after counting that gives
+    the submission's slot of the minute back (it says "wait for a job to end", not "slow down")."""
+
+
 @dataclass
 class _Book:
     limits: Limits
@@ -98,9 +104,9 @@ _COUNT_UNFINISHED = (
 )
 
 
-def too_many_unfinished(active: int, limit: int, asked: int = 1) -> RetryLater:
+def too_many_unfinished(active: int, limit: int, asked: int = 1) -> TooManyUnfinished:
     more = "" if asked == 1 else f" and ask for {asked} more"
-    return RetryLater(
+    return TooManyUnfinished(
         f"you have {active} unfinished jobs{more}, your limit is {limit}; submit more when some finish",
         retry_after_s=REFRESH_S,
     )
@@ -116,6 +122,19 @@ def check_job_size(resources: Resources, limits: Limits) -> None:
     ):
         if value > maximum:
             raise Forbidden(f"this job asks for {value} {what}; your limit is {maximum}", field=field_name)
+
+
+def _check_rate(book: _Book, now: float) -> None:
+    """RetryLater when the user's submissions of the last minute have reached their limit."""
+    while book.submissions and book.submissions[0] <= now - WINDOW_S:
+        book.submissions.popleft()
+    if len(book.submissions) >= book.limits.max_submissions_per_minute:
+        wait = book.submissions[0] + WINDOW_S - now
+        raise RetryLater(
+            f"over your limit of {book.limits.max_submissions_per_minute} submissions per minute (jobs, "
+            f"sweeps and code uploads together); try again in {wait:.0f} s",
+            retry_after_s=wait,
+        )
 
 
 class QuotaBook:
@@ -173,19 +192,21 @@ class QuotaBook:
                 field=jobs_field,
             )
         now = time.monotonic()
-        while book.submissions and book.submissions[0] <= now - WINDOW_S:
-            book.submissions.popleft()
-        if len(book.submissions) >= book.limits.max_submissions_per_minute:
-            wait = book.submissions[0] + WINDOW_S - now
-            raise RetryLater(
-                f"over your limit of {book.limits.max_submissions_per_minute} submissions per minute; "
-                f"try again in {wait:.0f} s",
-                retry_after_s=wait,
-            )
+        _check_rate(book, now)
         if book.active + jobs > book.limits.max_active_jobs:
             raise too_many_unfinished(book.active, book.limits.max_active_jobs, asked=jobs)
         book.submissions.append(now)
         book.pending += jobs
+
+    def admit_upload(self, user: str) -> None:
+        """Count a code upload against the user's submissions of the minute, or raise RetryLater: an
+        upload costs the service what a submission does (a body read, an archive checked, a file
+        written), and one limit is simpler to know than two."""
+        with self._lock:
+            book = self._books[user]
+            now = time.monotonic()
+            _check_rate(book, now)
+            book.submissions.append(now)
 
     def stored(self, user: str, jobs: int = 1) -> None:
         """An admitted submission is in the ledger now (the next count will hold it)."""
@@ -195,11 +216,14 @@ class QuotaBook:
             book.stored_total += jobs
             book.stored_since_count += jobs
 
-    def release(self, user: str, jobs: int = 1) -> None:
-        """A counted submission that was not stored after all (validation or the database said no)."""
+    def release(self, user: str, jobs: int = 1, give_back_slot: bool = False) -> None:
+        """A counted submission that stored nothing (a refusal after counting, or a replay): its jobs
+        leave the count. Its slot of the minute stays used, for what it cost (service.domain.submit)
+        and so that refusals cannot be asked for without end, unless `give_back_slot`: a replay of
+        a stored job, or a refusal for the unfinished-jobs count."""
         with self._lock:
             book = self._books.get(user)
             if book is not None:
                 book.pending = max(0, book.pending - jobs)
-                if book.submissions:
+                if give_back_slot and book.submissions:
                     book.submissions.pop()

@@ -2,15 +2,22 @@
 
 In order, each step cheaper than the next and none of them counted before it is needed:
 1. the request's shape against this service's limits, and the backend it goes to;
-2. the operator's policy (entrypoints, scripts, environment, interpreter), the job's code snapshot
-   (the user's own, and the user allowed to run code), and the Unix account the job will run as
+2. the operator's policy as far as the request itself tells (entrypoints, scripts, environment, which
+   interpreters, who may run uploaded code), and the Unix account the job will run as
    (service.accounts); a script path is resolved once, here;
 3. an `Idempotency-Key` retry is answered with the job its first request made, before anything is
-   counted: a retry by a user at their active-job limit still gets its job;
-4. the user's quotas (counted, and given back if the job is not stored after all);
-5. room on disk for the job's folder, and the backend's own validation (`sbatch --test-only` may have
+   counted: a retry by a user at their limits still gets its job;
+4. the user's quotas: the job's size, then the submissions of the minute, then the unfinished jobs.
+   From here on the submission has used its slot of the minute, stored or refused: each step below
+   costs the service (a process, a read of the store, a scheduler call), and a refusal that gave its
+   slot back let a user have them made without end, a new job shape at a time. Only a replay found by
+   the intake (the same job answered again) and the ledger's refusal for the unfinished-job count give
+   the slot back; any refusal gives back the job's place among the unfinished ones;
+5. what the request names, looked at: the interpreter asked what it has, as the job's account
+   (service.domain.policy), and the job's code snapshot (the user's own) read for its files;
+6. room on disk for the job's folder, and the backend's own validation (`sbatch --test-only` may have
    to be asked: off the event loop, unless the backend says its answer is quick);
-6. the intake's group commit, which also settles two first requests with one key racing each other.
+7. the intake's group commit, which also settles two first requests with one key racing each other.
 """
 
 from __future__ import annotations
@@ -31,13 +38,13 @@ from service.domain import code_store, policy, sweeps
 from service.domain.auth import Principal
 from service.domain.code_store import CodeStore
 from service.domain.jobs import require_backend
-from service.domain.quotas import QuotaBook
+from service.domain.quotas import QuotaBook, TooManyUnfinished
 from service.domain.storage import RoomCheck
 from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_field
 from service.errors import InvalidRequest, ServiceError
 from service.ledger.models import Job, JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
 from service.loops.intake import Accepted, JobIntake, SweepAccepted, check_same_request, replay_sweep
-from worker.spec import Resources, RunSpec
+from worker.spec import RunSpec
 
 StoredT = TypeVar("StoredT", Accepted, SweepAccepted)
 # Fields a job has and a sweep does not: an error naming one of them, in a sweep, is about its `job`.
@@ -69,7 +76,7 @@ class Admission:
                 check_same_request(earlier, row)
                 return Accepted(earlier, replayed=True)
         return await self._count_and_store(
-            user.user, payload.resources, backend, row, lambda most: self.intake.add(row, most)
+            user, payload, run_as, backend, row, lambda most: self.intake.add(row, most)
         )
 
     async def submit_sweep(
@@ -111,8 +118,9 @@ class Admission:
             if earlier is not None:
                 return replay_sweep(earlier, sweep.request)
         return await self._count_and_store(
-            user.user,
-            payload.job.resources,
+            user,
+            job,
+            run_as,
             backend,
             sweep.trials[0],
             lambda most: self.intake.add_sweep(sweep, most),
@@ -122,43 +130,47 @@ class Admission:
 
     async def _count_and_store(
         self,
-        user: str,
-        resources: Resources,
+        user: Principal,
+        job: JobCreate,
+        run_as: str,
         backend: Backend,
         first: NewJob,
         store: Callable[[int], Awaitable[StoredT]],
         jobs: int = 1,
         jobs_field: str | None = None,
     ) -> StoredT:
-        """Steps 4 to 6 for one submission of `jobs` jobs (made by the request's `jobs_field`): count it
-        against the user's quotas, check the room and the backend (with the `first` job), then
-        `store(the user's active-job limit)`. The count is given back when nothing new was stored (a
-        refusal, or a concurrent first request with the same key)."""
-        if self.quotas.needs_refresh(user):
-            await asyncio.to_thread(self.quotas.refresh, user)
-        self.quotas.admit(user, resources, jobs=jobs, jobs_field=jobs_field)
+        """Steps 4 to 7 for one submission of `jobs` jobs like `job` (made by the request's
+        `jobs_field`): count it against the user's quotas, look at what it names, check the room and
+        the backend (with the `first` job), then `store(the user's active-job limit)`. What was
+        counted is given back when nothing new was stored, its slot of the minute only for a replay
+        or a refusal for the unfinished-job count (the module's step 4)."""
+        if self.quotas.needs_refresh(user.user):
+            await asyncio.to_thread(self.quotas.refresh, user.user)
+        self.quotas.admit(user.user, job.resources, jobs=jobs, jobs_field=jobs_field)
         try:
+            await self._look_at_what_it_names(job, user, run_as)
             await self.room.check()
             await self._validate(backend, RunSpec(job_id=0, name=first.name, folder="", **first.spec))
-            accepted = await store(self.quotas.limits(user).max_active_jobs)
+            accepted = await store(self.quotas.limits(user.user).max_active_jobs)
+        except TooManyUnfinished:
+            self.quotas.release(user.user, jobs=jobs, give_back_slot=True)
+            raise
         except BaseException:
-            self.quotas.release(user, jobs=jobs)
+            self.quotas.release(user.user, jobs=jobs)
             raise
         if accepted.replayed:
-            self.quotas.release(user, jobs=jobs)
+            self.quotas.release(user.user, jobs=jobs, give_back_slot=True)
         else:
-            self.quotas.stored(user, jobs=jobs)
+            self.quotas.stored(user.user, jobs=jobs)
         return accepted
 
     async def _apply_policy(self, payload: JobCreate, user: Principal) -> JobCreate:
+        """Step 2: what the request itself tells, and a script's real path."""
         policy.check_env(payload.env, self.settings)
         if payload.python is not None:
             policy.check_python_allowed(payload.python, self.settings)
-            run_as = job_account(user.user, user.unix_user, self.settings)
-            await asyncio.to_thread(policy.check_python_runs_jobs, payload.python, run_as)
         if payload.code is not None:
-            paths = await asyncio.to_thread(self._code_paths, payload.code, user)
-            policy.check_code_target(payload.entrypoint, payload.script, paths, self.settings)
+            code_store.require_code_permission(user)  # its files are read at step 5
             if payload.script is None or not payload.script.startswith("/"):
                 return payload  # a relative script is the snapshot's, found in it by the ranks
         elif payload.entrypoint is not None:
@@ -168,9 +180,16 @@ class Admission:
         script = await asyncio.to_thread(policy.resolve_allowed_script, payload.script, self.settings)
         return payload.model_copy(update={"script": script})  # the real path: no symlink swap later
 
+    async def _look_at_what_it_names(self, job: JobCreate, user: Principal, run_as: str) -> None:
+        """Step 5, once the submission is counted: a process, and a read of the code store."""
+        if job.python is not None:
+            await asyncio.to_thread(policy.check_python_runs_jobs, job.python, run_as)
+        if job.code is not None:
+            paths = await asyncio.to_thread(self._code_paths, job.code, user)
+            policy.check_code_target(job.entrypoint, job.script, paths, self.settings)
+
     def _code_paths(self, code_id: str, user: Principal) -> frozenset[str]:
-        """The files of the user's snapshot `code_id` (403 without the permission, 404 not theirs)."""
-        code_store.require_code_permission(user)
+        """The files of the user's snapshot `code_id` (404 when not theirs)."""
         with Session(self.engine) as session:
             row = code_store.find(session, user, code_id)
         return frozenset(self.code.paths(row.digest))

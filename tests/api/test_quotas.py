@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -96,18 +97,28 @@ def test_submissions_per_minute_are_capped(settings: Settings) -> None:
     assert 1 <= int(last.headers["Retry-After"]) <= 60
 
 
-def test_a_refused_request_does_not_count_against_the_quota(settings: Settings) -> None:
-    limits = settings.model_copy(update={"max_submissions_per_minute": 2})
+def test_a_refused_request_uses_its_slot_of_the_minute_but_holds_no_room(settings: Settings) -> None:
+    """The backend's validation (`sbatch --test-only` on SLURM) is asked for every submission that
+    reaches it, so one it refuses has used its slot of the minute: a refusal gave the slot back, and a
+    user changing the job's shape each time had the scheduler asked without end (issue 35). It holds
+    no room among the user's unfinished jobs, though."""
+    limits = settings.model_copy(update={"max_submissions_per_minute": 3, "max_active_jobs_per_user": 1})
     backend = FakeBackend("local")
     backend.refuse_validation = "no such partition"
     with TestClient(create_app(limits, backends={"local": backend})) as client:
         authorize(client)
-        refused = [client.post(JOBS, json=BODY).status_code for _ in range(3)]
+        refused = [
+            client.post(JOBS, json={**BODY, "resources": {"tasks_per_node": n}}).status_code for n in (1, 2)
+        ]
         backend.refuse_validation = None
-        accepted = [client.post(JOBS, json=BODY).status_code for _ in range(2)]
+        accepted = client.post(JOBS, json=BODY)  # the refused ones took no room: one job fits
+        over = [client.post(JOBS, json={**BODY, "resources": {"tasks_per_node": n}}) for n in (3, 4)]
 
-    assert refused == [422, 422, 422]
-    assert accepted == [201, 201]
+    assert refused == [422, 422]
+    assert accepted.status_code == 201, accepted.text
+    assert [response.status_code for response in over] == [429, 429]
+    assert all("3 submissions per minute" in message(response) for response in over)
+    assert backend.validate_calls == 3  # the refused shapes past the limit were never validated
 
 
 def test_a_users_own_limits_override_the_defaults(tight: TestClient) -> None:
@@ -162,3 +173,48 @@ def test_concurrent_posts_at_the_limit_admit_exactly_the_limit(settings: Setting
 
     assert statuses == [201] * 5 + [429] * 10
     assert len(stored) == 5
+
+
+def test_an_interpreter_is_probed_only_within_the_users_rate(settings: Settings, tmp_path: Path) -> None:
+    """An interpreter that does not run is refused, and no answer is kept, so it is run again at each
+    submission that names it: those runs count against the submissions of the minute, which came
+    only after it (issue 35)."""
+    runs = tmp_path / "runs"
+    python = tmp_path / "envs" / "bare" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\necho run >> {runs}\necho broken >&2\nexit 1\n")
+    python.chmod(0o755)
+    limits = settings.model_copy(
+        update={"max_submissions_per_minute": 3, "allowed_pythons": [str(tmp_path / "envs")]}
+    )
+    with TestClient(create_app(limits, backends={"local": FakeBackend("local")})) as client:
+        authorize(client)
+        answers = [client.post(JOBS, json={**BODY, "python": str(python)}) for _ in range(5)]
+
+    assert [answer.status_code for answer in answers] == [422, 422, 422, 429, 429]
+    assert "does not run Python code: broken" in message(answers[0])
+    assert "3 submissions per minute" in message(answers[-1])
+    assert runs.read_text().count("run") == 3
+
+
+def test_a_missing_code_snapshot_is_looked_for_only_within_the_users_rate(settings: Settings) -> None:
+    limits = settings.model_copy(update={"max_submissions_per_minute": 2})
+    job = {**BODY, "entrypoint": "train:main", "code": "sha256:" + "0" * 64}
+    with TestClient(create_app(limits, backends={"local": FakeBackend("local")})) as client:
+        authorize(client, admin=True)  # admins may run uploaded code
+        answers = [client.post(JOBS, json=job).status_code for _ in range(4)]
+
+    assert answers == [404, 404, 429, 429]
+
+
+def test_a_retry_with_its_idempotency_key_is_answered_at_the_rate_limit(settings: Settings) -> None:
+    limits = settings.model_copy(update={"max_submissions_per_minute": 2})
+    with TestClient(create_app(limits, backends={"local": FakeBackend("local")})) as client:
+        authorize(client)
+        first = client.post(JOBS, json=BODY, headers={"Idempotency-Key": "a"})
+        client.post(JOBS, json=BODY)
+        over = client.post(JOBS, json=BODY, headers={"Idempotency-Key": "b"})
+        retry = client.post(JOBS, json=BODY, headers={"Idempotency-Key": "a"})
+
+    assert over.status_code == 429
+    assert retry.status_code == 200 and retry.json()["id"] == first.json()["id"]

@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
-from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
-from service.domain import code_store
 from service.ledger.models import CodeSnapshotDetail, CodeSnapshotPublic
 from worker.spec import CODE_ID_PATTERN
 
@@ -35,17 +33,15 @@ ARCHIVE_BODY = {
     summary="Upload a code snapshot",
     responses={
         200: {"model": CodeSnapshotPublic, "description": "You uploaded this content before: its id."},
-        **error_responses(413, 422),
+        **error_responses(403, 413, 422, 429, 507),
     },
     openapi_extra=ARCHIVE_BODY,
 )
-async def upload_code(
-    request: Request, runtime: RuntimeDep, session: SessionDep, user: CurrentUser
-) -> Response:
-    """Check the archive, store it once by its SHA-256, and answer its id; needs the allow-code permission."""
-    code_store.require_code_permission(user)  # before the body is read: a refusal costs no upload
-    data = await request.body()
-    snapshot, created = await run_in_threadpool(runtime.code.add, session, user, data)
+async def upload_code(request: Request, runtime: RuntimeDep, user: CurrentUser) -> Response:
+    """Check the archive, store it once by its SHA-256, and answer its id; needs the allow-code
+    permission, counts against your submissions a minute, and your snapshots together may hold
+    TORCHYARD_MAX_CODE_BYTES_PER_USER bytes."""
+    snapshot, created = await runtime.code_uploads.upload(user, request.body)  # reads it once allowed
     return Response(snapshot.model_dump_json(), status_code=201 if created else 200,
                     media_type="application/json")  # fmt: skip
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.code_store import check_archive, is_zip, unpack_into
+from service.domain.code_archive import check_archive, is_zip
+from service.domain.code_store import unpack_into
 
 DIGEST = "ab" * 32
 CODE_ID = f"sha256:{DIGEST}"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,24 +17,26 @@ import pytest
 from service.accounts import Account
 from service.domain import policy
 from service.errors import Forbidden, InvalidRequest
-from service.programs import program
+from service.programs import Finished, program
+from tests.support import wait_for
 
 SERVICE = Account.current().name
 OTHER = "nobody"  # an account every Debian host has
 
 
 @pytest.fixture
-def probes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+def probes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The command lines the check runs; each answers that nothing is lacking."""
-    monkeypatch.setattr(policy, "_CHECKED_INTERPRETERS", {})
+    policy._CHECKED_INTERPRETERS.clear()
     ran: list[list[str]] = []
 
-    def run(command: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+    def run(command: list[str], **_: Any) -> Finished:
         ran.append(command)
-        return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
+        return Finished(0, stdout="", stderr="")
 
-    monkeypatch.setattr(subprocess, "run", run)
-    return ran
+    monkeypatch.setattr(policy, "run_bounded", run)
+    yield ran
+    policy._CHECKED_INTERPRETERS.clear()
 
 
 def interpreter(folder: Path, body: str = "exit 0", mode: int = 0o755) -> Path:
@@ -134,3 +136,70 @@ def test_only_root_the_service_and_the_job_s_own_account_may_own_it(
     assert probes == []
     policy.check_python_runs_jobs(str(python), OTHER)  # the job's account's own: asked, as it
     assert len(probes) == 1 and probes[0][0] == program("setpriv")
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or one that is dead and waits only to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_an_interpreter_that_prints_too_much_is_refused_naming_python(tmp_path: Path, stream: str) -> None:
+    """A user's interpreter (a sitecustomize that prints) must not fill the service's memory: what the
+    probe reads is bounded, and a probe past the bound is refused, not believed."""
+    redirect = ">&2" if stream == "stderr" else ""
+    python = interpreter(tmp_path / "loud" / "bin", f"head -c 1048576 /dev/zero | tr '\\0' y {redirect}")
+
+    with pytest.raises(InvalidRequest) as refused:
+        policy.check_python_runs_jobs(str(python), SERVICE)
+
+    assert refused.value.field == "python"
+    assert f"printed more than {policy.PROBE_OUTPUT_BYTES} bytes on {stream}" in refused.value.message
+
+
+def test_a_probe_past_the_bound_is_killed_with_what_it_started(tmp_path: Path) -> None:
+    """Stopped at once, and its children with it: the old probe read on until its timeout (30 s), and
+    what the interpreter started outlived it."""
+    child = tmp_path / "child.pid"
+    body = f"sleep 40 & echo $! > {child}\nhead -c 1048576 /dev/zero\nwait"
+    python = interpreter(tmp_path / "loud" / "bin", body)
+    started = time.monotonic()
+
+    with pytest.raises(InvalidRequest, match="printed more than"):
+        policy.check_python_runs_jobs(str(python), SERVICE)
+
+    assert time.monotonic() - started < 10
+    pid = int(child.read_text())
+    wait_for(lambda: _gone(pid), what=f"the probe's child {pid} killed")
+
+
+def test_the_answers_remembered_are_bounded(probes: list[list[str]], tmp_path: Path) -> None:
+    """Every interpreter a user names (each file of an allowed folder, each new mtime) was remembered
+    for ever; only the recently asked ones are now."""
+    pythons = [str(interpreter(tmp_path / f"env{i}" / "bin")) for i in range(300)]
+    for python in pythons:
+        policy.check_python_runs_jobs(python, SERVICE)
+
+    assert len(policy._CHECKED_INTERPRETERS) < 300
+    policy.check_python_runs_jobs(pythons[-1], SERVICE)  # asked a moment ago: remembered
+    assert len(probes) == 300
+    policy.check_python_runs_jobs(pythons[0], SERVICE)  # asked longest ago: forgotten, asked again
+    assert len(probes) == 301
+
+
+def test_a_probe_that_never_answers_is_refused_at_its_timeout_and_killed_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(policy, "_INTERPRETER_CHECK_S", 1.0)
+    child = tmp_path / "child.pid"
+    python = interpreter(tmp_path / "slow" / "bin", f"sleep 40 & echo $! > {child}\nwait")
+
+    with pytest.raises(InvalidRequest, match=r"cannot run .* timed out") as refused:
+        policy.check_python_runs_jobs(str(python), SERVICE)
+
+    assert refused.value.field == "python"
+    pid = int(child.read_text())
+    wait_for(lambda: _gone(pid), what=f"the probe's child {pid} killed")
