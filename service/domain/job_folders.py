@@ -98,8 +98,17 @@ def empty_trash(jobs_root: Path) -> int:
         parent = os.open(jobs_root, _DIRECTORY_NO_LINK)
     except OSError:
         return 0
+    with _closing(parent):
+        try:  # no trash yet: nothing to empty, and nothing to make (a pass changes no folder for nothing)
+            os.stat(TRASH, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return 0
+        return _empty(parent)
+
+
+def _empty(parent: int) -> int:
     freed = 0
-    with _closing(parent), _trash(parent) as trash:
+    with _trash(parent) as trash:
         while names := os.listdir(trash):
             freed_before = freed
             for name in names:
