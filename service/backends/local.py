@@ -5,10 +5,19 @@ running and cancel can stop the controller and every rank together (one process 
 as the job's Unix account, in the job's folder, with the built environment of service.backends.job_env.
 After a service restart there is no Popen handle: the controller's PID (the external id) and the
 job folder's files are all there is, and they are enough.
+
+A PID names a job's group only while the job's controller holds it: once the controller is gone the
+number is free, and the service (root, on a shared machine) must never signal whoever has it next. A
+controller this backend started keeps its PID until this backend reaps it, so every reap and every
+signal to such a group happen under one lock; a controller known only by its PID (after a restart) is
+signalled only while it is a session leader running a controller of a job folder under this
+service's jobs root, looked at just before the signal. Cancel's later SIGKILL is bound, when the cancel
+is made, to the controller it means, never to the bare id looked up again after the grace.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -16,6 +25,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,14 +38,14 @@ from service.backends.job_env import JobEnvironment
 from service.backends.job_folder_files import remove_from, rename_in, write_new_file
 from service.errors import BackendError
 from service.states import JobState
-from worker.spec import JobFiles, RunSpec
+from worker.spec import JobFiles, RunSpec, ascii_int
 
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 3.0
 HOST = socket.gethostname()  # where every local job runs
 RESULT_CHECK_S = 0.02
-_CONTROLLER_MARK = b"submitit.local._local"
+_CONTROLLER_MODULE = b"submitit.local._local"
 
 
 class LocalBackend:
@@ -43,11 +53,18 @@ class LocalBackend:
     max_nodes = 1  # this machine
     runs_arrays = False  # no scheduler to throttle a sweep: the dispatcher does
 
-    def __init__(self, environment: JobEnvironment, poll_interval_s: float = 0.25) -> None:
+    def __init__(
+        self, environment: JobEnvironment, poll_interval_s: float = 0.25, *, jobs_root: Path | None = None
+    ) -> None:
+        """`jobs_root`: where this service's job folders are, which tells its controllers from another
+        service's after a restart; without it, only controllers this backend started are its own."""
         # Checking a local job is a waitpid and a file look, so it can be done often.
         self.poll_interval_s = poll_interval_s
         self._environment = environment
+        self._jobs_root = jobs_root
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        # Guards _processes, and is held around every reap of a controller this backend started and
+        # every signal to its group: an unreaped child keeps its PID, so the group is the job's.
         self._lock = threading.Lock()
         self._wakeup: Callable[[], None] = lambda: None
 
@@ -79,14 +96,29 @@ class LocalBackend:
             except (OSError, ValueError):  # gone: nothing to tell, and nothing to harm
                 continue
             ours = str(JobFiles(folder).submitit).encode()
-            if any(_CONTROLLER_MARK in arg for arg in argv) and ours not in argv:
+            if any(_CONTROLLER_MODULE in arg for arg in argv) and ours not in argv:
                 found.add(folder)
         return found
 
     def cancel(self, external_ids: Sequence[str]) -> None:
+        """SIGINT to each job's process group now, SIGKILL to what is left of it CANCEL_GRACE_S later.
+
+        Both go through the handle taken now: the Popen of a controller this backend started, which
+        the SIGKILL reaches even if the backend is closed meanwhile, or else the PID, looked at again
+        before each signal. The bare id looked up again after the grace could name anyone: by then
+        the controller may be gone, and once it is reaped its PID is free for the next process."""
         for external_id in external_ids:
-            self._signal_group(external_id, signal.SIGINT)
-            timer = threading.Timer(CANCEL_GRACE_S, self._signal_group, (external_id, signal.SIGKILL))
+            with self._lock:
+                process = self._processes.get(external_id)
+            if process is not None:
+                stop = functools.partial(self._signal_started, process)
+            elif (pid := ascii_int(external_id)) is not None:
+                stop = functools.partial(self._signal_adopted, pid)
+            else:
+                log.warning("not a local job's id, nothing signalled: %r", external_id)
+                continue
+            stop(signal.SIGINT)
+            timer = threading.Timer(CANCEL_GRACE_S, stop, (signal.SIGKILL,))
             timer.daemon = True
             timer.start()
 
@@ -97,6 +129,8 @@ class LocalBackend:
         self._wakeup = callback
 
     def close(self) -> None:
+        """Forget the handles; a cancel's pending SIGKILL keeps its own, and each watch thread reaps its
+        controller when it ends."""
         with self._lock:
             self._processes.clear()
 
@@ -147,59 +181,89 @@ class LocalBackend:
         """
         seen_result = False
         while True:
-            try:
-                process.wait(timeout=RESULT_CHECK_S)
-            except subprocess.TimeoutExpired:
-                if not seen_result and result.exists():
-                    seen_result = True
-                    self._wakeup()
-                continue
-            self._wakeup()
-            return
+            with self._lock:  # a reap, so under the lock that signals take (see _signal_started)
+                ended = process.poll() is not None
+            if ended:
+                self._wakeup()
+                return
+            if not seen_result and result.exists():
+                seen_result = True
+                self._wakeup()
+            time.sleep(RESULT_CHECK_S)
 
     # ---------------------------------------------------------------- status and signals
 
     def _status(self, external_id: str) -> BackendStatus:
         with self._lock:
             process = self._processes.get(external_id)
-        if process is not None:
-            code = process.poll()
-            if code is None:
-                return BackendStatus(JobState.running, nodes=HOST)
-            with self._lock:
+            code = None if process is None else process.poll()
+            if process is not None and code is not None:
                 self._processes.pop(external_id, None)
-            return _ended(code)
-        if _controller_alive(external_id):
+        if process is not None:
+            return BackendStatus(JobState.running, nodes=HOST) if code is None else _ended(code)
+        pid = ascii_int(external_id)
+        if pid is not None and self._is_our_controller(pid):
             return BackendStatus(JobState.running, reason="re-attached after restart", nodes=HOST)
         return _ended(None)
 
-    def _signal_group(self, external_id: str, signum: int) -> None:
+    def _signal_started(self, process: subprocess.Popen[bytes], signum: int) -> None:
+        """Signal the group of a controller this backend started, unless it has been reaped: until then
+        its PID is still its own (a zombie's too), and only this backend reaps it, under this lock."""
         with self._lock:
-            process = self._processes.get(external_id)
-        alive = process.poll() is None if process is not None else _controller_alive(external_id)
-        if not alive:
-            return
-        try:
-            os.killpg(int(external_id), signum)
-        except (ProcessLookupError, PermissionError, ValueError) as error:
-            log.info("could not signal local job %s: %s", external_id, error)
+            if process.returncode is None:
+                signal_group(process.pid, signum)
+
+    def _signal_adopted(self, pid: int, signum: int) -> None:
+        """Signal the group of a controller known only by its PID, if that PID is still one of ours.
+
+        The check and the signal are microseconds apart; the PID would have to be freed and handed out
+        again, through every PID of the machine, in between."""
+        if self._is_our_controller(pid):
+            signal_group(pid, signum)
+        else:
+            log.info("local job %s is gone; its PID is not signalled", pid)
+
+    def _is_our_controller(self, pid: int) -> bool:
+        """The process at `pid` leads its own session (as each controller does, so the group is the
+        job's alone) and runs submitit's controller on a job folder under this service's jobs root.
+
+        Anything else that has the PID now is not the job's, even a controller of another service:
+        the same command line on another folder. Without a jobs root there is no telling."""
+        if self._jobs_root is None:
+            return False
+        proc = Path("/proc") / str(pid)
+        try:  # stat's second field is the command's name, which may hold anything, ")" included
+            fields = (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()
+            argv = (proc / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+            state, group, session = fields[0], fields[2], fields[3]
+        except (OSError, IndexError):  # gone, or not readable
+            return False
+        leads_its_session = group == session == str(pid).encode()
+        if state in (b"Z", b"X") or not leads_its_session or argv[-3:-1] != [b"-m", _CONTROLLER_MODULE]:
+            return False
+        folder = Path(os.fsdecode(argv[-1]))
+        return (
+            folder.name == "submitit"
+            and ascii_int(folder.parent.name) is not None
+            and folder.parent.parent == self._jobs_root
+        )
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    """killpg, refused for the groups that are not one job's: 0 is the caller's own group, 1 would be
+    kill(-1), every process there is, and the service's own group or PID is never a job's."""
+    if pgid <= 1 or pgid in (os.getpid(), os.getpgrp()):
+        log.error("refused to signal process group %d: it is not a local job's", pgid)
+        return
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError) as error:
+        log.info("could not signal local job %s: %s", pgid, error)
 
 
 def _ended(exit_code: int | None) -> BackendStatus:
     """The controller is gone; the job folder's files say how it went (the reconciler reads them)."""
     return BackendStatus(JobState.succeeded, reason="process ended", exit_code=exit_code)
-
-
-def _controller_alive(external_id: str) -> bool:
-    """True when this PID is still a live submitit controller (not a zombie, not a reused PID)."""
-    proc = Path("/proc") / external_id
-    try:
-        stat = (proc / "stat").read_text()
-        cmdline = (proc / "cmdline").read_bytes()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
-        return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state not in ("Z", "X") and _CONTROLLER_MARK in cmdline
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import pytest
 
 from tests.support import ROOT
 
-DRIVEN = ["tests/unit/backends/test_local_submit.py"]
+DRIVEN = ["tests/unit/backends/test_local_submit.py", "tests/unit/backends/test_local_signals.py"]
 # The kill program named first in an argument vector, by its name or its path in /bin or /usr/bin.
 KILL_PROGRAM = re.compile(r"""[\[(]\s*["'](?:/usr)?(?:/bin/)?kill["']\s*,""")
 
