@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from service.backends.base import Backend
-from service.domain.endings import world_size
 from service.domain.job_files import open_below
 from service.errors import InvalidRequest
 from service.ledger.models import Job
@@ -35,7 +34,7 @@ def read_log(
 
     Only ever one window of the file is read: a log of many gigabytes costs what a small one does.
     """
-    ranks = world_size(job)
+    ranks = job.resources.world_size
     if not 0 <= rank < ranks:
         raise InvalidRequest(f"must be between 0 and {ranks - 1} for this job", field="rank")
     if offset is not None and tail is not None:

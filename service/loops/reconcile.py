@@ -25,7 +25,7 @@ from sqlmodel import Session, col
 
 from service.accounts import NodeHardlinks
 from service.backends.base import Backend, BackendStatus
-from service.domain.endings import Ending, from_rank_errors, settle, world_size
+from service.domain.endings import Ending, from_rank_errors, settle
 from service.domain.job_files import rank_errors, read_placement, read_result
 from service.errors import BackendError
 from service.ledger.db import session_scope, write_scope
@@ -288,7 +288,7 @@ class Reconciler:
         if target is JobState.running:
             # Only running ranks write these files; a job waiting in the queue has none of its own,
             # and on a long queue each look is a file system call per job per tick.
-            world = world_size(job)
+            world = job.resources.world_size
             if job.placement is None or len(job.placement) < world:  # until every rank has said
                 placement = read_placement(files, job.run_attempt or job.attempt, world)
                 if placement and placement != job.placement:
