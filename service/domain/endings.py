@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from service.backends.base import Backend, BackendStatus
-from service.domain.job_files import RankError, log_tail, rank_errors, read_result
+from service.jobfs import RankError, log_tail, rank_errors, read_result
 from service.ledger.models import Job, utcnow
 from service.states import EndingKind, JobState
 from worker.hostlist import expand_hostlist

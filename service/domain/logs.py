@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from service.backends.base import Backend
-from service.domain.job_files import open_below
 from service.errors import InvalidRequest
+from service.jobfs import NotAFile, open_log
 from service.ledger.models import Job
 
 
@@ -43,14 +42,14 @@ def read_log(
         return LogWindow("", 0, 0)
     folder = Path(job.folder)
     path = backend.log_path(folder, job.external_id, rank, stream)
-    handle = open_below(folder, path)
+    try:
+        handle = open_log(folder, path)
+    except NotAFile:
+        raise InvalidRequest(
+            "the log is not a regular file of the job folder (a link, which may lead out of it, or a FIFO)",
+            field="rank",
+        ) from None
     if handle is None:
-        if os.path.lexists(path):
-            raise InvalidRequest(
-                "the log is not a regular file of the job folder (a link, which may lead out of it, "
-                "or a FIFO)",
-                field="rank",
-            )
         return LogWindow("", 0, 0)
     with handle:
         if offset is not None:

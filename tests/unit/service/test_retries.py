@@ -15,10 +15,9 @@ from sqlmodel import Session, col, select
 
 from service.backends.base import BackendStatus
 from service.domain.endings import Ending, from_rank_errors, rank_host, settle
-from service.domain.job_files import rank_errors, read_result
+from service.jobfs import archive_attempt, rank_errors, read_result
 from service.ledger.db import make_engine, migrate
 from service.ledger.models import Job, JobAttempt, JobEvent, RetryPolicy, utcnow
-from service.loops.dispatch import archive_attempt
 from service.loops.transitions import end_attempt, record_transition
 from service.states import JobState
 from tests.fakes import FakeBackend
