@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.jobfs.handles import closing, folder_handle, new_file, open_folder, service_folder
+from service.jobfs.handles import closing, folder_handle, new_file, service_folder
 from service.jobfs.names import ATTEMPTS, CODE, DATA_DIR_MODE
 from service.jobfs.reads import error_ranks
 from worker.spec import JobFiles
@@ -131,22 +131,21 @@ def place_code(folder: Path, staging_root: Path, build: Callable[[Path], None]) 
     write: so the tree is built (and made read-only by `build`) in a staging folder below
     `staging_root`, which only the service can enter, and moved in by one rename relative to a handle
     on the job folder opened without following links."""
-    staging_root.mkdir(mode=0o700, exist_ok=True)
-    building = staging_root / uuid.uuid4().hex
-    building.mkdir(mode=0o755)
-    handle = open_folder(folder)
-    try:
+    with folder_handle(folder) as handle:  # first: a job folder that is a link leaves nothing behind
+        staging_root.mkdir(mode=0o700, exist_ok=True)
+        building = staging_root / uuid.uuid4().hex
+        building.mkdir(mode=0o755)
         try:
-            existing = os.stat(CODE, dir_fd=handle, follow_symlinks=False)
-        except FileNotFoundError:
-            pass
-        else:
-            if stat.S_ISDIR(existing.st_mode):
-                return folder / CODE
-            raise NotADirectoryError(f"{folder / CODE} is not a folder (a link the job made?)")
-        build(building)
-        os.rename(building, CODE, dst_dir_fd=handle)  # a link planted at `code` is replaced, not followed
-    finally:
-        os.close(handle)
-        shutil.rmtree(building, ignore_errors=True)  # gone already when the rename was made
+            try:
+                existing = os.stat(CODE, dir_fd=handle, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            else:
+                if stat.S_ISDIR(existing.st_mode):
+                    return folder / CODE
+                raise NotADirectoryError(f"{folder / CODE} is not a folder (a link the job made?)")
+            build(building)
+            os.rename(building, CODE, dst_dir_fd=handle)  # a link planted at `code` is replaced, not followed
+        finally:
+            shutil.rmtree(building, ignore_errors=True)  # gone already when the rename was made
     return folder / CODE
