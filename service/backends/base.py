@@ -17,7 +17,6 @@ from typing import Protocol, runtime_checkable
 from service.states import EndingKind, JobState
 from worker.spec import RunSpec
 
-SUBMITTED_SUFFIX = "_submitted.pkl"  # submitit's `<external id>_submitted.pkl`, once a job is submitted
 # Every external id: a SLURM job or array element (`<digits>` or `<digits>_<digits>`), a local PID.
 # Ids are read back from names in job folders, which their jobs can change: only this shape is an id,
 # so that no name ("--user=bob") can reach a scheduler's command line as an option.

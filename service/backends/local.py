@@ -35,8 +35,8 @@ from typing import Any
 from service.accounts import Account
 from service.backends.base import BackendStatus, SubmitOutcome
 from service.backends.job_env import JobEnvironment
-from service.backends.job_folder_files import remove_from, rename_in, write_new_file
 from service.errors import BackendError
+from service.jobfs import log_file, remove_from, rename_in, write_new_file
 from service.states import JobState
 from worker.spec import JobFiles, RunSpec, ascii_int
 
@@ -123,7 +123,7 @@ class LocalBackend:
             timer.start()
 
     def log_path(self, folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
-        return folder / "submitit" / f"{external_id}_{rank}_log.{stream}"
+        return log_file(folder, external_id, rank, stream)
 
     def set_wakeup(self, callback: Callable[[], None]) -> None:
         self._wakeup = callback
@@ -293,7 +293,7 @@ def _session_executor_class() -> Any:
 
         def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
             """submitit's, but the pickle is written and renamed through a no-link handle on the
-            job's submitit folder (service.backends.job_folder_files); the controller waits for it."""
+            job's submitit folder (service.jobfs); the controller waits for it."""
             jobs = []
             for delayed in delayed_submissions:
                 delayed.set_timeout(self.parameters.get("timeout_min", 2), self.max_num_timeout)

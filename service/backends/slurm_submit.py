@@ -26,8 +26,7 @@ from typing import Any
 from submitit.core import core, utils
 from submitit.slurm import slurm as submitit_slurm
 
-from service.backends.base import SUBMITTED_SUFFIX
-from service.backends.job_folder_files import names_in, remove_from, rename_in, write_new_file
+from service.jobfs import SUBMITTED_SUFFIX, names_in, remove_from, rename_in, write_new_file
 from worker.spec import Resources, RunSpec, ascii_int
 
 # The only Resources fields that reach sbatch as options of their own (the allow-list): each value is

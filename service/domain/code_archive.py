@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.errors import InvalidRequest, TooLarge
+from service.jobfs import new_file
 
 MAX_FILES = 100_000
 UNPACKED_FACTOR = 4  # unpacked files may hold this many times TORCHYARD_MAX_CODE_BYTES
@@ -263,7 +264,6 @@ def unpack(tar: tarfile.TarFile, building: Path) -> None:
         source = tar.extractfile(info)
         if source is None:  # pragma: no cover - a regular member always has content
             raise tarfile.TarError(f"the code snapshot: '{member.path}' has no content")
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with source, os.fdopen(fd, "wb") as out:
+        with source, new_file(target, 0o600) as out:
             shutil.copyfileobj(source, out)
             os.fchmod(out.fileno(), 0o555 if member.mode & 0o100 else 0o444)

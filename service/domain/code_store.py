@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import stat
 import tarfile
 import uuid
 from collections.abc import Callable
@@ -33,6 +31,7 @@ from service.config import Settings
 from service.domain.auth import Principal
 from service.domain.code_archive import FIELD, check_archive, is_zip, unpack, zip_as_tar_gz
 from service.errors import Forbidden, NotFound
+from service.jobfs import place_code
 from service.ledger.models import CodeSnapshot, CodeSnapshotDetail, CodeSnapshotPublic, Job, utcnow
 from service.states import JobState, is_terminal
 from worker.spec import CODE_ID_PREFIX
@@ -42,6 +41,7 @@ _BYTES_HELD = select(func.coalesce(func.sum(CodeSnapshot.bytes), 0)).where(
     col(CodeSnapshot.owner) == bindparam("owner")
 )
 STORE_MODE = 0o700  # the service's alone: jobs get their copy unpacked in their folder
+STAGING = ".unpacking"  # in the store: where a job's copy is built before it moves into the job's folder
 
 
 # ---------------------------------------------------------------- the store
@@ -179,29 +179,13 @@ def unpack_into(store_dir: Path, code_id: str, folder: Path) -> Path:
 
     The job folder is the job's account's, which could swap any name in it for a link while we
     write: so the tree is built and made read-only in a staging folder only the service can enter,
-    and moved in whole by one rename relative to a handle on the job folder opened without
-    following links."""
-    staging_root = store_dir / ".unpacking"
-    staging_root.mkdir(mode=0o700, exist_ok=True)
-    building = staging_root / uuid.uuid4().hex
-    building.mkdir(mode=0o755)
-    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        try:
-            existing = os.stat("code", dir_fd=handle, follow_symlinks=False)
-        except FileNotFoundError:
-            pass
-        else:
-            if stat.S_ISDIR(existing.st_mode):
-                return folder / "code"
-            raise NotADirectoryError(f"{folder / 'code'} is not a folder (a link the job made?)")
+    and moved in whole (service.jobfs.place_code)."""
+
+    def build(building: Path) -> None:
         with tarfile.open(store_dir / f"{digest_of(code_id)}.tar.gz", mode="r:*") as tar:
             unpack(tar, building)
-        os.rename(building, "code", dst_dir_fd=handle)  # a link planted at `code` is replaced, not followed
-    finally:
-        os.close(handle)
-        shutil.rmtree(building, ignore_errors=True)  # gone already when the rename was made
-    return folder / "code"
+
+    return place_code(folder, store_dir / STAGING, build)
 
 
 # ---------------------------------------------------------------- collection

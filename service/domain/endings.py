@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from service.backends.base import Backend, BackendStatus
-from service.domain.job_files import RankError, log_tail, rank_errors, read_result
+from service.jobfs import RankError, log_tail, rank_errors, read_result
 from service.ledger.models import Job, utcnow
 from service.states import EndingKind, JobState
 from worker.hostlist import expand_hostlist
@@ -49,7 +49,8 @@ class Ending:
 def from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:
     """The ending told by the ranks' error files (at least one)."""
     # A job of one rank has no peer to lose: whatever it raised is its own.
-    own = [error for error in errors if world_size(job) == 1 or not LOST_PEER.search(error.text)]
+    world_size = job.resources.world_size
+    own = [error for error in errors if world_size == 1 or not LOST_PEER.search(error.text)]
     if own:  # a rank raised on its own: the job's failure, whatever its peers said after it
         cause = own[0]
         others = ", ".join(str(error.rank) for error in errors if error is not cause)
@@ -57,7 +58,7 @@ def from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:
         reason = f"rank {cause.rank}{_on(job, cause.rank)} raised:\n{cause.text[-4000:]}{after}"
         return Ending(JobState.failed, "failure", reason)
     wrote = {error.rank for error in errors}
-    lost = [rank for rank in range(world_size(job)) if rank not in wrote]
+    lost = [rank for rank in range(world_size) if rank not in wrote]
     vanished = "; ".join(f"rank {rank}{_on(job, rank)} vanished" for rank in lost) or "a peer vanished"
     first = errors[0]
     reason = f"{vanished} (rank {first.rank}{_on(job, first.rank)} lost it):\n{first.text[-2000:]}"
@@ -69,7 +70,7 @@ def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -
     result = read_result(files, job.run_attempt)
     if result is not None and status.state in (JobState.succeeded, JobState.failed):
         return Ending(JobState.succeeded, None, "completed", result["value"])
-    errors = rank_errors(files, job.run_attempt, world_size(job))
+    errors = rank_errors(files, job.run_attempt, job.resources.world_size)
     if errors:
         return from_rank_errors(job, errors)
     if status.kind is not None:  # the scheduler named it: a node failure, OOM, a preemption
@@ -86,11 +87,6 @@ def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -
     if status.state is JobState.failed:
         return Ending(JobState.failed, "failure", status.reason or "failed")
     return Ending(JobState.failed, "failure", f"ended without a result{code}{_rank0_stderr(job, backend)}")
-
-
-def world_size(job: Job) -> int:
-    resources = job.spec.get("resources", {})
-    return int(resources.get("nodes", 1)) * int(resources.get("tasks_per_node", 1))
 
 
 def rank_host(job: Job, rank: int) -> str | None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from service.backends.base import Backend
-from service.domain.endings import world_size
-from service.domain.job_files import open_below
 from service.errors import InvalidRequest
+from service.jobfs import NotAFile, open_log
 from service.ledger.models import Job
 
 
@@ -35,7 +33,7 @@ def read_log(
 
     Only ever one window of the file is read: a log of many gigabytes costs what a small one does.
     """
-    ranks = world_size(job)
+    ranks = job.resources.world_size
     if not 0 <= rank < ranks:
         raise InvalidRequest(f"must be between 0 and {ranks - 1} for this job", field="rank")
     if offset is not None and tail is not None:
@@ -44,14 +42,14 @@ def read_log(
         return LogWindow("", 0, 0)
     folder = Path(job.folder)
     path = backend.log_path(folder, job.external_id, rank, stream)
-    handle = open_below(folder, path)
+    try:
+        handle = open_log(folder, path)
+    except NotAFile:
+        raise InvalidRequest(
+            "the log is not a regular file of the job folder (a link, which may lead out of it, or a FIFO)",
+            field="rank",
+        ) from None
     if handle is None:
-        if os.path.lexists(path):
-            raise InvalidRequest(
-                "the log is not a regular file of the job folder (a link, which may lead out of it, "
-                "or a FIFO)",
-                field="rank",
-            )
         return LogWindow("", 0, 0)
     with handle:
         if offset is not None:

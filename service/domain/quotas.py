@@ -113,7 +113,7 @@ def too_many_unfinished(active: int, limit: int, asked: int = 1) -> TooManyUnfin
 
 
 def check_job_size(resources: Resources, limits: Limits) -> None:
-    tasks = resources.nodes * resources.tasks_per_node
+    tasks = resources.world_size
     gpus = resources.nodes * resources.gpus_per_node
     for what, value, maximum, field_name in (
         ("nodes", resources.nodes, limits.max_nodes, "resources.nodes"),

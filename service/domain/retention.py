@@ -5,7 +5,7 @@ its logs `keep_finished_days` after the job ended (the owner's own value where t
 `torchyard quota set --keep-finished-days`), and the logs go `keep_logs_days` after it ended (never
 sooner than the rest). 0 keeps them for ever. Only jobs in a terminal state are looked at: nothing of a
 queued, running, retrying or requeued job (its folder holds what the next attempt resumes from) is
-touched. The removal itself is service.domain.job_folders (rename into the trash, then delete).
+touched. The removal itself is service.jobfs.folders (rename into the trash, then delete).
 
 Folder sizes are measured here too, off the request path: when a job has ended (its size is unknown
 again from then) and, for unfinished jobs, at every retention pass. /metrics and the API read the
@@ -27,9 +27,9 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
+from service import jobfs
 from service.backends import slurm_submit
 from service.config import Settings
-from service.domain import job_folders
 from service.domain.storage import jobs_root
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, UserQuota, utcnow
@@ -123,7 +123,7 @@ def run_pass(
     report = PassReport()
     root = jobs_root(settings)
     if not dry_run:
-        report.freed += job_folders.empty_trash(root)  # what a pass that died half-way left
+        report.freed += jobfs.empty_trash(root)  # what a pass that died half-way left
         measure_unfinished(engine, settings, guard)
     with session_scope(engine) as session:
         due = due_removals(session, settings, utcnow())
@@ -135,12 +135,12 @@ def run_pass(
             continue
         report.removals.append(done)
         if not dry_run:
-            report.freed += job_folders.empty_trash(root)  # room comes back job by job, not at the end
+            report.freed += jobfs.empty_trash(root)  # room comes back job by job, not at the end
     return report
 
 
 def _measured_and_removed(engine: Engine, removal: Removal, dry_run: bool) -> Removal:
-    found = job_folders.usage(removal.folder)
+    found = jobfs.usage(removal.folder)
     if found is not None:
         removal = replace(removal, bytes=found.total - (found.logs if removal.removing == "files" else 0))
     if not dry_run:
@@ -152,10 +152,10 @@ def _remove(engine: Engine, removal: Removal) -> None:
     """Move it into the trash, then say so in the ledger; the trash is emptied after. A service that
     dies in between finds the job due again and its folder gone or emptied: it only writes the row."""
     if removal.removing == "folder":
-        job_folders.move_folder_to_trash(removal.folder)
+        jobfs.move_folder_to_trash(removal.folder)
     else:
-        job_folders.move_files_to_trash(removal.folder)
-    left = job_folders.usage(removal.folder)
+        jobfs.move_files_to_trash(removal.folder)
+    left = jobfs.usage(removal.folder)
     with write_scope(engine) as session:
         job = session.get(Job, removal.job_id)
         if job is None:
@@ -207,9 +207,7 @@ def _measure(
     sizes: dict[int, int] = {}
     for job_id, folder in rows:
         place = _own_folder(settings, job_id, folder)
-        found = (
-            guard.guarded(job_id, functools.partial(job_folders.usage, place)) if place is not None else None
-        )
+        found = guard.guarded(job_id, functools.partial(jobfs.usage, place)) if place is not None else None
         if isinstance(found, Fault):
             continue
         if found is not None or missing_is_empty:

@@ -19,6 +19,7 @@ from sqlalchemy.exc import ArgumentError
 from service.config import Settings
 from service.domain.jobs import job_folder
 from service.errors import InsufficientStorage
+from service.jobfs.names import DATA_DIR_MODE
 
 # What SQLite and PostgreSQL say when they cannot write for want of room or permission.
 _NO_ROOM = (
@@ -28,9 +29,6 @@ _NO_ROOM = (
     "no space left on device",  # PostgreSQL, "could not extend file ...: No space left on device"
 )
 _PG_DISK_FULL = "53100"  # SQLSTATE disk_full
-
-
-DATA_DIR_MODE = 0o711  # jobs of every account reach their own folder inside; nobody lists it
 
 
 def jobs_root(settings: Settings) -> Path:

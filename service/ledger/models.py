@@ -225,6 +225,12 @@ class Job(JobBase, table=True):
     files_removed_at: datetime | None = _time_column()
     folder_removed_at: datetime | None = _time_column()
 
+    @property
+    def resources(self) -> Resources:
+        """What the job asked for, from its spec (checked at admission): its world size is
+        `resources.world_size`, the one definition the ranks use too."""
+        return Resources.model_validate(self.spec.get("resources") or {})
+
 
 @dataclass(frozen=True)
 class NewJob:

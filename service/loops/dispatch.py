@@ -16,18 +16,16 @@ array whole), so that the job that raised is found and only it pays.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import logging
 import os
 import socket
-import stat
 import tarfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -41,9 +39,8 @@ from service.accounts import Account
 from service.backends.base import Backend, SubmitOutcome
 from service.config import Settings
 from service.domain.code_store import store_root, unpack_into
-from service.domain.job_files import error_ranks, submitted_external_id
-from service.domain.storage import DATA_DIR_MODE
 from service.errors import BackendError
+from service.jobfs import archive_attempt, make_job_folder, submitted_external_id
 from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
@@ -500,88 +497,6 @@ def _set_claims(
             update(Job).where(condition, *where).values(claimed_at=utcnow(), **values),
             execution_options={"synchronize_session": False},
         )
-
-
-def make_job_folder(files: JobFiles, account: Account, group: str | None) -> None:
-    """The job's folder and submitit's inside it, owned by the account the job runs as.
-
-    Mode 0700 (0750 with the operator's group): another user's job can neither read it nor plant
-    files in it. The job folder first, then submitit's inside it: each metadata call is costly on a
-    busy disk, and a sweep makes hundreds of these at once, so a folder this call made is not looked
-    at again. The spec travels in submitit's pickle; rank 0 writes spec.json when it starts.
-    """
-    mode = 0o750 if group else 0o700
-    for folder in (files.folder, files.submitit):
-        if not _made_folder(folder, mode) and not stat.S_ISDIR(os.lstat(folder).st_mode):
-            # A retry's folder was the job's to write: what stands at this name must be a real folder.
-            raise NotADirectoryError(f"{folder} is not a folder (a link the job made?)")
-        account.own(folder, group)
-
-
-def _made_folder(folder: Path, mode: int) -> bool:
-    """Make `folder`; False when something stood at its name already."""
-    try:
-        os.mkdir(folder, mode)
-    except FileExistsError:
-        return False
-    except FileNotFoundError:  # the first job of a new data directory
-        folder.parent.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
-        os.mkdir(folder, mode)
-    return True
-
-
-def archive_attempt(files: JobFiles, attempt: int, world_size: int) -> None:
-    """Move what attempt `attempt` left that the next one must not meet to `attempts/<attempt>/`: its
-    submitit folder, whose pickle would name the old id to a recovering dispatcher, and its error
-    files. Checkpoints, progress and the rendezvous files (keyed by attempt) stay.
-
-    The job folder is the job's own, and the job is untrusted: it may have planted symlinks there. So
-    every step works on directory handles opened without following links, the archive folders are
-    the service's (a job can read them, not write them), and an entry already archived is never
-    replaced: a second dispatch of the same attempt (after a refused sbatch) leaves the new
-    attempt's own submitit folder where it is.
-    """
-    names = [*(files.error(rank).name for rank in error_ranks(files, world_size)), files.submitit.name]
-    with (
-        _folder_handle(os.open(files.folder, _DIRECTORY_NO_LINK)) as folder,
-        _folder_handle(_service_subfolder(folder, "attempts")) as attempts,
-        _folder_handle(_service_subfolder(attempts, str(attempt))) as archive,
-    ):
-        for name in names:
-            if _exists(name, archive):
-                continue
-            with contextlib.suppress(FileNotFoundError):  # rename moves a link, never its target
-                os.rename(name, name, src_dir_fd=folder, dst_dir_fd=archive)
-
-
-_DIRECTORY_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-
-
-@contextlib.contextmanager
-def _folder_handle(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _service_subfolder(parent: int, name: str) -> int:
-    """A handle on folder `name` in `parent`, made by and belonging to the service (never a link)."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(name, 0o755, dir_fd=parent)
-    fd = os.open(name, _DIRECTORY_NO_LINK, dir_fd=parent)
-    if os.fstat(fd).st_uid != os.geteuid():
-        os.close(fd)
-        raise PermissionError(f"'{name}' in the job folder was not made by the service")
-    return fd
-
-
-def _exists(name: str, folder: int) -> bool:
-    try:
-        os.stat(name, dir_fd=folder, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _due() -> ColumnElement[bool]:

@@ -1,6 +1,6 @@
 """Rank 0's progress file into the ledger, incrementally (only lines not yet read).
 
-Reading and parsing is service.domain.job_files (with the worker's one parser); this module writes:
+Reading and parsing is service.jobfs (with the worker's one parser); this module writes:
 metric rows (and their rollup buckets, service.domain.metric_series), the job's latest progress and
 checkpoint, and how far the file has been read. A job is untrusted and writes as much as it likes, so
 what it costs the ledger is bounded:
@@ -23,7 +23,7 @@ from sqlalchemy import delete
 from sqlmodel import Session, col
 
 from service.domain import metric_series
-from service.domain.job_files import read_new_progress
+from service.jobfs import read_new_progress
 from service.ledger.models import Job, JobMetric, utcnow
 from service.loops.transitions import record_transition
 from service.states import JobState

@@ -25,9 +25,9 @@ from sqlmodel import Session, col
 
 from service.accounts import NodeHardlinks
 from service.backends.base import Backend, BackendStatus
-from service.domain.endings import Ending, from_rank_errors, settle, world_size
-from service.domain.job_files import rank_errors, read_placement, read_result
+from service.domain.endings import Ending, from_rank_errors, settle
 from service.errors import BackendError
+from service.jobfs import rank_errors, read_placement, read_result, result_written
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
@@ -70,10 +70,10 @@ class Reconciler:
             for name in backends
         ]
         self.ticks: dict[str, int] = dict.fromkeys(backends, 0)
-        # Per backend, the jobs its last tick watched: job id -> (its run's id, where rank 0 writes its
-        # result); the runs ended by their result, watched until they are gone (id -> deadline); and
-        # what to cancel, until the backend has been told.
-        self._watched: dict[str, dict[int, tuple[str, Path]]] = {name: {} for name in backends}
+        # Per backend, the jobs its last tick watched: job id -> (its run's id, its files); the runs
+        # ended by their result, watched until they are gone (id -> deadline); and what to cancel,
+        # until the backend has been told.
+        self._watched: dict[str, dict[int, tuple[str, JobFiles]]] = {name: {} for name in backends}
         self._reaps: dict[str, dict[str, float]] = {name: {} for name in backends}
         self._cancels: dict[str, set[str]] = {name: set() for name in backends}
         self.last_duration_s: dict[str, float] = dict.fromkeys(backends, 0.0)
@@ -136,7 +136,7 @@ class Reconciler:
         """End the watched jobs whose rank 0 has written its result (the job is done for its user; its
         processes are only exiting). Returns how many it ended."""
         watched = self._watched[backend_name]
-        found = [(job_id, run) for job_id, (run, result) in watched.items() if result.exists()]
+        found = [(job_id, run) for job_id, (run, files) in watched.items() if result_written(files)]
         ended = 0
         if not found:
             return 0
@@ -205,7 +205,7 @@ class Reconciler:
                 )
             ).all()
         self._watched[backend_name] = {
-            job_id: (str(external_id), JobFiles(Path(folder)).result)
+            job_id: (str(external_id), JobFiles(Path(folder)))
             for job_id, external_id, _, _, folder, _ in watched
             if job_id and folder
         }
@@ -288,7 +288,7 @@ class Reconciler:
         if target is JobState.running:
             # Only running ranks write these files; a job waiting in the queue has none of its own,
             # and on a long queue each look is a file system call per job per tick.
-            world = world_size(job)
+            world = job.resources.world_size
             if job.placement is None or len(job.placement) < world:  # until every rank has said
                 placement = read_placement(files, job.run_attempt or job.attempt, world)
                 if placement and placement != job.placement:

@@ -150,18 +150,18 @@ def test_the_list_is_paged_oldest_first_with_a_cursor(api: TestClient) -> None:
 def test_only_the_page_is_stat_ed_and_its_notes_read(
     api: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.domain import checkpoints
+    from service.jobfs import checkpoints
 
     job_id, files = job_with_checkpoints(api)
     many_checkpoints(files, range(100, 2100))
     opened: list[str] = []
-    real_open = checkpoints.open_job_file
+    real_open = checkpoints.open_file
 
     def counted(path: Path | str, dir_fd: int | None = None) -> object:
         opened.append(str(path))
         return real_open(path, dir_fd=dir_fd)
 
-    monkeypatch.setattr(checkpoints, "open_job_file", counted)
+    monkeypatch.setattr(checkpoints, "open_file", counted)
     listed = api.get(f"{JOBS}/{job_id}/checkpoints", params={"limit": 5, "order": "newest"}).json()
     assert [c["step"] for c in listed] == [2099, 2098, 2097, 2096, 2095]
     assert len(opened) == 5  # one note a checkpoint on the page, not one per name in the folder
@@ -170,7 +170,7 @@ def test_only_the_page_is_stat_ed_and_its_notes_read(
 def test_a_folder_of_too_many_names_is_listed_in_part_and_says_so(
     api: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.domain import checkpoints
+    from service.jobfs import checkpoints
 
     job_id, files = job_with_checkpoints(api)
     many_checkpoints(files, range(100, 400))  # 604 names with the notes

@@ -18,9 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
+from service import jobfs
 from service.app import create_app
 from service.config import Settings
-from service.domain import job_files
 from service.ledger.db import session_scope
 from service.ledger.models import utcnow
 from service.loops.transitions import record_waiting
@@ -352,7 +352,7 @@ def test_what_rank_0_reported_just_before_its_attempt_ended_reaches_the_ledger(
     assert get_job(api, job_id)["state"] == "running"
     # Rank 0 reports its last loss and ends (its result, or a traceback) after the tick has read the
     # progress file and before it looks for the file that ends the attempt.
-    looked_for = job_files.read_result if ending == "result" else job_files.rank_errors
+    looked_for = jobfs.read_result if ending == "result" else jobfs.rank_errors
 
     def ended_meanwhile(looked_in: JobFiles, attempt: int | None, *world_size: int) -> Any:
         report(2)

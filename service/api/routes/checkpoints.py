@@ -1,5 +1,5 @@
 """/api/v1/jobs/{id}/checkpoints: a job's checkpoints, listed a page at a time and downloaded, streamed
-(service.domain.checkpoints reads the folder the job wrote)."""
+(service.domain.checkpoints, which reads the folder the job wrote through service.jobfs)."""
 
 from __future__ import annotations
 

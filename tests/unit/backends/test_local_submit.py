@@ -15,7 +15,7 @@ import pytest
 from service.accounts import Account
 from service.backends.job_env import JobEnvironment
 from service.backends.local import LocalBackend
-from service.loops.dispatch import make_job_folder
+from service.jobfs import log_file, make_job_folder
 from tests.support import wait_for
 from worker.spec import JobFiles, RunSpec
 
@@ -35,6 +35,12 @@ def test_a_submitit_folder_swapped_for_a_link_gets_no_pickle(tmp_path: Path) -> 
     assert not outcome.accepted
     assert "Not a directory" in str(outcome.error)
     assert list(elsewhere.iterdir()) == []
+
+
+def test_log_paths_come_from_the_one_builder(tmp_path: Path) -> None:
+    backend = LocalBackend(JobEnvironment.build(tmp_path / "data"))
+    assert backend.log_path(tmp_path, "4242", 1, "err") == tmp_path / "submitit" / "4242_1_log.err"
+    assert backend.log_path(tmp_path, "4242", 1, "err") == log_file(tmp_path, "4242", 1, "err")
 
 
 def test_an_adopted_pid_of_another_folder_s_controller_is_disowned(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from service.backends.slurm import SLOW_CALL_S, CommandResult, SlurmBackend
 from service.config import Settings
 from service.errors import BackendError, InvalidRequest
+from service.jobfs import log_file
 from service.states import JobState
 from tests.unit.backends.slurm_fakes import FakeCommands, fail, ok, recorded
 from worker.spec import RunSpec
@@ -263,3 +264,4 @@ def test_log_paths_follow_submitit(commands: FakeCommands, tmp_path: Path) -> No
     slurm = backend(commands, tmp_path)
     assert slurm.log_path(tmp_path, "39", 3) == tmp_path / "submitit" / "39_3_log.out"
     assert slurm.log_path(tmp_path, "40_2", 0, "err") == tmp_path / "submitit" / "40_2_0_log.err"
+    assert slurm.log_path(tmp_path, "40_2", 0, "err") == log_file(tmp_path, "40_2", 0, "err")

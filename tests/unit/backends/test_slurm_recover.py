@@ -16,8 +16,8 @@ from service.backends import slurm_parse as parse
 from service.backends.slurm import CommandResult, SlurmBackend
 from service.backends.slurm_submit import script_name, script_token, staged_pickles
 from service.config import Settings
-from service.domain.job_files import submitted_external_id
 from service.errors import BackendError
+from service.jobfs import submitted_external_id
 from tests.support import wait_for
 from tests.unit.backends.slurm_fakes import FakeCommands, fail, ok, recorded
 from tests.unit.backends.test_slurm_submit import config, make

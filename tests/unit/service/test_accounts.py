@@ -14,7 +14,7 @@ from service import accounts
 from service.accounts import Account, job_account
 from service.config import Settings
 from service.errors import Forbidden, InvalidRequest
-from service.loops.dispatch import make_job_folder
+from service.jobfs import make_job_folder
 from worker.spec import JobFiles
 
 SERVICE = Account.current().name

@@ -77,6 +77,7 @@ def test_a_job_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         unpack_into(store, CODE_ID, tmp_path / "job")
     assert not list(real.iterdir())
+    assert not (store / ".unpacking").exists() or not list((store / ".unpacking").iterdir())
 
 
 def test_a_tar_whose_first_name_starts_with_pk_is_a_tar() -> None:

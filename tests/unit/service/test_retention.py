@@ -16,10 +16,12 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from service import jobfs
 from service.backends import slurm_submit
 from service.config import Settings
-from service.domain import job_folders, retention
+from service.domain import retention
 from service.domain.storage import jobs_root, prepare_data_dir
+from service.jobfs import folders
 from service.ledger import name_index
 from service.ledger.models import Job, JobEvent, JobMetric, UserQuota, utcnow
 from service.loops.bulkhead import Bulkhead
@@ -78,7 +80,7 @@ def fill_folder(folder: Path, outside: Path) -> None:
     locked.chmod(0)
     deep = folder / "deep"
     deep.mkdir()
-    for _ in range(job_folders.MAX_DEPTH + 30):
+    for _ in range(folders.MAX_DEPTH + 30):
         deep = deep / "d"
         deep.mkdir()
     (deep / "bottom").write_text("deep down")
@@ -134,7 +136,7 @@ def test_only_what_the_rule_says_goes(data: Settings, engine: Engine, tmp_path: 
     for job in [recent, *untouched]:
         assert names(Path(job.folder or "")) == before[job.id], job.state
     assert (tmp_path / "outside.txt").read_text() == OUTSIDE, "no link was followed"
-    assert os.listdir(jobs_root(data) / job_folders.TRASH) == []
+    assert os.listdir(jobs_root(data) / jobfs.TRASH) == []
     assert ledger_rows(engine) == rows, "the ledger keeps every job, event and metric"
     gone, emptied = job_row(engine, old.id), job_row(engine, ended.id)
     assert gone.folder_removed_at is not None and gone.folder_bytes == 0
@@ -208,7 +210,7 @@ def test_a_pass_cut_short_anywhere_is_finished_by_the_next(
         crash_on(patch, os, "rename", after=2, counts=lambda src, dst, *_: dst.isdigit())
         with pytest.raises(Crash):
             retention.run_pass(engine, data)
-    assert os.listdir(jobs_root(data) / job_folders.TRASH), "the trash holds what is half-deleted"
+    assert os.listdir(jobs_root(data) / jobfs.TRASH), "the trash holds what is half-deleted"
     assert LOGS < names(Path(files.folder or "")) < full, "each entry moved whole, or not yet"
 
     retention.run_pass(engine, data)  # the restarted service's first pass
@@ -216,7 +218,7 @@ def test_a_pass_cut_short_anywhere_is_finished_by_the_next(
     assert job_row(engine, whole.id).folder_removed_at is not None
     assert job_row(engine, files.id).files_removed_at is not None
     assert names(Path(files.folder or "")) == LOGS
-    assert os.listdir(jobs_root(data) / job_folders.TRASH) == []
+    assert os.listdir(jobs_root(data) / jobfs.TRASH) == []
     assert (tmp_path / "outside.txt").read_text() == OUTSIDE
 
 
@@ -229,7 +231,7 @@ def test_folder_sizes_are_measured_when_jobs_end_and_for_running_jobs(data: Sett
     assert job_row(engine, running.id).folder_bytes is None
     size = job_row(engine, ended.id).folder_bytes
     assert size is not None and size > 64 * 1024
-    usage = job_folders.usage(Path(ended.folder or ""))
+    usage = jobfs.usage(Path(ended.folder or ""))
     assert usage is not None and usage.total == size and 0 < usage.logs < 64 * 1024
 
     assert retention.measure_unfinished(engine, data) == 1
@@ -290,14 +292,14 @@ def test_a_folder_that_breaks_the_pass_costs_that_job_only(
     the pass goes on with the others (before, the first such folder stopped every pass there)."""
     broken = add_job(engine, data, JobState.succeeded, ended_days_ago=40)
     fine = add_job(engine, data, JobState.succeeded, ended_days_ago=40)
-    real = job_folders.usage
+    real = jobfs.usage
 
     def usage(folder: Path | None) -> object:
         if folder == Path(broken.folder or ""):
             raise RuntimeError("nothing expects this")
         return real(folder)
 
-    monkeypatch.setattr(job_folders, "usage", usage)
+    monkeypatch.setattr(jobfs, "usage", usage)
     guard = Bulkhead(retention.RETENTION)
     report = retention.run_pass(engine, data, guard=guard)
 

@@ -14,15 +14,14 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service.backends.base import BackendStatus
-from service.domain.endings import Ending, from_rank_errors, rank_host, settle, world_size
-from service.domain.job_files import rank_errors, read_result
+from service.domain.endings import Ending, from_rank_errors, rank_host, settle
+from service.jobfs import archive_attempt, rank_errors, read_result
 from service.ledger.db import make_engine, migrate
 from service.ledger.models import Job, JobAttempt, JobEvent, RetryPolicy, utcnow
-from service.loops.dispatch import archive_attempt
 from service.loops.transitions import end_attempt, record_transition
 from service.states import JobState
 from tests.fakes import FakeBackend
-from worker.spec import ERROR_ATTEMPT_PREFIX, JobFiles
+from worker.spec import ERROR_ATTEMPT_PREFIX, JobFiles, Resources
 
 S = JobState
 GLOO_LOST_PEER = (
@@ -69,6 +68,12 @@ def write_error(tmp_path: Path, rank: int, text: str, age_s: float = 0) -> None:
 # ---------------------------------------------------------------- classification
 
 
+@pytest.mark.parametrize(("resources", "world"), [({}, 1), ({"nodes": 2, "tasks_per_node": 4}, 8)])
+def test_a_jobs_world_size_is_the_one_its_ranks_get(resources: dict[str, int], world: int) -> None:
+    job = Job(name="w", backend="local", spec={"resources": resources})
+    assert job.resources.world_size == Resources(**resources).world_size == world
+
+
 def test_a_rank_that_raised_on_its_own_is_the_jobs_failure_whatever_its_peers_said(
     engine: Engine, tmp_path: Path
 ) -> None:
@@ -76,7 +81,8 @@ def test_a_rank_that_raised_on_its_own_is_the_jobs_failure_whatever_its_peers_sa
     write_error(tmp_path, 0, GLOO_LOST_PEER)  # then rank 0, which lost rank 1
     with Session(engine) as session:
         job = running_job(session, tmp_path, None, nodes=2, tasks_per_node=1)
-        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None, world_size(job)))
+        errors = rank_errors(JobFiles(tmp_path / "job"), None, job.resources.world_size)
+        ending = from_rank_errors(job, errors)
 
     assert ending.kind == "failure" and ending.state is S.failed
     assert ending.reason.startswith("rank 1 on n2 raised:\n")
@@ -89,7 +95,8 @@ def test_ranks_that_only_lost_a_peer_mean_the_silent_rank_vanished(engine: Engin
         write_error(tmp_path, rank, GLOO_LOST_PEER, age_s=3 - rank)
     with Session(engine) as session:
         job = running_job(session, tmp_path, None, nodes=2, tasks_per_node=2)
-        ending = from_rank_errors(job, rank_errors(JobFiles(tmp_path / "job"), None, world_size(job)))
+        errors = rank_errors(JobFiles(tmp_path / "job"), None, job.resources.world_size)
+        ending = from_rank_errors(job, errors)
 
     assert ending.kind == "node_failure"
     assert ending.reason.startswith("rank 2 on n2 vanished (rank 0 on n1 lost it):\n")
@@ -243,7 +250,7 @@ def test_a_lost_peer_in_a_job_of_one_rank_is_its_own_failure(engine: Engine, tmp
     write_error(tmp_path, 0, GLOO_LOST_PEER)  # its own connection to some server broke
     with Session(engine) as session:
         job = running_job(session, tmp_path, None, nodes=1, tasks_per_node=1)
-        errors = rank_errors(JobFiles(tmp_path / "job"), None, world_size(job))
+        errors = rank_errors(JobFiles(tmp_path / "job"), None, job.resources.world_size)
         assert from_rank_errors(job, errors).kind == "failure"
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.job_files import (
+from service.jobfs.handles import open_below
+from service.jobfs.reads import (
     log_tail,
-    open_below,
     rank_errors,
     read_placement,
     submitted_external_id,

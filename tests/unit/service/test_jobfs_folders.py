@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from service.domain import job_folders
+from service.jobfs import folders
 from tests.support import ROOT
 
 NOBODY = 65534
@@ -38,7 +38,7 @@ def as_nobody(code: str) -> None:
     subprocess.run(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c",
          f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; "
-         f"from service.domain import job_folders; {code}"],
+         f"from service.jobfs import folders; {code}"],
         check=True, timeout=60,
     )  # fmt: skip
 
@@ -70,13 +70,13 @@ def test_a_service_that_is_not_root_removes_folders_a_job_locked(jobs: Path) -> 
         (jobs / job_id / "submitit").chmod(0o500)
 
     as_nobody(
-        f"job_folders.move_folder_to_trash(Path({str(jobs / '1')!r})); "
-        f"job_folders.move_files_to_trash(Path({str(jobs / '2')!r})); "
-        f"assert job_folders.empty_trash(Path({str(jobs)!r})) > 0"
+        f"folders.move_folder_to_trash(Path({str(jobs / '1')!r})); "
+        f"folders.move_files_to_trash(Path({str(jobs / '2')!r})); "
+        f"assert folders.empty_trash(Path({str(jobs)!r})) > 0"
     )
 
     assert not (jobs / "1").exists()
     assert jobs.stat().st_mode & 0o777 == 0o711, "the jobs folder keeps its mode"
     assert sorted(p.name for p in (jobs / "2").rglob("*")) == ["5_0_log.out", "submitit"]
-    assert os.listdir(jobs / job_folders.TRASH) == []
+    assert os.listdir(jobs / folders.TRASH) == []
     assert secret.read_text() == "root's"

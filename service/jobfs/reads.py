@@ -1,22 +1,23 @@
-"""Everything the service reads from a job's folder: result, error files, progress, logs' tails and
-the id submitit gave it. The file names and formats are the worker's contract (worker/spec.py); the
-folder is written by untrusted code, so every reader here takes whatever it finds without failing.
+"""Everything the service reads from a job's folder: result, error files, placement, progress, logs'
+tails and the id submitit gave it. The file names and formats are the worker's contract (worker/spec.py);
+the folder is written by untrusted code, so every reader here takes whatever it finds without failing,
+reads a bounded part of it, and cleans what it keeps (worker.spec's clean_text, ascii_int, storable)
+before it nears the ledger.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import logging
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from service.backends.base import SUBMITTED_SUFFIX, is_external_id
+from service.backends.base import is_external_id
+from service.jobfs.handles import entry, folder_below, names, open_below, open_file, stands
+from service.jobfs.names import SUBMITTED_SUFFIX
 from worker.spec import (
     CheckpointRecord,
     JobFiles,
@@ -46,58 +47,8 @@ ERROR_TAIL_BYTES = 8192  # and its end, where a traceback names the exception
 MAX_REASON_TEXT = 4000  # of a traceback or log tail that reaches a job's reason
 
 
-def open_job_file(path: Path | str, dir_fd: int | None = None) -> BinaryIO | None:
-    """`path` (relative to the folder handle `dir_fd` when given) opened for reading if it is a regular
-    file, else None. The job wrote its folder: a name the service reads may be a link (to a secret
-    the service can read and the job cannot), a FIFO (open would block the reading thread for ever),
-    or a folder. None of those is followed or read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError:  # missing, a link (ELOOP), not permitted
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb")
-
-
-_FOLDER_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-
-
-@contextlib.contextmanager
-def folder_below(folder: Path, path: Path) -> Iterator[int | None]:
-    """A handle on the folder `path`, the job's `folder` or one below it, walked from `folder` with no
-    link followed on the way: the job can swap a folder of its own (`placement/`, `submitit/`,
-    `checkpoints/`) for a link to another job's, which the service could read and it could not. None
-    when a step is missing or a link, or `path` is not below `folder`."""
-    try:
-        steps = path.relative_to(folder).parts
-    except ValueError:
-        steps = ("..",)
-    handle: int | None = None
-    if ".." not in steps:
-        try:
-            handle = os.open(folder, _FOLDER_NO_LINK)
-            for step in steps:
-                inner = os.open(step, _FOLDER_NO_LINK, dir_fd=handle)
-                os.close(handle)
-                handle = inner
-        except OSError:  # a step missing, or a link
-            if handle is not None:
-                os.close(handle)
-            handle = None
-    try:
-        yield handle
-    finally:
-        if handle is not None:
-            os.close(handle)
-
-
-def open_below(folder: Path, path: Path) -> BinaryIO | None:
-    """`path`, a file below the job's `folder`, opened as open_job_file opens one, with no link
-    followed on the way either (folder_below); None for anything else."""
-    with folder_below(folder, path.parent) as handle:
-        return open_job_file(path.name, dir_fd=handle) if handle is not None else None
+class NotAFile(Exception):
+    """Something stands at a name the service reads that is no regular file of the job's folder."""
 
 
 def read_job_file(folder: Path, path: Path, most: int) -> str | None:
@@ -111,6 +62,12 @@ def read_job_file(folder: Path, path: Path, most: int) -> str | None:
             return handle.read(most).decode("utf-8", errors="replace")
     except OSError:
         return None
+
+
+def result_written(files: JobFiles) -> bool:
+    """Whether anything stands at rank 0's result.json (one stat, no read): a look between ticks.
+    What it holds is read_result's to say."""
+    return stands(files.result)
 
 
 def read_result(files: JobFiles, attempt: int | None) -> dict[str, Any] | None:
@@ -143,48 +100,42 @@ def rank_errors(files: JobFiles, attempt: int | None, world_size: int) -> list[R
     *because* of it (their peer vanished). Bounded: at most MAX_ERROR_FILES files, each read only at
     its head and its last ERROR_TAIL_BYTES, whatever size the job made them."""
     found: list[RankError] = []
-    for rank in error_ranks(files, world_size):
-        read = _head_and_tail(files.error(rank))
-        if read is None:
-            continue
-        raw, written = read
-        wrote_for, text = parse_error_text(raw)
-        text = clean_text(text).strip()
-        if text and (attempt is None or wrote_for in (None, attempt)):
-            found.append(RankError(rank, text, written))
+    with folder_below(files.folder, files.folder) as handle:
+        for rank in _error_ranks(files, handle, world_size):
+            assert handle is not None  # a rank was listed in it
+            read = _head_and_tail(open_file(files.error(rank).name, dir_fd=handle))
+            if read is None:
+                continue
+            raw, written = read
+            wrote_for, text = parse_error_text(raw)
+            text = clean_text(text).strip()
+            if text and (attempt is None or wrote_for in (None, attempt)):
+                found.append(RankError(rank, text, written))
     return sorted(found, key=lambda error: (error.written, error.rank))
 
 
 def error_ranks(files: JobFiles, world_size: int) -> list[int]:
     """The ranks below `world_size` that have an error file in the job's folder (of its first
     MAX_FOLDER_ENTRIES names; at most MAX_ERROR_FILES of them)."""
-    ranks: list[int] = []
     with folder_below(files.folder, files.folder) as handle:
-        for name in _names(handle):
-            rank = ascii_int(name.removeprefix("error-rank").removesuffix(".txt"))
-            # The name as the worker writes it: "error-rank007.txt" is nobody's.
-            if rank is not None and rank < world_size and name == files.error(rank).name:
-                ranks.append(rank)
-                if len(ranks) >= MAX_ERROR_FILES:
-                    break
+        return _error_ranks(files, handle, world_size)
+
+
+def _error_ranks(files: JobFiles, handle: int | None, world_size: int) -> list[int]:
+    ranks: list[int] = []
+    for name in names(handle, MAX_FOLDER_ENTRIES):
+        rank = ascii_int(name.removeprefix("error-rank").removesuffix(".txt"))
+        # The name as the worker writes it: "error-rank007.txt" is nobody's.
+        if rank is not None and rank < world_size and name == files.error(rank).name:
+            ranks.append(rank)
+            if len(ranks) >= MAX_ERROR_FILES:
+                break
     return sorted(ranks)
 
 
-def _names(handle: int | None) -> list[str]:
-    """The first MAX_FOLDER_ENTRIES names in the folder `handle` (none for None, or when unreadable)."""
-    if handle is None:
-        return []
-    try:
-        with os.scandir(handle) as entries:
-            return [entry.name for entry in itertools.islice(entries, MAX_FOLDER_ENTRIES)]
-    except OSError:
-        return []
-
-
-def _head_and_tail(path: Path) -> tuple[str, float] | None:
+def _head_and_tail(handle: BinaryIO | None) -> tuple[str, float] | None:
     """An error file's first line and its last ERROR_TAIL_BYTES (all of it when small), as text, and
     when it was written; None for anything but a regular file."""
-    handle = open_job_file(path)
     if handle is None:
         return None
     try:
@@ -204,13 +155,26 @@ def _head_and_tail(path: Path) -> tuple[str, float] | None:
 def read_placement(files: JobFiles, attempt: int, world_size: int) -> list[dict[str, Any]]:
     """Where the ranks of `attempt` run, as far as they have said (rank order; a rank that has not
     started yet, or wrote something unusable, is missing)."""
-    found = []
-    for rank in range(world_size):
-        text = read_job_file(files.folder, files.placement(rank), MAX_PLACEMENT_BYTES)
-        placed = parse_placement(text, attempt) if text is not None else None
-        if placed is not None and placed.rank == rank:
-            found.append(placed.model_dump())
+    found: list[dict[str, Any]] = []
+    with folder_below(files.folder, files.placement(0).parent) as handle:
+        if handle is None:
+            return found
+        for rank in range(world_size):
+            text = _read(open_file(files.placement(rank).name, dir_fd=handle), MAX_PLACEMENT_BYTES)
+            placed = parse_placement(text, attempt) if text is not None else None
+            if placed is not None and placed.rank == rank:
+                found.append(placed.model_dump())
     return found
+
+
+def _read(handle: BinaryIO | None, most: int) -> str | None:
+    if handle is None:
+        return None
+    try:
+        with handle:
+            return handle.read(most).decode("utf-8", errors="replace")
+    except OSError:
+        return None
 
 
 def log_tail(folder: Path, path: Path, lines: int = 20) -> str:
@@ -218,6 +182,16 @@ def log_tail(folder: Path, path: Path, lines: int = 20) -> str:
     there is none."""
     text = read_job_file(folder, path, MAX_ERROR_BYTES) or ""
     return clean_text("".join(text.splitlines(keepends=True)[-lines:]).strip())[-MAX_REASON_TEXT:]
+
+
+def open_log(folder: Path, path: Path) -> BinaryIO | None:
+    """A log file below the job's `folder` opened for reading (the caller bounds what it reads);
+    None when there is none. NotAFile when something else stands at its name: a link, which may lead
+    out of the folder, or a FIFO."""
+    handle = open_below(folder, path)
+    if handle is None and stands(path):
+        raise NotAFile(path)
+    return handle
 
 
 def submitted_external_id(files: JobFiles) -> str | None:
@@ -231,7 +205,7 @@ def submitted_external_id(files: JobFiles) -> str | None:
     with folder_below(files.folder, files.submitit) as handle:
         if handle is None:
             return None
-        for name in _names(handle):
+        for name in names(handle, MAX_FOLDER_ENTRIES):
             external_id = name.removesuffix(SUBMITTED_SUFFIX)
             if external_id != name and is_external_id(external_id) and _service_file(name, handle):
                 return external_id
@@ -239,21 +213,18 @@ def submitted_external_id(files: JobFiles) -> str | None:
 
 
 def _service_file(name: str, folder: int) -> bool:
-    try:
-        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
-    except OSError:
-        return False
-    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+    info = entry(name, folder)
+    return info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
 def read_new_progress(
     path: Path, offset: int, most_metrics: int
 ) -> tuple[list[ProgressRecord | CheckpointRecord], int] | None:
-    """The records of the complete lines after byte `offset`, and the offset after them; None while
-    there is no new complete line (rank 0 may be mid-write). At most MAX_PROGRESS_READ bytes, and
-    the lines up to the one that brings the metric values read to `most_metrics`: the rest waits for
-    a later read. Unusable lines are skipped and logged."""
-    handle = open_job_file(path)
+    """The records of the complete lines after byte `offset` of rank 0's progress file `path`, and the
+    offset after them; None while there is no new complete line (rank 0 may be mid-write). At most
+    MAX_PROGRESS_READ bytes, and the lines up to the one that brings the metric values read to
+    `most_metrics`: the rest waits for a later read. Unusable lines are skipped and logged."""
+    handle = open_file(path)
     if handle is None:
         return None
     try:

@@ -1,4 +1,4 @@
-"""Job folders on disk for retention: how big one is, and removing it (or all of it but its logs).
+"""Whole job folders, for retention: how big one is, and removing it (or all of it but its logs).
 
 A removal must survive the service dying half-way, and no reader may ever meet a half-deleted folder.
 So nothing is deleted in place: what goes is first *renamed* into `<jobs>/.trash/` (one atomic step
@@ -17,22 +17,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import stat
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.spec import JobFiles
+from service.jobfs.handles import chmod_folder, closing, folder_handle, open_folder, service_folder
+from service.jobfs.names import ATTEMPTS, LOG_NAME, SUBMITIT, TRASH
 
 log = logging.getLogger(__name__)
 
-TRASH = ".trash"
 MAX_DEPTH = 64
-LOG_NAME = re.compile(r"^.+_log\.(out|err)$")  # submitit's per-rank logs: what `keep_logs_days` keeps
-ARCHIVE = "attempts"  # earlier attempts' submitit folders (service.loops.dispatch.archive_attempt)
-_DIRECTORY_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 @dataclass(frozen=True)
@@ -44,27 +40,25 @@ class FolderUsage:
 def usage(folder: Path) -> FolderUsage | None:
     """What the folder takes on disk (allocated blocks, each inode once), None when it is not there."""
     try:
-        fd = os.open(folder, _DIRECTORY_NO_LINK)
+        fd = open_folder(folder)
     except OSError:
         return None
-    try:
+    with closing(fd):
         total = os.fstat(fd).st_blocks * 512 + _tree_bytes(fd, set(), 0)
         logs = sum(_regular_bytes(sub, name) for sub, name in _log_entries(fd))
-    finally:
-        os.close(fd)
     return FolderUsage(total, logs)
 
 
 def move_folder_to_trash(folder: Path) -> bool:
     """Rename the whole job folder into the trash; False when it was not there (already moved)."""
-    with _directory(folder.parent) as parent, _trash(parent) as trash:
+    with folder_handle(folder.parent) as parent, _trash(parent) as trash:
         target = _unique(folder.name)
         try:
             os.rename(folder.name, target, src_dir_fd=parent, dst_dir_fd=trash)
         except FileNotFoundError:
             return False
         except PermissionError:  # the job took write permission off its folder (its `..` must change)
-            _chmod_folder(parent, folder.name)  # never the jobs folder itself: every job reaches through it
+            chmod_folder(parent, folder.name)  # never the jobs folder itself: every job reaches through it
             os.rename(folder.name, target, src_dir_fd=parent, dst_dir_fd=trash)
     return True
 
@@ -72,14 +66,14 @@ def move_folder_to_trash(folder: Path) -> bool:
 def move_files_to_trash(folder: Path) -> bool:
     """Rename everything in the job folder but submitit's logs (the current attempt's and the archived
     ones') into the trash; False when the folder was not there."""
-    with _directory(folder.parent) as parent, _trash(parent) as trash:
+    with folder_handle(folder.parent) as parent, _trash(parent) as trash:
         try:
             handle = _open_directory(parent, folder.name)
         except FileNotFoundError:
             return False
         holder_name = _unique(f"{folder.name}-files")
         os.mkdir(holder_name, 0o700, dir_fd=trash)
-        with _closing(handle) as job, _closing(_open_directory(trash, holder_name)) as holder:
+        with closing(handle) as job, closing(_open_directory(trash, holder_name)) as holder:
             moved = iter(range(1 << 62))
 
             def out(parent_fd: int, name: str) -> None:
@@ -95,10 +89,10 @@ def move_files_to_trash(folder: Path) -> bool:
 def empty_trash(jobs_root: Path) -> int:
     """Delete what the trash holds; the bytes freed. What cannot be deleted now stays for the next pass."""
     try:
-        parent = os.open(jobs_root, _DIRECTORY_NO_LINK)
+        parent = open_folder(jobs_root)
     except OSError:
         return 0
-    with _closing(parent):
+    with closing(parent):
         try:  # no trash yet: nothing to empty, and nothing to make (a pass changes no folder for nothing)
             os.stat(TRASH, dir_fd=parent, follow_symlinks=False)
         except FileNotFoundError:
@@ -137,10 +131,10 @@ def _tree_bytes(fd: int, seen: set[tuple[int, int]], depth: int) -> int:
         total += info.st_blocks * 512
         if stat.S_ISDIR(info.st_mode) and depth < MAX_DEPTH:
             try:
-                child = os.open(entry.name, _DIRECTORY_NO_LINK, dir_fd=fd)
+                child = open_folder(entry.name, fd)
             except OSError:
                 continue
-            with _closing(child):
+            with closing(child):
                 total += _tree_bytes(child, seen, depth + 1)
     return total
 
@@ -149,28 +143,27 @@ def _log_entries(job: int) -> Iterator[tuple[int, str]]:
     """(folder handle, name) of every log file in submitit/ and attempts/<n>/submitit/ (handles valid
     while the iteration is at that entry)."""
     for submitit in _submitit_folders(job):
-        with _closing(submitit):
+        with closing(submitit):
             for name in os.listdir(submitit):
                 if LOG_NAME.fullmatch(name):
                     yield submitit, name
 
 
 def _submitit_folders(job: int) -> Iterator[int]:
-    submitit = JobFiles(Path(".")).submitit.name
     with contextlib.suppress(OSError):
-        yield _open_directory(job, submitit)
+        yield _open_directory(job, SUBMITIT)
     try:
-        archive = _open_directory(job, ARCHIVE)
+        archive = _open_directory(job, ATTEMPTS)
     except OSError:
         return
-    with _closing(archive):
+    with closing(archive):
         for attempt in os.listdir(archive):
             try:
                 attempt_fd = _open_directory(archive, attempt)
             except OSError:
                 continue
-            with _closing(attempt_fd), contextlib.suppress(OSError):
-                yield _open_directory(attempt_fd, submitit)
+            with closing(attempt_fd), contextlib.suppress(OSError):
+                yield _open_directory(attempt_fd, SUBMITIT)
 
 
 def _regular_bytes(folder: int, name: str) -> int:
@@ -182,26 +175,25 @@ def _regular_bytes(folder: int, name: str) -> int:
 
 
 def _move_all_but_logs(job: int, out: Callable[[int, str], None]) -> None:
-    submitit = JobFiles(Path(".")).submitit.name
     for name in os.listdir(job):
-        if name == submitit:
+        if name == SUBMITIT:
             _move_all_but_logs_in(job, name, out)
-        elif name == ARCHIVE:
+        elif name == ATTEMPTS:
             try:
                 archive = _open_directory(job, name)
             except OSError:
                 out(job, name)
                 continue
-            with _closing(archive):
+            with closing(archive):
                 for attempt in os.listdir(archive):
                     try:
                         attempt_fd = _open_directory(archive, attempt)
                     except OSError:
                         out(archive, attempt)
                         continue
-                    with _closing(attempt_fd):
+                    with closing(attempt_fd):
                         for inner in os.listdir(attempt_fd):
-                            if inner == submitit:
+                            if inner == SUBMITIT:
                                 _move_all_but_logs_in(attempt_fd, inner, out)
                             else:
                                 out(attempt_fd, inner)
@@ -215,7 +207,7 @@ def _move_all_but_logs_in(parent: int, name: str, out: Callable[[int, str], None
     except OSError:  # a link or a file where submitit's folder should be: it goes whole
         out(parent, name)
         return
-    with _closing(folder):
+    with closing(folder):
         for inner in os.listdir(folder):
             if not (LOG_NAME.fullmatch(inner) and _is_regular(folder, inner)):
                 out(folder, inner)
@@ -241,7 +233,7 @@ def _remove(parent: int, name: str, trash: int, depth: int) -> int:
             parent, lambda: os.rename(name, _unique("deep"), src_dir_fd=parent, dst_dir_fd=trash), name
         )
         return 0
-    with _closing(_open_directory(parent, name)) as folder:
+    with closing(_open_directory(parent, name)) as folder:
         for inner in os.listdir(folder):
             freed += _remove(folder, inner, trash, depth + 1)
     _retry_writable(parent, lambda: os.rmdir(name, dir_fd=parent))
@@ -257,51 +249,25 @@ def _retry_writable(folder: int, step: Callable[[], None], moving: str | None = 
     except PermissionError:
         os.fchmod(folder, 0o700)
         if moving is not None and stat.S_ISDIR(os.stat(moving, dir_fd=folder, follow_symlinks=False).st_mode):
-            _chmod_folder(folder, moving)
+            chmod_folder(folder, moving)
         step()
-
-
-def _chmod_folder(parent: int, name: str) -> None:
-    """Make folder `name` the service's to read and write, through a handle (so a link swapped in
-    meanwhile is not followed: O_PATH with O_NOFOLLOW opens the link itself, and that fails)."""
-    path_only = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
-    with _closing(path_only):
-        os.chmod(f"/proc/self/fd/{path_only}", 0o700)
 
 
 def _open_directory(parent: int, name: str) -> int:
     """A handle on folder `name` in `parent`, never through a link. A folder the job made unreadable
     is made readable again first (through a handle, so a link swapped in meanwhile is not followed)."""
     try:
-        return os.open(name, _DIRECTORY_NO_LINK, dir_fd=parent)
+        return open_folder(name, parent)
     except PermissionError:
-        _chmod_folder(parent, name)
-        return os.open(name, _DIRECTORY_NO_LINK, dir_fd=parent)
-
-
-@contextlib.contextmanager
-def _directory(path: Path) -> Iterator[int]:
-    with _closing(os.open(path, _DIRECTORY_NO_LINK)) as fd:
-        yield fd
+        chmod_folder(parent, name)
+        return open_folder(name, parent)
 
 
 @contextlib.contextmanager
 def _trash(jobs_root: int) -> Iterator[int]:
     """The trash folder in the jobs folder: the service's own, mode 0700 (no job can reach into it)."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(TRASH, 0o700, dir_fd=jobs_root)
-    with _closing(os.open(TRASH, _DIRECTORY_NO_LINK, dir_fd=jobs_root)) as fd:
-        if os.fstat(fd).st_uid != os.geteuid():
-            raise PermissionError(f"{TRASH} in the jobs folder was not made by the service")
+    with closing(service_folder(jobs_root, TRASH, 0o700, "jobs folder")) as fd:
         yield fd
-
-
-@contextlib.contextmanager
-def _closing(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _unique(stem: str) -> str:

@@ -1,0 +1,35 @@
+"""The names in a job's folder that the service reads or makes and the worker's JobFiles (the contract,
+worker/spec.py) does not spell: submitit's, and the service's own. One place each, so that the
+writer and every reader (retention's matcher of logs included) agree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from worker.spec import JobFiles
+
+# The data directory and its jobs folder: jobs of every account reach their own folder inside; nobody
+# lists it.
+DATA_DIR_MODE = 0o711
+SUBMITIT = JobFiles(Path(".")).submitit.name  # submitit's folder in the job's
+CODE = JobFiles(Path(".")).code.name  # the job's copy of its code snapshot
+ATTEMPTS = "attempts"  # earlier attempts' submitit folders and error files (archive_attempt)
+TRASH = ".trash"  # in the jobs folder: what retention removes goes here first
+SUBMITTED_SUFFIX = "_submitted.pkl"  # submitit's `<external id>_submitted.pkl`, once a job is submitted
+LOG_NAME = re.compile(r"^.+_log\.(out|err)$")  # submitit's per-rank logs: what `keep_logs_days` keeps
+
+
+def log_name(external_id: str, rank: int, stream: str = "out") -> str:
+    """submitit's `<id>_<rank>_log.out|err`; an array element's id is `<array>_<index>`."""
+    return f"{external_id}_{rank}_log.{stream}"
+
+
+def log_file(folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
+    """Where submitit writes rank `rank`'s log of the run `external_id` of the job in `folder`."""
+    return JobFiles(folder).submitit / log_name(external_id, rank, stream)
+
+
+def submitted_name(external_id: str) -> str:
+    return f"{external_id}{SUBMITTED_SUFFIX}"
