@@ -25,12 +25,12 @@ from service.backends.base import Backend
 from service.config import Settings
 from service.domain import audit
 from service.domain.auth import Principal
+from service.domain.transitions import CANCELLED_BY_USER, record_transition
 from service.errors import InvalidRequest, NotFound
 from service.ledger import name_index
 from service.ledger.db import write_scope
 from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, UTCDateTime
 from service.ledger.sql import id_chunks
-from service.loops.transitions import record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 
 if TYPE_CHECKING:
@@ -456,7 +456,7 @@ def cancel_jobs(
             job = get_job(session, job_id, viewer)
             session.refresh(job, with_for_update=True)  # the reconciler may have ended it meanwhile
             if job_id in held and not is_terminal(JobState(job.state)):
-                record_transition(session, job, JobState.cancelled, "cancelled by user")
+                record_transition(session, job, JobState.cancelled, CANCELLED_BY_USER)
             ended.append(job)
     return ended
 
@@ -478,7 +478,7 @@ def _request_cancel(session: Session, job_id: int, viewer: Principal) -> Job:
     job.cancel_requested = True
     session.add(job)
     if job.external_id is None and (state not in DISPATCHABLE_STATES or job.claimed_by is None):
-        record_transition(session, job, JobState.cancelled, "cancelled by user")
+        record_transition(session, job, JobState.cancelled, CANCELLED_BY_USER)
     return job
 
 

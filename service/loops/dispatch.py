@@ -39,6 +39,7 @@ from service.accounts import Account
 from service.backends.base import Backend, SubmitOutcome
 from service.config import Settings
 from service.domain.code_store import store_root, unpack_into
+from service.domain.transitions import Submission, record_submissions, record_transition
 from service.errors import BackendError
 from service.jobfs import archive_attempt, make_job_folder, submitted_external_id
 from service.ledger.db import write_scope
@@ -46,7 +47,6 @@ from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
 from service.loops import sweep_claims
 from service.loops.bulkhead import Bulkhead, Fault
-from service.loops.transitions import Submission, record_submissions, record_transition
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 from worker.spec import ArrayGroup, JobFiles, RunSpec, ascii_int
 
@@ -97,6 +97,8 @@ class Dispatcher:
         self.last_duration_s = 0.0
         self._next_stale_check = 0.0  # time.monotonic(): the first tick looks
         self.bulkhead = Bulkhead("dispatching")
+        # Runs a recovery adopted for jobs their users cancelled meanwhile: stopped once it commits.
+        self._runs_to_stop: dict[str, list[str]] = defaultdict(list)
 
     # ---------------------------------------------------------------- loop
 
@@ -126,6 +128,7 @@ class Dispatcher:
         """Claim one batch of queued jobs and hand them to their backends. Returns how many were claimed."""
         started = time.perf_counter()
         claimed = self._claim()
+        self._stop_adopted_runs()
         by_backend: dict[str, list[RunSpec]] = defaultdict(list)
         for backend_name, spec in self._prepare_all(claimed):
             by_backend[backend_name].append(spec)
@@ -173,6 +176,19 @@ class Dispatcher:
                     assert job is not None  # locked by the SELECT above
                     record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
             return claimed
+
+    def _stop_adopted_runs(self) -> None:
+        for backend_name, external_ids in list(self._runs_to_stop.items()):
+            backend = self._backends.get(backend_name)
+            try:
+                if backend is not None:
+                    backend.cancel(external_ids)
+            except BackendError as error:  # the next tick tries again
+                log.warning(
+                    "cannot stop %d cancelled job(s) on %s yet: %s", len(external_ids), backend_name, error
+                )
+                continue
+            del self._runs_to_stop[backend_name]
 
     def _prepare_all(self, claimed: list[tuple[RowMapping, ArrayGroup | None]]) -> list[tuple[str, RunSpec]]:
         """The claimed jobs' specs, their folders made. A job whose folder cannot be made fails here,
@@ -222,10 +238,7 @@ class Dispatcher:
                     continue
                 job.claimed_by = job.claimed_at = None
                 session.add(job)
-                if job.cancel_requested:
-                    record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
-                else:
-                    record_transition(session, job, JobState.failed, failure)
+                record_transition(session, job, JobState.failed, failure)  # or cancelled, if its user asked
 
     def _prepare(
         self, job: RowMapping, group: ArrayGroup | None, accounts: Callable[[str | None], Account]
@@ -302,13 +315,16 @@ class Dispatcher:
                 elif folder in others:  # a name the job's account made: as if there were none
                     unsure[backend_name].append(job)
                 else:
-                    _release_claim(session, job, external_id)
+                    if _release_claim(session, job, external_id):
+                        self._runs_to_stop[backend_name].append(external_id)
         for backend_name, jobs in unsure.items():
             answers = self._recovered_by_backend(session, backend_name, jobs)
             for job in jobs:
                 folder = Path(job.folder or ".")
                 if folder in answers:
-                    _release_claim(session, job, answers[folder])
+                    adopted = answers[folder]
+                    if _release_claim(session, job, adopted) and adopted is not None:
+                        self._runs_to_stop[backend_name].append(adopted)
                 else:
                     kept = True
         session.flush()  # the claim below is a Core query: it sees freed jobs only once they are written
@@ -442,26 +458,26 @@ class Dispatcher:
                 record = functools.partial(self._record_one, session, job, outcome, backend)
                 if self.bulkhead.guarded(outcome.job_id, record, session) is True:
                     to_cancel.append(str(outcome.external_id))
-            record_submissions(session, accepted)
+            record_submissions(session, accepted)  # the usual answer, in bulk: the door's rules
         if to_cancel:
             backend.cancel(to_cancel)
 
     @staticmethod
     def _record_one(session: Session, job: Job, outcome: SubmitOutcome, backend: Backend) -> bool:
-        """A refusal, or an acceptance that came too late for the job; True when it must be cancelled."""
+        """A refusal, or an acceptance for a job its user cancelled meanwhile; True when the run the
+        backend accepted must be stopped."""
         job.claimed_by = job.claimed_at = None
         session.add(job)
         if not outcome.accepted:
             record_transition(session, job, JobState.failed, outcome.error or "rejected by the backend")
             return False
-        job.external_id = outcome.external_id
-        job.run_attempt, job.retry_at = job.attempt, None
-        if job.cancel_requested or is_terminal(JobState(job.state)):
-            if not is_terminal(JobState(job.state)):
-                record_transition(session, job, JobState.cancelled, "cancelled by user during dispatch")
+        assert outcome.external_id is not None
+        if is_terminal(JobState(job.state)):  # cancelled before the backend answered
+            job.external_id = outcome.external_id
             return True
-        record_transition(session, job, JobState.submitted, f"{backend.name} id {job.external_id}")
-        return False
+        reason = f"{backend.name} id {outcome.external_id}"
+        moved = record_transition(session, job, JobState.submitted, reason, external_id=outcome.external_id)
+        return moved is JobState.cancelled
 
 
 def _units(specs: Sequence[RunSpec]) -> list[list[RunSpec]]:
@@ -507,14 +523,17 @@ def _due() -> ColumnElement[bool]:
     )
 
 
-def _release_claim(session: Session, job: Job, external_id: str | None) -> None:
-    """End a dead dispatcher's claim: the job is the backend's `external_id`, or queued again."""
+def _release_claim(session: Session, job: Job, external_id: str | None) -> bool:
+    """End a dead dispatcher's claim: the job is the backend's `external_id`, or queued again. True
+    when that run must be stopped (its user cancelled the job meanwhile)."""
     job.claimed_by = job.claimed_at = None
-    if external_id is not None:
-        job.external_id = external_id
-        job.run_attempt, job.retry_at = job.attempt, None
-        record_transition(session, job, JobState.submitted, "adopted after a dispatcher restart")
     session.add(job)
+    if external_id is None:
+        return False
+    moved = record_transition(
+        session, job, JobState.submitted, "adopted after a dispatcher restart", external_id=external_id
+    )
+    return moved is JobState.cancelled
 
 
 _QUEUE_COLUMNS = (col(Job.id), col(Job.state), col(Job.attempt), col(Job.cancel_requested))

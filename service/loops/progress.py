@@ -23,9 +23,9 @@ from sqlalchemy import delete
 from sqlmodel import Session, col
 
 from service.domain import metric_series
+from service.domain.transitions import record_transition
 from service.jobfs import read_new_progress
 from service.ledger.models import Job, JobMetric, utcnow
-from service.loops.transitions import record_transition
 from service.states import JobState
 from worker.spec import MAX_METRIC_NAMES, CheckpointRecord, ProgressRecord
 

@@ -26,6 +26,7 @@ from sqlmodel import Session, col
 from service.accounts import NodeHardlinks
 from service.backends.base import Backend, BackendStatus
 from service.domain.endings import Ending, from_rank_errors, settle
+from service.domain.transitions import end_attempt, record_transition, record_waiting
 from service.errors import BackendError
 from service.jobfs import rank_errors, read_placement, read_result, result_written
 from service.ledger.db import session_scope, write_scope
@@ -33,7 +34,6 @@ from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
 from service.loops.bulkhead import Bulkhead, Fault
 from service.loops.progress import ingest_progress
-from service.loops.transitions import end_attempt, record_transition, record_waiting
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
 from worker.spec import JobFiles
 

@@ -17,9 +17,9 @@ import pytest
 from service.api.watch import JobWatch
 from service.app import create_app
 from service.config import Settings
+from service.domain.transitions import record_transition
 from service.ledger.db import make_engine, session_scope
 from service.ledger.models import Job
-from service.loops.transitions import record_transition
 from service.states import JobState
 from tests.fakes import FakeBackend
 from tests.serving import LiveServer, serve

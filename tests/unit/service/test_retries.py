@@ -1,5 +1,5 @@
 """How an attempt's end is classified (service.domain.endings) and what a retry policy makes of it
-(service.loops.transitions.end_attempt), on a real ledger: the attempt rows, the backoff, the limits."""
+(service.domain.transitions.end_attempt), on a real ledger: the attempt rows, the backoff, the limits."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from sqlmodel import Session, col, select
 
 from service.backends.base import BackendStatus
 from service.domain.endings import Ending, from_rank_errors, rank_host, settle
+from service.domain.transitions import end_attempt, record_transition
 from service.jobfs import archive_attempt, rank_errors, read_result
 from service.ledger.db import make_engine, migrate
 from service.ledger.models import Job, JobAttempt, JobEvent, RetryPolicy, utcnow
-from service.loops.transitions import end_attempt, record_transition
 from service.states import JobState
 from tests.fakes import FakeBackend
 from worker.spec import ERROR_ATTEMPT_PREFIX, JobFiles, Resources
@@ -51,7 +51,7 @@ def running_job(session: Session, tmp_path: Path, policy: RetryPolicy | None, **
     )
     session.add(job)
     session.flush()
-    record_transition(session, job, S.submitted, "slurm id 100")
+    record_transition(session, job, S.submitted, "slurm id 100", external_id="100")
     record_transition(session, job, S.running)
     return job
 
@@ -173,7 +173,7 @@ def test_a_covered_ending_becomes_a_retry_after_the_backoff(engine: Engine, tmp_
         assert row.reason == "rank 0 raised: boom"  # the ending's own words, without the retry's
 
         # Attempt 2 goes out and fails the same way: the wait doubles.
-        record_transition(session, job, S.submitted, "slurm id 101")
+        record_transition(session, job, S.submitted, "slurm id 101", external_id="101")
         job.external_id = "101"
         record_transition(session, job, S.running)
         end_attempt(session, job, Ending(S.failed, "failure", "again"))
@@ -181,7 +181,7 @@ def test_a_covered_ending_becomes_a_retry_after_the_backoff(engine: Engine, tmp_
         assert job.reason is not None and "retry 2 of 2: attempt 3 in 60 s" in job.reason
 
         # Attempt 3 is the last one the policy allows: it ends the job, every attempt listed.
-        record_transition(session, job, S.submitted, "slurm id 102")
+        record_transition(session, job, S.submitted, "slurm id 102", external_id="102")
         job.external_id = "102"
         end_attempt(session, job, Ending(S.failed, "failure", "and again"))
         assert S(job.state) is S.failed and job.reason == "and again"

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from service.domain.transitions import record_transition
 from service.ledger.db import make_engine, migrate
 from service.ledger.models import Job, JobEvent
-from service.loops.transitions import record_transition
 from service.states import (
     ACTIVE_STATES,
     ALLOWED_TRANSITIONS,
@@ -145,7 +145,7 @@ def history(session: Session, job: Job) -> list[tuple[str | None, str, int, str 
 def test_record_transition_writes_the_state_event_and_timestamps(engine: Engine) -> None:
     with Session(engine) as session:
         job = new_job(session)
-        assert record_transition(session, job, S.submitted, "local id 42")
+        assert record_transition(session, job, S.submitted, "local id 42", external_id="42")
         assert record_transition(session, job, S.running)
         started = job.started_at
         assert record_transition(session, job, S.failed, "NonZeroExitCode", exit_code=3)
@@ -164,8 +164,8 @@ def test_record_transition_writes_the_state_event_and_timestamps(engine: Engine)
 def test_requeued_adds_one_to_the_attempt_and_started_at_is_kept(engine: Engine) -> None:
     with Session(engine) as session:
         job = new_job(session)
-        for state in (S.submitted, S.running):
-            record_transition(session, job, state)
+        record_transition(session, job, S.submitted, external_id="7")
+        record_transition(session, job, S.running)
         first_start = job.started_at
         record_transition(session, job, S.preempted, "PREEMPTED")
         record_transition(session, job, S.requeued, "REQUEUED")
@@ -183,11 +183,11 @@ def test_requeued_adds_one_to_the_attempt_and_started_at_is_kept(engine: Engine)
 def test_the_same_state_again_only_updates_the_reason(engine: Engine) -> None:
     with Session(engine) as session:
         job = new_job(session)
-        record_transition(session, job, S.submitted)
+        record_transition(session, job, S.submitted, external_id="7")
         record_transition(session, job, S.pending, "Priority")
 
-        assert not record_transition(session, job, S.pending, "Resources")
-        assert not record_transition(session, job, S.pending)
+        assert record_transition(session, job, S.pending, "Resources") is S.pending
+        assert record_transition(session, job, S.pending) is S.pending
 
         assert job.reason == "Resources"
         assert [to for _, to, _, _ in history(session, job)] == ["submitted", "pending"]
@@ -203,3 +203,29 @@ def test_a_refused_transition_changes_nothing(engine: Engine) -> None:
 
         assert S(job.state) is S.cancelled and job.reason == "cancelled by user"
         assert len(history(session, job)) == 1
+
+
+def test_a_cancel_requested_turns_any_ending_retry_or_submission_into_cancelled(engine: Engine) -> None:
+    """The flag's one rule, in the door: no caller checks it before a move."""
+    with Session(engine) as session:
+        job = new_job(session)
+        job.cancel_requested = True
+        assert record_transition(session, job, S.submitted, "local id 7", external_id="7") is S.cancelled
+        assert job.reason == "cancelled by user" and job.external_id == "7"  # the run to stop
+        assert [to for _, to, _, _ in history(session, job)] == ["cancelled"]
+
+        running = new_job(session)
+        record_transition(session, running, S.submitted, external_id="8")
+        record_transition(session, running, S.running)
+        running.cancel_requested = True
+        assert record_transition(session, running, S.failed, "rank 1 lost its peer") is S.cancelled
+        assert running.finished_at is not None
+
+
+def test_a_succeeded_job_stays_succeeded_whatever_was_asked(engine: Engine) -> None:
+    with Session(engine) as session:
+        job = new_job(session)
+        record_transition(session, job, S.submitted, external_id="9")
+        record_transition(session, job, S.running)
+        job.cancel_requested = True  # asked as rank 0 wrote its result
+        assert record_transition(session, job, S.succeeded, "completed") is S.succeeded
