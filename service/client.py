@@ -9,6 +9,7 @@
 
 Kept free of FastAPI, SQLModel and torch so that importing it is cheap: jobs travel as plain dicts
 (the JSON the API returns); a JobCreate, or any pydantic model, is accepted wherever a spec is.
+A request that may safely be made twice is made again when its connection fails (client_retries).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from service.client_retries import send
 from service.code_pack import pack
 from service.states import TERMINAL_STATE_NAMES
 
@@ -363,10 +365,7 @@ class TorchyardClient:
 
     def health(self) -> dict[str, Any]:
         """GET /healthz. A degraded service (503) still answers with its body, so no error here."""
-        try:
-            response = self._http.get("/healthz")
-        except httpx.HTTPError as error:
-            raise self._unreachable(error) from error
+        response = self._send("GET", "/healthz")
         if response.status_code not in (200, 503):
             message, detail = error_message(response)
             raise TorchyardError(message, response.status_code, detail)
@@ -408,14 +407,18 @@ class TorchyardClient:
         return body
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as error:
-            raise self._unreachable(error) from error
+        response = self._send(method, path, **kwargs)
         if response.is_error:
             message, detail = error_message(response)
             raise TorchyardError(message, response.status_code, detail)
         return response
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The service's answer, whatever its status; TorchyardError when none came."""
+        try:
+            return send(self._http, method, path, **kwargs)
+        except httpx.HTTPError as error:
+            raise self._unreachable(error) from error
 
     def _unreachable(self, error: httpx.HTTPError) -> TorchyardError:
         kind = type(error).__name__
