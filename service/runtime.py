@@ -64,7 +64,8 @@ class Runtime:
         quotas = QuotaBook(engine, settings)
         reader = LedgerReader(engine)
         code = CodeStore(settings)
-        admission = Admission(settings, engine, backends, quotas, RoomCheck(settings), intake, code)
+        room = RoomCheck(settings)
+        admission = Admission(settings, engine, backends, quotas, room, intake, code, reader.replayed)
         job_watch = JobWatch(settings.max_long_polls, settings.max_long_polls_per_user)
         runtime = cls(
             settings,
