@@ -41,13 +41,13 @@ from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, t
 from service.errors import InvalidRequest, ServiceError
 from service.ledger.models import JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
 from service.loops.intake import Accepted, JobIntake, SweepAccepted, check_same_request, replay_sweep
+from service.loops.intake import Key as Key  # (owner, Idempotency-Key): one job at most for each
 from worker.spec import Resources, RunSpec
 
 StoredT = TypeVar("StoredT", Accepted, SweepAccepted)
 # Fields a job has and a sweep does not: an error naming one of them, in a sweep, is about its `job`.
 JOB_ONLY_FIELDS = frozenset(JobTemplate.model_fields) - frozenset(SweepCreate.model_fields)
-Key = tuple[str, str]  # (owner, Idempotency-Key): the ledger holds one job at most for each
-REPLAY_READ = 64  # keys per read at most
+REPLAY_READ = 64  # (owner, Idempotency-Key) pairs per read at most
 
 
 @dataclass
