@@ -72,7 +72,12 @@ class Settings(BaseSettings):
         gt=0,
         description="A request must arrive whole within this long (from connecting or its first byte).",
     )
-    keep_alive_s: int = Field(5, ge=1, description="An idle kept-alive connection is closed after this long.")
+    # Longer than clients' pools keep an idle connection (httpx: 5 s), so that a client gives one up
+    # before the server does: with the two equal, the server's close could cross the client's next
+    # request on it, which then failed as if the server had crashed (tests/integration/test_load.py).
+    keep_alive_s: int = Field(
+        20, ge=1, description="An idle kept-alive connection is closed after this long."
+    )
     max_long_polls: int = Field(1000, ge=1, description="Long polls held at once, in all (more get 429).")
     max_long_polls_per_user: int = Field(50, ge=1, description="Long polls one user may hold at once.")
     token_cache_s: float = Field(2.0, ge=0, description="How long a checked token is remembered.")

@@ -67,7 +67,7 @@ class Runtime:
         reader = LedgerReader(engine)
         code = CodeStore(settings)
         room = RoomCheck(settings)  # one for jobs and uploads: their checks share rounds
-        admission = Admission(settings, engine, backends, quotas, room, intake, code)
+        admission = Admission(settings, engine, backends, quotas, room, intake, code, reader.replayed)
         job_watch = JobWatch(settings.max_long_polls, settings.max_long_polls_per_user)
         runtime = cls(
             settings,

@@ -15,6 +15,10 @@ shares the cores: the loop serves other requests while it waits (service.api.asy
 SQLite it is a few µs, blocking. Both run on the driver's own cursor (service.api.driver_read):
 SQLAlchemy's execution around the clock read took ~20 µs (profiled).
 
+Admission looks up the job of an Idempotency-Key the same way (`replayed`): in a worker thread on a
+pooled connection, that read cost each keyed POST a thread's handoffs and four round trips to
+PostgreSQL (the ping, BEGIN, the query, ROLLBACK) where this costs a share of one.
+
 On SQLite a page is read on the loop too, but within a budget (ON_LOOP_BUDGET_S): a filter may
 read many rows to find a page's few (a name with a state its matches seldom hold), and SQLite stops
 such a read when the budget is spent (its progress handler); the page is then read in a worker
@@ -45,10 +49,11 @@ from sqlalchemy.sql import Select
 
 from service.api.async_postgres import AsyncPostgresPool
 from service.api.driver_read import DriverRead
-from service.domain import jobs
+from service.domain import jobs, submit
 from service.domain.auth import Principal
 from service.domain.jobs import JobRow
 from service.ledger.clock import CLOCK_ROW, LedgerVersion, version_of
+from service.ledger.models import JobPublic
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11
@@ -76,6 +81,7 @@ class LedgerReader:
         self._clock_row = DriverRead(CLOCK_ROW, engine.dialect)
         self._clock = TurnReads[None, LedgerVersion](self._read_clock)
         self._stamps = TurnReads[int, jobs.Stamp](self._read_stamps)
+        self._replays = TurnReads[submit.Key, JobPublic](self._read_replays)
         self._threads = anyio.CapacityLimiter(READ_THREADS)
 
     async def _fetch(self, read: DriverRead, values: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -94,6 +100,12 @@ class LedgerReader:
             found.update(jobs.stamps_found(await self._fetch(self._driver_read(statement), values)))
         return found
 
+    async def _read_replays(self, keys: Collection[submit.Key]) -> dict[submit.Key, JobPublic]:
+        found: dict[submit.Key, JobPublic] = {}
+        for statement, values in submit.replay_reads(keys):
+            found.update(submit.replays_found(await self._fetch(self._driver_read(statement), values)))
+        return found
+
     @functools.cache  # noqa: B019 - one per statement (stamp sizes, page shapes) for the reader's life
     def _driver_read(self, statement: Select[Unpack[tuple[Any, ...]]]) -> DriverRead:
         return DriverRead(statement, self._engine.dialect)
@@ -106,6 +118,11 @@ class LedgerReader:
     async def job_stamp(self, job_id: int, viewer: Principal) -> datetime:
         """The job's `updated_at`; NotFound when it does not exist or `viewer` may not see it."""
         return jobs.visible_stamp(await self._stamps.read(job_id), job_id, viewer)
+
+    async def replayed(self, owner: str, key: str) -> JobPublic | None:
+        """The job an earlier request of `owner` with this Idempotency-Key made (admission's step 3),
+        read with every other lookup of the turn."""
+        return await self._replays.read((owner, key))
 
     async def page_index(self, query: jobs.PageQuery) -> jobs.PageIndex:
         """On PostgreSQL from the event loop, waiting for the server without blocking. On SQLite on

@@ -6,7 +6,9 @@ In order, each step cheaper than the next and none of them counted before it is 
    interpreters, who may run uploaded code), and the Unix account the job will run as
    (service.accounts); a script path is resolved once, here;
 3. an `Idempotency-Key` retry is answered with the job its first request made, before anything is
-   counted: a retry by a user at their limits still gets its job;
+   counted: a retry by a user at their limits still gets its job. The job is looked up from the event
+   loop (`replayed`: service.api.reader, one read for the retries of a turn): in a worker thread on a
+   pooled connection it cost four round trips to PostgreSQL and a thread's handoffs;
 4. the user's quotas: the job's size, then the submissions of the minute, then the unfinished jobs.
    From here on the submission has used its slot of the minute, stored or refused: each step below
    costs the service (a process, a read of the store, a scheduler call), and a refusal that gave its
@@ -23,13 +25,15 @@ In order, each step cheaper than the next and none of them counted before it is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from sqlalchemy import String, and_, bindparam, or_
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from service.accounts import job_account
 from service.backends.base import Backend
@@ -37,18 +41,20 @@ from service.config import Settings
 from service.domain import code_store, policy, sweeps
 from service.domain.auth import Principal
 from service.domain.code_store import CodeStore
-from service.domain.jobs import require_backend
+from service.domain.jobs import JOB_TABLE, JobRowStatement, jobs_found, require_backend
 from service.domain.quotas import QuotaBook, TooManyUnfinished
 from service.domain.storage import RoomCheck
 from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_field
 from service.errors import InvalidRequest, ServiceError
-from service.ledger.models import Job, JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
+from service.ledger.models import JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
 from service.loops.intake import Accepted, JobIntake, SweepAccepted, check_same_request, replay_sweep
+from service.loops.intake import Key as Key  # (owner, Idempotency-Key): one job at most for each
 from worker.spec import RunSpec
 
 StoredT = TypeVar("StoredT", Accepted, SweepAccepted)
 # Fields a job has and a sweep does not: an error naming one of them, in a sweep, is about its `job`.
 JOB_ONLY_FIELDS = frozenset(JobTemplate.model_fields) - frozenset(SweepCreate.model_fields)
+REPLAY_READ = 64  # (owner, Idempotency-Key) pairs per read at most
 
 
 @dataclass
@@ -62,6 +68,7 @@ class Admission:
     room: RoomCheck
     intake: JobIntake
     code: CodeStore
+    replayed: Callable[[str, str], Awaitable[JobPublic | None]]  # (owner, key): the job it made
 
     async def submit(self, payload: JobCreate, user: Principal, idempotency_key: str | None) -> Accepted:
         """Admit and store one job; `replayed` when an earlier request with this key made it."""
@@ -71,7 +78,7 @@ class Admission:
         run_as = job_account(user.user, user.unix_user, self.settings)
         row = new_job_row(payload, user.user, backend_name, idempotency_key, run_as=run_as)
         if idempotency_key is not None:
-            earlier = await asyncio.to_thread(find_replayed, self.engine, user.user, idempotency_key)
+            earlier = await self.replayed(user.user, idempotency_key)
             if earlier is not None:
                 check_same_request(earlier, row)
                 return Accepted(earlier, replayed=True)
@@ -266,9 +273,31 @@ def find_replayed_sweep(engine: Engine, owner: str, key: str) -> Sweep | None:
         return sweeps.find_replayed(session, owner, key)
 
 
-def find_replayed(engine: Engine, owner: str, key: str) -> JobPublic | None:
-    """The job an earlier request of `owner` with this Idempotency-Key made (one indexed read)."""
-    with Session(engine) as session:
-        query = select(Job).where(col(Job.owner) == owner, col(Job.idempotency_key) == key)
-        job = session.exec(query).first()
-        return None if job is None else JobPublic.model_validate(job, from_attributes=True)
+def replay_reads(keys: Iterable[Key]) -> Iterator[tuple[JobRowStatement, dict[str, str]]]:
+    """The statements (and their values) that read the jobs earlier requests with these keys made,
+    whole (rows for `replays_found`): indexed reads of REPLAY_READ keys at most, each a power of two
+    in size (the last key fills), so that a few statements, built once, serve every count."""
+    ordered = sorted(set(keys))
+    for start in range(0, len(ordered), REPLAY_READ):
+        chunk = ordered[start : start + REPLAY_READ]
+        size = 1 << (len(chunk) - 1).bit_length()
+        values: dict[str, str] = {}
+        for index in range(size):
+            values[f"owner{index}"], values[f"key{index}"] = chunk[min(index, len(chunk) - 1)]
+        yield _replay_statement(size), values
+
+
+@functools.cache
+def _replay_statement(size: int) -> JobRowStatement:
+    """Every column of the jobs with up to `size` (owner, Idempotency-Key) pairs (replay_reads)."""
+    owner, key = JOB_TABLE.c.owner, JOB_TABLE.c.idempotency_key
+    pairs = [
+        and_(owner == bindparam(f"owner{n}", type_=String), key == bindparam(f"key{n}", type_=String))
+        for n in range(size)
+    ]
+    return JOB_TABLE.select().where(or_(*pairs))
+
+
+def replays_found(rows: Iterable[Sequence[Any]]) -> dict[Key, JobPublic]:
+    """The jobs replay_reads read, by their (owner, Idempotency-Key)."""
+    return {(job["owner"], job["idempotency_key"]): JobPublic.model_validate(job) for job in jobs_found(rows)}

@@ -15,12 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import String, Table, cast, false, func, insert, literal, update
+from sqlalchemy import String, Table, bindparam, cast, false, func, insert, literal, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from service.domain.quotas import count_unfinished, too_many_unfinished
+from service.domain.quotas import count_unfinished_of, too_many_unfinished
 from service.domain.sweeps import just_made
 from service.errors import Conflict
 from service.ledger.clock import stamp_jobs
@@ -39,6 +40,13 @@ _EVENTS: Table = JobEvent.__table__  # type: ignore[attr-defined]
 _AUDIT: Table = AuditEntry.__table__  # type: ignore[attr-defined]
 # SQLite: a write that changes nothing, to take the database's write lock (_UnfinishedCount)
 _TAKE_WRITE_LOCK = update(_JOBS).where(false()).values(name=_JOBS.c.name)
+# PostgreSQL: the advisory lock of each of `keys`, in their order (_UnfinishedCount)
+_QUOTA_KEYS = (
+    func.unnest(bindparam("keys", type_=ARRAY(String)))
+    .table_valued("key", with_ordinality="n")
+    .render_derived()
+)
+_LOCK_QUOTAS = select(func.pg_advisory_xact_lock(func.hashtext(_QUOTA_KEYS.c.key))).order_by(_QUOTA_KEYS.c.n)
 
 Key = tuple[str, str]  # (owner, idempotency key)
 Stored = TypeVar("Stored", Job, Sweep)
@@ -300,18 +308,23 @@ class _UnfinishedCount:
     batch adds. On PostgreSQL the lock is a transaction-scoped advisory lock, taken in name order so
     two replicas' batches cannot deadlock. On SQLite it is the database's one write lock, taken
     before the count by a write that changes nothing: the driver starts no transaction for a
-    SELECT, so a count alone would see nothing of another writer's batch in flight."""
+    SELECT, so a count alone would see nothing of another writer's batch in flight.
+
+    Two statements for the whole batch, the locks then the counts (a count in the locking statement
+    would read from a snapshot taken before the locks were granted). With two for each owner, a
+    commit under 32 users submitting made 28 statements, not 10, and took twice as long
+    (tests/integration/test_load.py on PostgreSQL: commit p50 100-145 ms, now 45-57 ms)."""
 
     def __init__(self, session: Session, owners: set[str]) -> None:
         self._counts: dict[str, int] = {}
         if not owners:
             return
-        if session.get_bind().dialect.name == "sqlite":
-            session.connection().execute(_TAKE_WRITE_LOCK)
-        for owner in sorted(owners):
-            if session.get_bind().dialect.name == "postgresql":
-                session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"quota:{owner}"))))
-            self._counts[owner] = count_unfinished(session, owner)
+        connection = session.connection()
+        if connection.dialect.name == "sqlite":
+            connection.execute(_TAKE_WRITE_LOCK)
+        elif connection.dialect.name == "postgresql":
+            connection.execute(_LOCK_QUOTAS, {"keys": [f"quota:{owner}" for owner in sorted(owners)]})
+        self._counts = count_unfinished_of(session, owners)
 
     def take(self, owner: str, limit: int, count: int = 1) -> Exception | None:
         """Count `count` more jobs of `owner`, or the refusal when that would pass `limit`."""

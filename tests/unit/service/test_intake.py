@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import TypeVar
 
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import StatementError
 from sqlmodel import Session, func, select
@@ -223,3 +224,35 @@ def test_finished_jobs_do_not_count_against_the_limit(engine: Engine) -> None:
 
     assert isinstance(refused[0], RetryLater)
     assert later.job.name == "job-2"
+
+
+def test_a_batch_from_many_owners_takes_no_more_statements_than_one_from_one_owner(engine: Engine) -> None:
+    """Every owner of a batch is locked and counted at once: a lock and a count for each took half of
+    a commit's round trips under 32 users submitting (tests/integration/test_load.py, PostgreSQL)."""
+
+    def statements_to_store(rows: list[NewJob]) -> int:
+        statements: list[str] = []
+
+        def note(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+            statements.append(statement)
+
+        intake = make_intake(engine, Commits())
+
+        async def one_batch() -> list[Accepted]:
+            adds = [asyncio.create_task(intake.add(r, max_active=5)) for r in rows]
+            await asyncio.sleep(0)  # every row is queued before the writer starts: one batch
+            intake.start()
+            return await asyncio.gather(*adds)
+
+        event.listen(engine, "before_cursor_execute", note)
+        try:
+            stored = run_async(one_batch())
+        finally:
+            intake.stop()
+            event.remove(engine, "before_cursor_execute", note)
+        assert len(stored) == len(rows) and intake.batches_committed == 1
+        return len(statements)
+
+    one_owner = statements_to_store([row(n, owner="alice") for n in range(5)])
+    many_owners = statements_to_store([row(n, owner=f"user{n}") for n in range(5, 25)])
+    assert many_owners == one_owner

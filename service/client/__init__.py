@@ -9,11 +9,11 @@
 
 Kept free of FastAPI, SQLModel and torch so that importing it is cheap: jobs travel as plain dicts
 (the JSON the API returns); a JobCreate, or any pydantic model, is accepted wherever a spec is.
+A request that may safely be made twice is made again when its connection fails (service.client.wire).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
@@ -23,15 +23,35 @@ from typing import Any, Protocol
 
 import httpx
 
+from service.client.wire import (
+    DEFAULT_URL,
+    LONG_POLL_S,
+    TERMINAL_STATES,
+    TorchyardError,
+    WaitTimeout,
+    _as_object,
+    _body,
+    discover_token,
+    discover_url,
+    error_message,
+    send,
+    token_path,
+)
 from service.code_pack import pack
-from service.states import TERMINAL_STATE_NAMES
 
-DEFAULT_URL = "http://127.0.0.1:8321"
-URL_ENV = "TORCHYARD_URL"
-TOKEN_ENV = "TORCHYARD_TOKEN"
-# Kept under the name users' scripts import it by; the list itself lives in service.states.
-TERMINAL_STATES = TERMINAL_STATE_NAMES
-LONG_POLL_S = 20.0  # per round of wait(): the service holds at most 30 s
+__all__ = [
+    "DEFAULT_URL",
+    "TERMINAL_STATES",
+    "Job",
+    "Sweep",
+    "TorchyardClient",
+    "TorchyardError",
+    "WaitTimeout",
+    "discover_token",
+    "discover_url",
+    "error_message",
+    "token_path",
+]
 
 Job = dict[str, Any]
 Jobs = list[Job]  # module-level alias: inside the class, `list` names the method
@@ -43,68 +63,6 @@ class _Dumpable(Protocol):
 
 
 Spec = Mapping[str, Any] | _Dumpable
-
-
-class TorchyardError(Exception):
-    """The service said no (status is the HTTP code) or could not be reached (status is None)."""
-
-    def __init__(self, message: str, status: int | None = None, detail: Any = None) -> None:
-        super().__init__(message if status is None else f"{status}: {message}")
-        self.message = message
-        self.status = status
-        self.detail = detail  # the body's "detail" as the server sent it, for callers that want fields
-
-
-class WaitTimeout(TorchyardError):
-    """wait() gave up before the job reached a terminal state; the job itself goes on."""
-
-
-def token_path() -> Path:
-    """Where the CLI and client look for a saved token: $XDG_CONFIG_HOME/torchyard/token."""
-    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config) / "torchyard" / "token"
-
-
-def discover_token() -> str | None:
-    """The token from TORCHYARD_TOKEN, else from the token file; None when neither has one."""
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    if token:
-        return token
-    try:
-        token = token_path().read_text().strip()
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return None
-    return token or None
-
-
-def discover_url() -> str:
-    return os.environ.get(URL_ENV, "").strip() or DEFAULT_URL
-
-
-def error_message(response: httpx.Response) -> tuple[str, Any]:
-    """The server's own words: FastAPI's {"detail": [{"loc", "msg"}, ...]} flattened to one line."""
-    try:
-        body = response.json()
-    except ValueError:
-        return (response.text.strip() or response.reason_phrase or "no message"), None
-    detail = body.get("detail") if isinstance(body, dict) else None
-    if isinstance(detail, str):
-        return detail, detail
-    if isinstance(detail, list) and detail:
-        return "; ".join(_one_problem(item) for item in detail), detail
-    return str(body)[:500], detail
-
-
-def _one_problem(item: Any) -> str:
-    if not isinstance(item, dict):
-        return str(item)
-    msg = str(item.get("msg", "invalid"))
-    # "body" and "query" say where the field was, not which field: users wrote `resources.nodes`.
-    loc = [str(part) for part in item.get("loc", []) if part not in ("body", "query", "path")]
-    field = ".".join(loc)
-    if not field or msg.startswith(field):  # the service's own errors already name the field
-        return msg
-    return f"{field}: {msg}"
 
 
 UPLOAD_CHUNK = 256 * 1024
@@ -122,20 +80,6 @@ def _spec_body(spec: Spec) -> dict[str, Any]:
         return dict(spec)
     # Only what the caller set: the server fills in its own defaults (backend, resources).
     return spec.model_dump(mode="json", exclude_unset=True)
-
-
-def _body(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError as error:  # a proxy's HTML page, say: not the service
-        raise TorchyardError(f"expected JSON from {response.url}, got: {response.text[:200]!r}") from error
-
-
-def _as_object(response: httpx.Response) -> dict[str, Any]:
-    body = _body(response)
-    if not isinstance(body, dict):
-        raise TorchyardError(f"expected a JSON object from {response.url}, got {type(body).__name__}")
-    return body
 
 
 class TorchyardClient:
@@ -298,7 +242,7 @@ class TorchyardClient:
             job = self.get(job_id, wait_s=max(0.0, wait_s))
             if on_update is not None:
                 on_update(job)
-            if job["state"] in TERMINAL_STATE_NAMES:
+            if job["state"] in TERMINAL_STATES:
                 return job
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"job {job_id} is still {job['state']} after {timeout_s} s")
@@ -363,10 +307,7 @@ class TorchyardClient:
 
     def health(self) -> dict[str, Any]:
         """GET /healthz. A degraded service (503) still answers with its body, so no error here."""
-        try:
-            response = self._http.get("/healthz")
-        except httpx.HTTPError as error:
-            raise self._unreachable(error) from error
+        response = self._send("GET", "/healthz")
         if response.status_code not in (200, 503):
             message, detail = error_message(response)
             raise TorchyardError(message, response.status_code, detail)
@@ -408,14 +349,18 @@ class TorchyardClient:
         return body
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as error:
-            raise self._unreachable(error) from error
+        response = self._send(method, path, **kwargs)
         if response.is_error:
             message, detail = error_message(response)
             raise TorchyardError(message, response.status_code, detail)
         return response
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The service's answer, whatever its status; TorchyardError when none came."""
+        try:
+            return send(self._http, method, path, **kwargs)
+        except httpx.HTTPError as error:
+            raise self._unreachable(error) from error
 
     def _unreachable(self, error: httpx.HTTPError) -> TorchyardError:
         kind = type(error).__name__
