@@ -19,15 +19,14 @@ import re
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from submitit.core import core, utils
 from submitit.slurm import slurm as submitit_slurm
 
-from service.backends.base import SUBMITTED_SUFFIX
-from service.backends.job_folder_files import names_in, remove_from, rename_in, write_new_file
+from service.backends.job_folder_files import remove_from, rename_in, write_new_file
+from service.backends.slurm_recovery import StagedPickle, script_name
 from worker.spec import Resources, RunSpec, ascii_int
 
 # The only Resources fields that reach sbatch as options of their own (the allow-list): each value is
@@ -35,15 +34,12 @@ from worker.spec import Resources, RunSpec, ascii_int
 ALLOWED_SBATCH_OPTIONS = ("partition", "account", "qos", "constraint")
 SRUN_ARGS = ("--kill-on-bad-exit=1",)  # one rank that fails ends the job, not a hang at rendezvous
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
-# One sbatch's files share a token: its script `.submission_file_<token>.sh` (SLURM keeps that path as
-# the job's command) and each element's pickle `.staged-<token>-<index>.pkl` until sbatch answers. A
-# dispatcher killed in between leaves both names behind, and they are how recovery finds the job.
-STAGED_PREFIX = ".staged-"
-_SCRIPT_TOKEN = re.compile(r"\.submission_file_(?P<token>[0-9a-f]{32})\.sh$")
+# What a dispatcher killed during sbatch leaves behind, and how it is found: service.backends.slurm_recovery.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 log = logging.getLogger(__name__)
 
+_SCRIPT_MODE = 0o644  # sbatch reads the script as the job's account
 SbatchRunner = Callable[[Path], str]  # runs sbatch on a script, returns the job id or raises
 
 
@@ -158,86 +154,6 @@ def link_array_folders(root: Path, folders: Sequence[Path]) -> None:
         os.symlink(target, f"{prefix}{index}", target_is_directory=True)
 
 
-def script_name(token: str) -> str:
-    return f".submission_file_{token}.sh"
-
-
-def script_is_for(command: str, submitit_folder: Path, index: int) -> bool:
-    """Whether SLURM's script path `command` is one the service wrote for the job whose submitit
-    folder is `submitit_folder`: in that folder (a job alone), or in an array folder whose `<index>`
-    link leads there (element `index` of an array). A job's account can name a staged pickle in its
-    folder after any script token (squeue shows every user's); where the script lies it cannot choose."""
-    place = os.path.dirname(command.strip())
-    if place == str(submitit_folder):
-        return True
-    try:
-        return os.readlink(os.path.join(place, str(index))) == str(submitit_folder)
-    except OSError:
-        return False
-
-
-def script_token(command: str) -> str | None:
-    """The token of a script path as SLURM reports it (squeue's Command), None for any other command."""
-    match = _SCRIPT_TOKEN.search(command.strip())
-    return match["token"] if match else None
-
-
-_SCRIPT_MODE = 0o644  # sbatch reads the script as the job's account
-
-
-@dataclass(frozen=True)
-class StagedPickle:
-    """A pickle written before its sbatch answered: element `index` of the script `token`, in `folder`."""
-
-    folder: Path
-    token: str
-    index: int
-
-    @property
-    def name(self) -> str:
-        return f"{STAGED_PREFIX}{self.token}-{self.index}.pkl"
-
-    def write(self, delayed: utils.DelayedSubmission) -> None:
-        """What submitit's DelayedSubmission.dump writes, for the job's account to read (its folder
-        keeps others out). Plain pickle, not submitit's cloudpickle: the callable is an importable
-        class, and cloudpickle's per-object hooks cost more than the write for hundreds of trials."""
-        write_new_file(self.folder, self.name, pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL))
-
-    def adopt(self, external_id: str) -> None:
-        """Give it the name submitit's runtime waits for (`<id>_submitted.pkl`): now the job can run."""
-        rename_in(self.folder, self.name, f"{external_id}{SUBMITTED_SUFFIX}")
-
-    def discard(self) -> None:
-        remove_from(self.folder, self.name)
-
-
-def staged_pickles(folder: Path) -> list[StagedPickle]:
-    """The staged pickles in `folder`; none when it is missing or a link (the job's doing)."""
-    found: list[StagedPickle] = []
-    for name in names_in(folder):
-        if not (name.startswith(STAGED_PREFIX) and name.endswith(".pkl")):
-            continue
-        token, _, index = name[len(STAGED_PREFIX) : -len(".pkl")].rpartition("-")
-        number = ascii_int(index)
-        if token and number is not None:
-            found.append(StagedPickle(folder, token, number))
-    return found
-
-
-def sbatch_still_running(tokens: set[str], proc: Path = Path("/proc")) -> set[str]:
-    """The tokens whose script a process on this host still has on its command line: an sbatch that a
-    dead dispatcher started outlives it, and may yet queue the job."""
-    names = {script_name(token).encode(): token for token in tokens}
-    running: set[str] = set()
-    for cmdline in proc.glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:  # the process ended while we looked
-            continue
-        running.update(token for name, token in names.items() if any(arg.endswith(name) for arg in argv))
-    return running
-
-
 class _SubmittedJob(submitit_slurm.SlurmJob[Any]):
     """A handle that only carries the id: we poll with our own batched queries, so the job does not
     register with submitit's class-wide watcher (which would keep every id of a long-lived service)."""
@@ -287,7 +203,7 @@ class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
             else:
                 target = root / str(index) if count > 1 else root
             staged.append(StagedPickle(target, token, index))
-            staged[-1].write(delayed)
+            staged[-1].write(pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL))
         params = dict(self.parameters)
         if count > 1:  # independent jobs run unthrottled; a sweep's as wide as its max_parallel
             params.update(map_count=count, array_parallelism=min(count, self._parallelism or count))

@@ -14,7 +14,8 @@ import pytest
 
 from service.accounts import Account
 from service.backends import slurm_submit
-from service.backends.slurm import CommandResult, SlurmBackend
+from service.backends.slurm import SlurmBackend
+from service.backends.slurm_commands import CommandResult
 from service.backends.slurm_submit import share_throttle
 from service.config import Settings
 from service.errors import BackendError
