@@ -1,8 +1,9 @@
-"""The SLURM backend: sbatch through submitit, one batched status query per interval, scancel.
+"""The SLURM backend: sbatch of our own script, one batched status query per interval, scancel.
 
-The parts, one concept a module: the commands and their backoff (slurm_commands), status
-(slurm_status), what a killed dispatcher leaves and how it is found again (slurm_recovery), and the
-submission through submitit with its array folders (slurm_submit). This module holds them together:
+The parts, one concept a module: the request and its script (slurm_request, plain data and a pure
+function), the commands and their backoff (slurm_commands), status (slurm_status), what a killed
+dispatcher leaves and how it is found again (slurm_recovery), the files of a submission and the array
+folders (slurm_submit), and submitit's names (submitit_adapter). This module holds them together:
 which jobs share an sbatch, and how a refusal is kept to the jobs it is about.
 
 Nothing talks to the scheduler before the first call: building the backend is free.
@@ -34,15 +35,15 @@ from service.backends.slurm_commands import (
     slurm_conf,
 )
 from service.backends.slurm_recovery import Recovery
-from service.backends.slurm_submit import (
-    arrays_dir,
+from service.backends.slurm_request import (
+    Options,
     check_argv,
     check_folder,
     group_key,
     sbatch_parameters,
     share_throttle,
-    submit_group,
 )
+from service.backends.slurm_submit import arrays_dir, submit_group
 from service.config import Settings
 from service.errors import BackendError, InvalidRequest
 from service.programs import program
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 VERDICT_TTL_S = 60.0  # how long validate() trusts an `sbatch --test-only` answer for one shape
 _VERDICT_CACHE_SIZE = 256
 _GONE = ("invalid job id specified", "already completing or completed", "job has already finished")
-Options = tuple[tuple[str, Any], ...]  # sbatch parameters, sorted: equal ones can share an sbatch
 
 
 class _Refused(Exception):
@@ -296,7 +296,7 @@ class SlurmBackend:
                 return [SubmitOutcome(spec.job_id, error=refusal.message) for spec in specs]
             log.info("an array of %d was refused (%s); submitting them one by one", len(specs), refusal)
             return self._submit_one_by_one(specs, params, run_as, python, refusal.message)
-        except Exception as error:  # submitit or the filesystem, not the scheduler
+        except Exception as error:  # the pickle or the filesystem, not the scheduler
             log.exception("submitting %d job(s) failed", len(specs))
             return [SubmitOutcome(spec.job_id, error=f"submission failed: {error}") for spec in specs]
 

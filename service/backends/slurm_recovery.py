@@ -3,7 +3,7 @@
 One sbatch's files share a token: its script `.submission_file_<token>.sh` (SLURM keeps that path as
 the job's command) and each element's pickle `.staged-<token>-<index>.pkl` in the element's own
 submitit folder, until sbatch answers and the pickle gets the name submitit's running side waits for
-(`<id>_submitted.pkl`). A dispatcher killed in between leaves both
+(`<id>_submitted.pkl`, service.backends.submitit_adapter). A dispatcher killed in between leaves both
 names behind: `recover` finds the job SLURM holds for them (one squeue of every job, commands
 included) and adopts it, so that it runs instead of a second one. The job folder is its account's to
 change, and squeue shows every user's script paths, so a token or an id read there counts only where

@@ -16,7 +16,7 @@ from service.accounts import Account
 from service.backends import slurm_submit
 from service.backends.slurm import SlurmBackend
 from service.backends.slurm_commands import CommandResult
-from service.backends.slurm_submit import share_throttle
+from service.backends.slurm_request import share_throttle
 from service.config import Settings
 from service.errors import BackendError
 from tests.unit.backends.slurm_fakes import FakeCommands, fail, ok, recorded
@@ -292,7 +292,7 @@ def test_free_form_values_are_refused_by_the_spec(tmp_path: Path, resources: dic
 
 
 def test_the_warning_signal_never_arrives_before_a_quarter_of_the_limit() -> None:
-    from service.backends.slurm_submit import warning_signal_delay_s
+    from service.backends.slurm_request import warning_signal_delay_s
 
     assert warning_signal_delay_s(1) == 15
     assert warning_signal_delay_s(60) == 90
