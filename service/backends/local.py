@@ -57,6 +57,9 @@ class LocalBackend:
     def validate_is_quick(self, spec: RunSpec) -> bool:
         return True
 
+    def array_size(self) -> int | None:
+        return None  # no arrays: the dispatcher throttles a sweep (runs_arrays)
+
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         return [self._submit_one(spec) for spec in specs]
 

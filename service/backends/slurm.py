@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 VERDICT_TTL_S = 60.0  # how long validate() trusts an `sbatch --test-only` answer for one shape
 _VERDICT_CACHE_SIZE = 256
 _GONE = ("invalid job id specified", "already completing or completed", "job has already finished")
+# One sbatch is one account's: jobs go together when their account, interpreter, parameters and
+# array group (a sweep's key) agree.
+_GroupKey = tuple[str | None, str | None, Options, str | None]
 
 
 class _Refused(Exception):
@@ -69,19 +72,15 @@ def _unreachable_text(message: str) -> str:
     return f"not submitted, SLURM became unreachable: {message}"
 
 
-WAITING_FOR_ROOM = "not submitted yet: the sweep's first arrays hold all of its max_parallel"
-
-
 def _left_out(specs: Sequence[RunSpec], text: str) -> list[SubmitOutcome]:
-    """Outcomes of jobs not submitted for a passing reason (SLURM unreachable, or a sweep's arrays
-    waiting for room): the dispatcher queues them again."""
+    """Outcomes of jobs not submitted because SLURM stopped answering: the dispatcher queues them again."""
     return [SubmitOutcome(spec.job_id, error=text, transient=True) for spec in specs]
 
 
 class SlurmBackend:
     name = "slurm"
     max_nodes = None  # the partition's limit: sbatch --test-only answers it (validate)
-    runs_arrays = True  # a sweep is one job array, throttled with %max_parallel
+    runs_arrays = True  # a sweep is one job array (one per MaxArraySize), throttled with %max_parallel
 
     def __init__(
         self,
@@ -97,6 +96,9 @@ class SlurmBackend:
         self._commands = SchedulerCommands(runner, clock, programs)
         self._recovery = Recovery(functools.partial(status.every_submission, self._commands))
         self._lock = threading.Lock()
+        self._config_lock = threading.Lock()  # one `scontrol show config` at a time
+        self._config_backoff = Backoff(clock)
+        self._learning: threading.Thread | None = None
         self._max_array_size: int | None = None
         self._verdicts: dict[Options, tuple[float, str | None]] = {}
         self._wakeup: Callable[[], None] = lambda: None
@@ -126,11 +128,25 @@ class SlurmBackend:
         params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
         return self._cached_verdict(group_key(params)) is not None
 
+    def array_size(self) -> int | None:
+        """MaxArraySize from memory: the dispatcher's claim asks under its row locks
+        (service.loops.sweep_claims), where no scheduler call may keep it waiting. Until it is known
+        the answer is None, and one `scontrol show config` starts on a thread of its own."""
+        with self._lock:
+            size = self._max_array_size
+            if size is None and self._learning is None and not self._config_backoff.remaining():
+                self._learning = threading.Thread(
+                    target=self._learn_array_size, name="torchyard-slurm-config", daemon=True
+                )
+                self._learning.start()
+            return size
+
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
-        """Equal parameters -> one job array per MaxArraySize jobs. A refused array is retried job by job
-        to isolate the refusal. BackendError only while nothing was accepted (the batch can be retried).
-        Anything else raised is about a job, not SLURM: the dispatcher then hands the jobs over one by
-        one (a sweep's array whole) to find it."""
+        """Equal parameters -> one job array per MaxArraySize jobs; a group's arrays (a sweep's) share
+        its max_parallel. A refused array is retried job by job to isolate the refusal. BackendError
+        only while nothing was accepted (the batch can be retried). Anything else raised is about a
+        job, not SLURM: the dispatcher then hands the jobs over one by one (a sweep's array whole) to
+        find it."""
         if not specs:
             return []
         return self._submit(specs)
@@ -196,23 +212,58 @@ class SlurmBackend:
 
     def max_array_size(self) -> int:
         """MaxArraySize from `scontrol show config`, read once; an array holds at most this many jobs."""
-        if self._max_array_size is None:
-            argv = [self._commands.program("scontrol"), "show", "config"]
-            result = self._commands.call(argv, COMMAND_TIMEOUT_S)
-            if result.returncode != 0:
-                raise BackendError(f"scontrol show config failed: {parse.sbatch_error(result.stderr)}")
-            value = ascii_int(parse.parse_config_value(result.stdout, "MaxArraySize") or "")
-            self._max_array_size = max(1, value or 1)
-        return self._max_array_size
+        with self._config_lock:
+            if self._max_array_size is None:
+                argv = [self._commands.program("scontrol"), "show", "config"]
+                result = self._commands.call(argv, COMMAND_TIMEOUT_S)
+                if result.returncode != 0:
+                    raise BackendError(f"scontrol show config failed: {parse.sbatch_error(result.stderr)}")
+                value = ascii_int(parse.parse_config_value(result.stdout, "MaxArraySize") or "")
+                self._max_array_size = max(1, value or 1)
+            return self._max_array_size
+
+    def _learn_array_size(self) -> None:
+        try:
+            self.max_array_size()
+            self._config_backoff.succeeded()
+        except BackendError as error:
+            self._config_backoff.failed(str(error))
+            log.warning("cannot read SLURM's MaxArraySize yet: %s", error)
+        finally:
+            with self._lock:
+                self._learning = None
 
     # ---------------------------------------------------------------- submission
 
     def _submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         outcomes: list[SubmitOutcome | None] = [None] * len(specs)
-        # One sbatch is one account's: jobs go together when their parameters, account, interpreter
-        # and array group (a sweep) agree; a sweep's arrays share its max_parallel.
-        groups: dict[tuple[str | None, str | None, tuple[tuple[str, Any], ...], str | None], list[int]] = {}
-        throttles: dict[str | None, int | None] = {None: None}
+        unreachable: str | None = None  # once SLURM stopped answering: what the jobs left out are told
+        for members, params, run_as, python, parallelism in self._sbatches(specs, outcomes):
+            chunk = [specs[i] for i in members]
+            if unreachable is not None:
+                results = _left_out(chunk, unreachable)
+            else:
+                try:
+                    results = self._submit_chunk(chunk, params, run_as, python, parallelism)
+                except _Refused as error:  # nothing of this chunk was queued
+                    if not any(o is not None and o.accepted for o in outcomes):
+                        raise BackendError(f"SLURM is unreachable: {error.message}") from error
+                    # Some jobs of this batch are queued already: raising would lose track of them.
+                    unreachable = _unreachable_text(error.message)
+                    results = _left_out(chunk, unreachable)
+                else:
+                    unreachable = next((o.error for o in results if o.transient), None)
+            for index, outcome in zip(members, results, strict=True):
+                outcomes[index] = outcome
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _sbatches(
+        self, specs: Sequence[RunSpec], outcomes: list[SubmitOutcome | None]
+    ) -> list[tuple[list[int], dict[str, Any], str | None, str | None, int | None]]:
+        """The sbatch calls these jobs need, all planned before the first: (their indexes, parameters,
+        account, interpreter, `%N`). A job that cannot be prepared gets its outcome here instead."""
+        groups: dict[_GroupKey, list[int]] = {}
+        max_parallel: dict[str | None, int | None] = {None: None}
         for index, spec in enumerate(specs):
             try:
                 params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
@@ -224,34 +275,16 @@ class SlurmBackend:
                 continue
             group = spec.group.key if spec.group is not None else None
             if spec.group is not None:
-                throttles[group] = spec.group.max_parallel
+                max_parallel[group] = spec.group.max_parallel
             groups.setdefault((spec.run_as, spec.python, group_key(params), group), []).append(index)
         size = self.max_array_size()
-        unreachable: str | None = None  # once SLURM stopped answering: what the jobs left out are told
+        planned = []
         for (run_as, python, key, group), members in groups.items():
             chunks = [members[start : start + size] for start in range(0, len(members), size)]
-            throttles_now = share_throttle(throttles[group], len(chunks))
-            for number, chunk in enumerate(chunks):
-                chunk_specs = [specs[i] for i in chunk]
-                if number >= len(throttles_now):
-                    results = _left_out(chunk_specs, WAITING_FOR_ROOM)
-                elif unreachable is not None:
-                    results = _left_out(chunk_specs, unreachable)
-                else:
-                    parallelism = throttles_now[number]
-                    try:
-                        results = self._submit_chunk(chunk_specs, dict(key), run_as, python, parallelism)
-                    except _Refused as error:  # nothing of this chunk was queued
-                        if not any(o is not None and o.accepted for o in outcomes):
-                            raise BackendError(f"SLURM is unreachable: {error.message}") from error
-                        # Some jobs of this batch are queued already: raising would lose track of them.
-                        unreachable = _unreachable_text(error.message)
-                        results = _left_out(chunk_specs, unreachable)
-                    else:
-                        unreachable = next((o.error for o in results if o.transient), None)
-                for index, outcome in zip(chunk, results, strict=True):
-                    outcomes[index] = outcome
-        return [outcome for outcome in outcomes if outcome is not None]
+            throttles = share_throttle(max_parallel[group], len(chunks))
+            for chunk, at_once in zip(chunks, throttles, strict=True):
+                planned.append((chunk, dict(key), run_as, python, at_once))
+        return planned
 
     def _sbatch(self, script: Path, account: Account, environment: Mapping[str, str]) -> str:
         """sbatch as the jobs' account (SLURM's accounting, fair share and limits are then theirs),

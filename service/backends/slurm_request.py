@@ -84,15 +84,19 @@ def warning_signal_delay_s(timeout_min: int) -> int:
 
 
 def share_throttle(max_parallel: int | None, arrays: int) -> list[int | None]:
-    """The `%N` of each array that goes now when one group (a sweep) needs `arrays` arrays: together
-    at most `max_parallel` (None: no throttle). With more arrays than max_parallel, only the first
-    max_parallel go, one task at a time each: the others wait, and the dispatcher sends their jobs as
-    the running ones leave room (service.loops.sweep_claims)."""
+    """The `%N` of each of the `arrays` arrays one group (a sweep) needs past MaxArraySize: together
+    `max_parallel` (None: no throttle), each at least 1. The claim hands over no more of a sweep than
+    max_parallel arrays hold (service.loops.sweep_claims), so there are never more arrays than that:
+    ValueError if there are, before anything is submitted."""
     if max_parallel is None:
         return [None] * arrays
-    now = min(arrays, max_parallel)
-    base, extra = divmod(max_parallel, now)
-    return [base + (1 if index < extra else 0) for index in range(now)]
+    if arrays > max_parallel:
+        raise ValueError(
+            f"{arrays} arrays cannot share a max_parallel of {max_parallel}: the claim hands over at most "
+            "max_parallel arrays of a sweep"
+        )
+    base, extra = divmod(max_parallel, arrays)
+    return [base + (1 if index < extra else 0) for index in range(arrays)]
 
 
 def job_name(specs: Sequence[RunSpec]) -> str:
