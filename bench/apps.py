@@ -33,6 +33,9 @@ class NullBackend:
     def validate_is_quick(self, spec: RunSpec) -> bool:
         return True
 
+    def array_size(self) -> int | None:
+        return 1001  # SLURM's default MaxArraySize
+
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         return [SubmitOutcome(job_id=s.job_id, external_id=str(next(self._ids))) for s in specs]
 

@@ -32,7 +32,7 @@ import submitit
 
 from bench.harness import post_many, time_job, torchyard
 from service.backends.slurm import SlurmBackend
-from service.backends.slurm_submit import SRUN_ARGS
+from service.backends.slurm_request import SRUN_ARGS
 from service.config import Settings
 from service.ledger.db import session_scope
 from service.ledger.models import Job

@@ -31,6 +31,7 @@ class FakeBackend:
     - `poll_interval_s`: how often the reconciler polls it (the tests' settings use 0.05 s too).
     - `recovered` / `undecided` / `recover_error`: what recover() answers for a job folder (an id the
       scheduler got anyway; a folder it cannot tell yet; BackendError); other folders answer None.
+    - `max_array_size`: what array_size() answers where runs_arrays (None: not known yet).
     - `others_jobs`: job folders whose `<id>_submitted.pkl` names another folder's job (disowned(),
       which raises BackendError(recover_error) too).
     """
@@ -43,6 +44,7 @@ class FakeBackend:
         self.poll_interval_s = poll_interval_s
         self.max_nodes = 1 if name == "local" else None  # as the real backend of that name declares
         self.runs_arrays = name != "local"
+        self.max_array_size: int | None = 1001  # SLURM's default MaxArraySize
         self.submit_error: str | None = None
         self.reject: dict[str, str] = {}
         self.unreachable: dict[str, str] = {}
@@ -113,6 +115,9 @@ class FakeBackend:
 
     def validate_is_quick(self, spec: RunSpec) -> bool:
         return True
+
+    def array_size(self) -> int | None:
+        return self.max_array_size if self.runs_arrays else None
 
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         with self._lock:

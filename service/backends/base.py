@@ -71,8 +71,16 @@ class Backend(Protocol):
 
     @property
     def runs_arrays(self) -> bool:
-        """True: jobs of one ArrayGroup handed over together become one scheduler array, throttled by
-        the scheduler to its max_parallel. False: the dispatcher holds them back to max_parallel."""
+        """True: jobs of one ArrayGroup handed over together become one scheduler array (one per
+        array_size() jobs, their throttles sharing its max_parallel). False: the dispatcher holds them
+        back to max_parallel. Either way the dispatcher's claim decides how many go out
+        (service.loops.sweep_claims); a backend submits what it is handed."""
+        ...
+
+    def array_size(self) -> int | None:
+        """The most jobs one scheduler array holds, from memory: the claim asks it under its row
+        locks, so it never waits on the scheduler. None while not known yet (a backend that reads it
+        from its scheduler starts finding out), and where runs_arrays is False."""
         ...
 
     @property

@@ -1,4 +1,4 @@
-"""The local backend: submitit's local executor, one controller process per job on this machine.
+"""The local backend: submitit's local controller, one per job on this machine, started by us.
 
 Each job's controller runs in a session of its own, so that a Ctrl-C on the service leaves jobs
 running and cancel can stop the controller and every rank together (one process group). It starts
@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -28,16 +27,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from service.accounts import Account
 from service.backends.base import BackendStatus, SubmitOutcome
 from service.backends.job_env import JobEnvironment
-from service.errors import BackendError
-from service.jobfs import log_file, remove_from, rename_in, write_new_file
+from service.backends.submitit_adapter import CONTROLLER_MARK, local_controller, pickled_call
+from service.jobfs import SUBMITTED_SUFFIX, log_file, remove_from, rename_in, write_new_file
 from service.states import JobState
+from worker.launch import RankLauncher
 from worker.spec import JobFiles, RunSpec, ascii_int
 
 log = logging.getLogger(__name__)
@@ -45,7 +43,6 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE_S = 3.0
 HOST = socket.gethostname()  # where every local job runs
 RESULT_CHECK_S = 0.02
-_CONTROLLER_MODULE = b"submitit.local._local"
 
 
 class LocalBackend:
@@ -76,6 +73,9 @@ class LocalBackend:
     def validate_is_quick(self, spec: RunSpec) -> bool:
         return True
 
+    def array_size(self) -> int | None:
+        return None  # no arrays: the dispatcher throttles a sweep (runs_arrays)
+
     def submit(self, specs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         return [self._submit_one(spec) for spec in specs]
 
@@ -96,7 +96,7 @@ class LocalBackend:
             except (OSError, ValueError):  # gone: nothing to tell, and nothing to harm
                 continue
             ours = str(JobFiles(folder).submitit).encode()
-            if any(_CONTROLLER_MODULE in arg for arg in argv) and ours not in argv:
+            if any(CONTROLLER_MARK in arg for arg in argv) and ours not in argv:
                 found.add(folder)
         return found
 
@@ -139,7 +139,7 @@ class LocalBackend:
     def _submit_one(self, spec: RunSpec) -> SubmitOutcome:
         try:
             process = self._start(spec)
-        except Exception as error:  # submitit or the OS said no: this job only
+        except Exception as error:  # the folder or the OS said no: this job only
             log.warning("local submission of job %s failed: %s", spec.job_id, error)
             return SubmitOutcome(job_id=spec.job_id, error=f"local submission failed: {error}")
         external_id = str(process.pid)
@@ -151,26 +151,37 @@ class LocalBackend:
         return SubmitOutcome(job_id=spec.job_id, external_id=external_id)
 
     def _start(self, spec: RunSpec) -> subprocess.Popen[bytes]:
+        """Start the job's controller (submitit's, which starts and watches the ranks) and give it
+        the pickle it waits for, `<its PID>_submitted.pkl`: staged first, then renamed, both through
+        a no-link handle on the job's submitit folder (service.jobfs).
+
+        The controller, and through it every rank, starts as the job's account, in the job's folder,
+        with the built environment and nothing of the service's, in a session of its own: what
+        submitit's own start_controller cannot do (it passes the service's whole environment on)."""
         account = Account.of_job(spec.run_as)
         environment = self._environment.with_python(spec.python)
-        executor = _session_executor_class()(folder=spec.files.submitit, python=environment.python)
-        # The controller, and through it every rank, starts as the job's account, in the job's
-        # folder, with the built environment and nothing of the service's.
-        executor.start_as = StartAs(
-            prefix=account.command_prefix(),
-            environment=environment.variables(account),
-            workdir=spec.files.folder,
+        folder = spec.files.submitit.absolute()
+        timeout_min = int(spec.resources.timeout_min)
+        staged = f".pickle-{uuid.uuid4().hex}.tmp"
+        write_new_file(folder, staged, pickled_call(RankLauncher(spec.model_dump_json()), timeout_min))
+        controller = local_controller(
+            environment.python,
+            str(folder),
+            tasks=spec.resources.tasks_per_node,
+            gpus=spec.resources.gpus_per_node,
+            timeout_min=timeout_min,
         )
-        executor.update_parameters(
-            tasks_per_node=spec.resources.tasks_per_node,
-            gpus_per_node=spec.resources.gpus_per_node,
-            timeout_min=int(spec.resources.timeout_min),
-            name=spec.name,
-        )
-        from worker.launch import RankLauncher
-
-        job = executor.submit(RankLauncher(spec.model_dump_json()))
-        process: subprocess.Popen[bytes] = job._process
+        try:
+            process = subprocess.Popen(
+                [*account.command_prefix(), *controller.argv],
+                env={**environment.variables(account), **controller.variables},
+                cwd=spec.files.folder,
+                start_new_session=True,
+            )
+        except BaseException:
+            remove_from(folder, staged)
+            raise
+        rename_in(folder, staged, f"{process.pid}{SUBMITTED_SUFFIX}")
         return process
 
     def _watch(self, process: subprocess.Popen[bytes], result: Path) -> None:
@@ -239,7 +250,7 @@ class LocalBackend:
         except (OSError, IndexError):  # gone, or not readable
             return False
         leads_its_session = group == session == str(pid).encode()
-        if state in (b"Z", b"X") or not leads_its_session or argv[-3:-1] != [b"-m", _CONTROLLER_MODULE]:
+        if state in (b"Z", b"X") or not leads_its_session or argv[-3:-1] != [b"-m", CONTROLLER_MARK]:
             return False
         folder = Path(os.fsdecode(argv[-1]))
         return (
@@ -266,73 +277,3 @@ def _ended(exit_code: int | None) -> BackendStatus:
     return BackendStatus(JobState.succeeded, reason="process ended", exit_code=exit_code)
 
 
-@dataclass(frozen=True)
-class StartAs:
-    """How the controller process of one local job starts."""
-
-    prefix: list[str]  # runs it as the job's account (service.accounts)
-    environment: dict[str, str]
-    workdir: Path
-
-
-_EXECUTOR_CLASS: Any = None
-
-
-def _session_executor_class() -> Any:
-    """submitit's LocalExecutor, its controller started with start_new_session=True (built once)."""
-    global _EXECUTOR_CLASS
-    if _EXECUTOR_CLASS is not None:
-        return _EXECUTOR_CLASS
-    try:
-        from submitit.local import local as submitit_local
-    except ImportError as error:  # pragma: no cover - submitit is a hard requirement
-        raise BackendError(f"submitit is not installed: {error}") from error
-
-    class SessionLocalExecutor(submitit_local.LocalExecutor):
-        start_as: StartAs
-
-        def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
-            """submitit's, but the pickle is written and renamed through a no-link handle on the
-            job's submitit folder (service.jobfs); the controller waits for it."""
-            jobs = []
-            for delayed in delayed_submissions:
-                delayed.set_timeout(self.parameters.get("timeout_min", 2), self.max_num_timeout)
-                staged = f".pickle-{uuid.uuid4().hex}.tmp"
-                write_new_file(self.folder, staged, pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL))
-                try:
-                    job = self._submit_command(self._submitit_command_str)
-                except BaseException:
-                    remove_from(self.folder, staged)
-                    raise
-                rename_in(self.folder, staged, job.paths.submitted_pickle.name)
-                jobs.append(job)
-            return jobs
-
-        def _submit_command(self, command: str) -> Any:
-            ntasks = self.parameters.get("tasks_per_node", 1)
-            gpus = range(self.parameters.get("gpus_per_node", 0))
-            env = dict(self.start_as.environment)
-            env.update(
-                SUBMITIT_LOCAL_NTASKS=str(ntasks),
-                SUBMITIT_LOCAL_COMMAND=command,
-                SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2))),
-                SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
-                SUBMITIT_LOCAL_NODEID="0",
-                SUBMITIT_LOCAL_JOB_NUM_NODES="1",
-                SUBMITIT_STDERR_TO_STDOUT="",
-                SUBMITIT_EXECUTOR="local",
-                CUDA_VISIBLE_DEVICES=",".join(str(k) for k in gpus),
-                SUBMITIT_LOCAL_WITH_SHELL="",
-            )
-            process = subprocess.Popen(
-                [*self.start_as.prefix, self.python, "-m", "submitit.local._local", str(self.folder)],
-                env=env,
-                cwd=self.start_as.workdir,
-                start_new_session=True,
-            )
-            return submitit_local.LocalJob(
-                folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks))
-            )
-
-    _EXECUTOR_CLASS = SessionLocalExecutor
-    return _EXECUTOR_CLASS

@@ -1,115 +1,38 @@
-"""Turning RunSpecs into sbatch submissions through submitit: parameters, groups, job arrays.
+"""Submitting jobs that share their parameters and account: one sbatch, a job array when there are several.
 
-Jobs with equal parameters go out as ONE job array (one sbatch for up to MaxArraySize jobs). submitit's
-own array path puts every element's files in one shared folder; ours must land in each job's own
-`<job folder>/submitit` (the logs, the pickle whose name tells the dispatcher the job's id after a
-restart). So the array's folder is `<array dir>/%a`, where `<array dir>/<index>` is a symlink to that
-job's folder: SLURM expands %a in the log paths, and submitit's runtime (`_submit <folder>`) formats
-it from SLURM_ARRAY_TASK_ID, so every element reads and writes inside its own job's folder.
+Each array element's files land in its own job's `<job folder>/submitit` (the logs, the pickle whose
+name tells the dispatcher the job's id after a restart), not in one shared folder. So the array's
+submitit folder is `<array dir>/%a`, where `<array dir>/<index>` is a link to that job's folder: SLURM
+expands %a in the log paths, and submitit's running side formats it from SLURM_ARRAY_TASK_ID, so every
+element reads and writes inside its own job's folder.
+
+The order keeps a dispatcher killed at any point recoverable (service.backends.slurm_recovery): the
+pickles are staged, then the script is written, then sbatch runs; only once it answered do the
+pickles get the names the running side waits for (it waits up to 60 s).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
-import pickle
-import re
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from submitit.core import core, utils
-from submitit.slurm import slurm as submitit_slurm
-
-from service.jobfs import SUBMITTED_SUFFIX, names_in, remove_from, rename_in, write_new_file
-from worker.spec import Resources, RunSpec, ascii_int
-
-# The only Resources fields that reach sbatch as options of their own (the allow-list): each value is
-# checked against a pattern in worker.spec, and goes into the script as one shell-quoted #SBATCH line.
-ALLOWED_SBATCH_OPTIONS = ("partition", "account", "qos", "constraint")
-SRUN_ARGS = ("--kill-on-bad-exit=1",)  # one rank that fails ends the job, not a hang at rendezvous
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
-# One sbatch's files share a token: its script `.submission_file_<token>.sh` (SLURM keeps that path as
-# the job's command) and each element's pickle `.staged-<token>-<index>.pkl` until sbatch answers. A
-# dispatcher killed in between leaves both names behind, and they are how recovery finds the job.
-STAGED_PREFIX = ".staged-"
-_SCRIPT_TOKEN = re.compile(r"\.submission_file_(?P<token>[0-9a-f]{32})\.sh$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+from service.backends.slurm_recovery import StagedPickle, script_name
+from service.backends.slurm_request import request_for
+from service.backends.submitit_adapter import pickled_call
+from service.jobfs import remove_from, rename_in, write_new_file
+from worker.launch import RankLauncher
+from worker.spec import RunSpec, ascii_int
 
 log = logging.getLogger(__name__)
 
 SbatchRunner = Callable[[Path], str]  # runs sbatch on a script, returns the job id or raises
-
-
-def sbatch_parameters(resources: Resources, default_partition: str | None) -> dict[str, Any]:
-    """The SLURM side of Resources, in submitit's SlurmExecutor names (its _make_sbatch_string)."""
-    params: dict[str, Any] = {
-        "nodes": resources.nodes,
-        "ntasks_per_node": resources.tasks_per_node,
-        "cpus_per_task": resources.cpus_per_task,
-        "time": int(resources.timeout_min),
-    }
-    if resources.gpus_per_node:
-        params["gpus_per_node"] = resources.gpus_per_node
-    if resources.mem_gb is not None:
-        params["mem"] = f"{math.ceil(resources.mem_gb * 1024)}M"
-    for option in ALLOWED_SBATCH_OPTIONS:
-        value = getattr(resources, option)
-        if option == "partition":
-            value = value or default_partition
-        if value:
-            params[option] = value
-    return params
-
-
-def warning_signal_delay_s(timeout_min: int) -> int:
-    """How long before the time limit SLURM sends the checkpoint signal (submitit's default is 90 s).
-
-    For a short limit 90 s would arrive at once, and submitit would take it for a time-out and
-    requeue the job over and over; a quarter of the limit, at most 90 s, leaves it time to run.
-    """
-    return max(5, min(90, timeout_min * 60 // 4))
-
-
-def share_throttle(max_parallel: int | None, arrays: int) -> list[int | None]:
-    """The `%N` of each array that goes now when one group (a sweep) needs `arrays` arrays: together
-    at most `max_parallel` (None: no throttle). With more arrays than max_parallel, only the first
-    max_parallel go, one task at a time each: the others wait, and the dispatcher sends their jobs as
-    the running ones leave room (service.loops.sweep_claims)."""
-    if max_parallel is None:
-        return [None] * arrays
-    now = min(arrays, max_parallel)
-    base, extra = divmod(max_parallel, now)
-    return [base + (1 if index < extra else 0) for index in range(now)]
-
-
-def check_argv(params: dict[str, Any]) -> list[str]:
-    """sbatch's arguments (after the program) for `--test-only` with these parameters: the scheduler's
-    verdict without a job. No shell."""
-    flags = [f"--{key.replace('_', '-')}={value}" for key, value in sorted(params.items())]
-    return ["--test-only", "--output=/dev/null", *flags, "--wrap=true"]
-
-
-def group_key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted(params.items()))
-
-
-def job_name(specs: Sequence[RunSpec]) -> str:
-    """One sbatch job name; a newline in it would end the #SBATCH line, so only safe characters."""
-    names = {spec.name for spec in specs}
-    name = names.pop() if len(names) == 1 else "torchyard"
-    return _UNSAFE_NAME.sub("_", name)[:128] or "torchyard"
-
-
-def check_folder(folder: Path) -> None:
-    """Paths go into the script shell-quoted, which does not make a newline safe: refuse those."""
-    if _CONTROL.search(str(folder)):
-        raise ValueError(f"job folder has a control character: {str(folder)!r}")
+_SCRIPT_MODE = 0o644  # sbatch reads the script as the job's account
 
 
 def arrays_dir(data_dir: Path) -> Path:
@@ -157,169 +80,6 @@ def link_array_folders(root: Path, folders: Sequence[Path]) -> None:
         os.symlink(target, f"{prefix}{index}", target_is_directory=True)
 
 
-def script_name(token: str) -> str:
-    return f".submission_file_{token}.sh"
-
-
-def script_is_for(command: str, submitit_folder: Path, index: int) -> bool:
-    """Whether SLURM's script path `command` is one the service wrote for the job whose submitit
-    folder is `submitit_folder`: in that folder (a job alone), or in an array folder whose `<index>`
-    link leads there (element `index` of an array). A job's account can name a staged pickle in its
-    folder after any script token (squeue shows every user's); where the script lies it cannot choose."""
-    place = os.path.dirname(command.strip())
-    if place == str(submitit_folder):
-        return True
-    try:
-        return os.readlink(os.path.join(place, str(index))) == str(submitit_folder)
-    except OSError:
-        return False
-
-
-def script_token(command: str) -> str | None:
-    """The token of a script path as SLURM reports it (squeue's Command), None for any other command."""
-    match = _SCRIPT_TOKEN.search(command.strip())
-    return match["token"] if match else None
-
-
-_SCRIPT_MODE = 0o644  # sbatch reads the script as the job's account
-
-
-@dataclass(frozen=True)
-class StagedPickle:
-    """A pickle written before its sbatch answered: element `index` of the script `token`, in `folder`."""
-
-    folder: Path
-    token: str
-    index: int
-
-    @property
-    def name(self) -> str:
-        return f"{STAGED_PREFIX}{self.token}-{self.index}.pkl"
-
-    def write(self, delayed: utils.DelayedSubmission) -> None:
-        """What submitit's DelayedSubmission.dump writes, for the job's account to read (its folder
-        keeps others out). Plain pickle, not submitit's cloudpickle: the callable is an importable
-        class, and cloudpickle's per-object hooks cost more than the write for hundreds of trials."""
-        write_new_file(self.folder, self.name, pickle.dumps(delayed, pickle.HIGHEST_PROTOCOL))
-
-    def adopt(self, external_id: str) -> None:
-        """Give it the name submitit's runtime waits for (`<id>_submitted.pkl`): now the job can run."""
-        rename_in(self.folder, self.name, f"{external_id}{SUBMITTED_SUFFIX}")
-
-    def discard(self) -> None:
-        remove_from(self.folder, self.name)
-
-
-def staged_pickles(folder: Path) -> list[StagedPickle]:
-    """The staged pickles in `folder`; none when it is missing or a link (the job's doing)."""
-    found: list[StagedPickle] = []
-    for name in names_in(folder):
-        if not (name.startswith(STAGED_PREFIX) and name.endswith(".pkl")):
-            continue
-        token, _, index = name[len(STAGED_PREFIX) : -len(".pkl")].rpartition("-")
-        number = ascii_int(index)
-        if token and number is not None:
-            found.append(StagedPickle(folder, token, number))
-    return found
-
-
-def sbatch_still_running(tokens: set[str], proc: Path = Path("/proc")) -> set[str]:
-    """The tokens whose script a process on this host still has on its command line: an sbatch that a
-    dead dispatcher started outlives it, and may yet queue the job."""
-    names = {script_name(token).encode(): token for token in tokens}
-    running: set[str] = set()
-    for cmdline in proc.glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:  # the process ended while we looked
-            continue
-        running.update(token for name, token in names.items() if any(arg.endswith(name) for arg in argv))
-    return running
-
-
-class _SubmittedJob(submitit_slurm.SlurmJob[Any]):
-    """A handle that only carries the id: we poll with our own batched queries, so the job does not
-    register with submitit's class-wide watcher (which would keep every id of a long-lived service)."""
-
-    def _register_in_watcher(self) -> None:
-        pass
-
-
-class TorchyardSlurmExecutor(submitit_slurm.SlurmExecutor):
-    """submitit's SlurmExecutor with per-job folders for arrays and sbatch run through our runner."""
-
-    def __init__(
-        self,
-        folder: Path,
-        *,
-        sbatch: SbatchRunner,
-        python: str | None = None,
-        job_folders: Sequence[Path] = (),
-        parallelism: int | None = None,
-    ) -> None:
-        """`job_folders`: each element's own submitit folder, where its pickle is staged (the array
-        template `folder` reaches them through links)."""
-        self._sbatch = sbatch
-        self._job_folders = list(job_folders)
-        self._parallelism = parallelism
-        super().__init__(folder, python=python)
-
-    @classmethod
-    def affinity(cls) -> int:
-        # submitit looks for srun; the service host needs only sbatch (srun runs on the nodes).
-        return 2
-
-    def _internal_process_submissions(
-        self, delayed_submissions: list[utils.DelayedSubmission]
-    ) -> list[core.Job[Any]]:
-        count = len(delayed_submissions)
-        root = utils.JobPaths.get_first_id_independent_folder(self.folder)
-        root.mkdir(parents=True, exist_ok=True)
-        token = uuid.uuid4().hex
-        # Pickles first, under temporary names inside each job's own folder (same filesystem, so the
-        # rename after sbatch is atomic); submitit's runtime waits up to 60 s for the final name.
-        staged: list[StagedPickle] = []
-        for index, delayed in enumerate(delayed_submissions):
-            delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
-            if index < len(self._job_folders):
-                target = self._job_folders[index]
-            else:
-                target = root / str(index) if count > 1 else root
-            staged.append(StagedPickle(target, token, index))
-            staged[-1].write(delayed)
-        params = dict(self.parameters)
-        if count > 1:  # independent jobs run unthrottled; a sweep's as wide as its max_parallel
-            params.update(map_count=count, array_parallelism=min(count, self._parallelism or count))
-        script = script_name(token)
-        text = submitit_slurm._make_sbatch_string(
-            command=self._submitit_command_str, folder=self.folder, **params
-        )
-        write_new_file(root, script, text.encode(), _SCRIPT_MODE)
-        try:
-            job_id = self._sbatch(root / script)
-        except BaseException:
-            remove_from(root, script)
-            for one in staged:
-                one.discard()
-            raise
-        ids = [f"{job_id}_{index}" for index in range(count)] if count > 1 else [job_id]
-        tasks = list(range(self._num_tasks()))
-        jobs: list[core.Job[Any]] = [
-            _SubmittedJob(folder=self.folder, job_id=one, tasks=tasks) for one in ids
-        ]
-        # SLURM holds every element now: a failure from here on must not lose their ids (the dispatcher
-        # would submit them again). An element whose folder its own account swapped meanwhile waits
-        # for its pickle in vain and fails alone; the script's new name is submitit's habit only.
-        for job, one in zip(jobs, staged, strict=True):
-            try:
-                one.adopt(str(job.job_id))
-            except OSError as error:
-                log.warning("job %s cannot run: its pickle could not be named: %s", job.job_id, error)
-        with contextlib.suppress(OSError):
-            rename_in(root, script, f"{job_id}_submission.sh")
-        return jobs
-
-
 def submit_group(
     specs: Sequence[RunSpec],
     params: dict[str, Any],
@@ -341,8 +101,7 @@ def submit_group(
     """
     folders = [spec.files.submitit for spec in specs]
     if len(specs) == 1:
-        executor = TorchyardSlurmExecutor(folders[0], sbatch=sbatch, python=python)
-        return _submit_all(executor, specs, params, folders[0])
+        return _submit(specs, params, folders, folders[0], folders[0], python, sbatch)
     workdir = array_root(arrays_dir)
     with ThreadPoolExecutor(1, thread_name_prefix="torchyard-array-links") as helper:
         linking = helper.submit(link_array_folders, workdir, folders)
@@ -351,28 +110,50 @@ def submit_group(
             linking.result()  # an element may start as soon as sbatch answers: its link must stand
             return sbatch(script)
 
-        executor = TorchyardSlurmExecutor(
-            workdir / "%a",
-            sbatch=sbatch_once_linked,
-            python=python,
-            job_folders=folders,
-            parallelism=parallelism,
+        return _submit(
+            specs, params, folders, workdir / "%a", workdir, python, sbatch_once_linked, parallelism
         )
-        return _submit_all(executor, specs, params, workdir)
 
 
-def _submit_all(
-    executor: TorchyardSlurmExecutor, specs: Sequence[RunSpec], params: dict[str, Any], workdir: Path
+def _submit(
+    specs: Sequence[RunSpec],
+    params: dict[str, Any],
+    folders: list[Path],
+    template: Path,
+    workdir: Path,
+    python: str,
+    sbatch: SbatchRunner,
+    parallelism: int | None = None,
 ) -> list[str]:
-    from worker.launch import RankLauncher
-
-    executor.update_parameters(
-        **params,
-        job_name=job_name(specs),
-        srun_args=list(SRUN_ARGS),
-        signal_delay_s=warning_signal_delay_s(int(params["time"])),
-        additional_parameters={"chdir": str(workdir)},
-    )
-    with executor.batch():
-        jobs = [executor.submit(RankLauncher(spec.model_dump_json())) for spec in specs]
-    return [str(job.job_id) for job in jobs]
+    """Stage each job's pickle in its own folder, write the script in `workdir`, run sbatch, then
+    give the pickles their final names. Until sbatch answered, a failure leaves nothing behind."""
+    token = uuid.uuid4().hex
+    script = script_name(token)
+    staged: list[StagedPickle] = []
+    try:
+        # Under temporary names inside each job's own folder (same filesystem: the rename is atomic).
+        for index, (spec, folder) in enumerate(zip(specs, folders, strict=True)):
+            staged.append(StagedPickle(folder, token, index))
+            staged[-1].write(pickled_call(RankLauncher(spec.model_dump_json()), int(params["time"])))
+        request = request_for(
+            specs, params, folder=template, workdir=workdir, python=python, parallelism=parallelism
+        )
+        write_new_file(workdir, script, request.materialize().encode(), _SCRIPT_MODE)
+        job_id = sbatch(workdir / script)
+    except BaseException:
+        remove_from(workdir, script)
+        for one in staged:
+            one.discard()
+        raise
+    ids = [f"{job_id}_{index}" for index in range(len(specs))] if len(specs) > 1 else [job_id]
+    # SLURM holds every element now: a failure from here on must not lose their ids (the dispatcher
+    # would submit them again). An element whose folder its own account swapped meanwhile waits
+    # for its pickle in vain and fails alone; the script's new name is submitit's habit only.
+    for one, external_id in zip(staged, ids, strict=True):
+        try:
+            one.adopt(external_id)
+        except OSError as error:
+            log.warning("job %s cannot run: its pickle could not be named: %s", external_id, error)
+    with contextlib.suppress(OSError):
+        rename_in(workdir, script, f"{job_id}_submission.sh")
+    return ids

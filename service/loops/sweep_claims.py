@@ -1,20 +1,25 @@
-"""What the dispatcher's claim does differently for a sweep's trials.
+"""What the dispatcher's claim does differently for a sweep's trials: it alone decides how many of a
+sweep's trials go out (max_parallel), and hands a backend nothing it would have to refuse.
 
-- On a backend that runs arrays (SLURM), a sweep's waiting trials are claimed all together, whatever
-  the batch size, so that they reach the scheduler as one array throttled to the sweep's max_parallel
-  (the RunSpec's ArrayGroup says which array and how wide).
+- On a backend that runs arrays (SLURM), a sweep's waiting trials are claimed together, whatever the
+  batch size, so that they reach the scheduler as one array throttled to the sweep's max_parallel
+  (the RunSpec's ArrayGroup says which array and how wide). Past MaxArraySize the backend cuts them
+  into several arrays whose throttles share max_parallel, each at least one at a time: so at most
+  max_parallel arrays' worth (max_parallel x the backend's array_size()) is claimed; the rest waits,
+  unclaimed, for room. While the backend cannot tell its array size yet, the sweep waits a tick.
 - On one that does not (local), the dispatcher is the throttle: a sweep with max_parallel trials
   under way gets no more claimed, and its waiting trials are left out of the claim query, so that they
   cannot fill every batch and starve other jobs.
 - On an array backend too, once some of a sweep's trials are under way (a trial waiting then is a
-  retry): its array's throttle holds only its own tasks, and a retry sent as an array of its own ran
-  beside them, max_parallel + 1 at once. Such trials wait for room as on a local backend, and the
-  trials under way count every task the array still holds, queued ones too, so that the array cannot
-  fill the room a retry took.
+  retry, or one past the arrays' worth): its arrays' throttles hold only their own tasks, and a trial
+  sent in an array of its own ran beside them, max_parallel + 1 at once. Such trials wait for room as
+  on a local backend, and the trials under way count every task the arrays still hold, queued ones
+  too, so that the arrays cannot fill the room a retry took.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 
 from sqlalchemy import ColumnElement, and_, func, not_, or_, true
@@ -24,7 +29,7 @@ from sqlmodel import Session, col
 
 from service.backends.base import Backend
 from service.ledger.models import Job, Sweep
-from service.states import DISPATCHABLE_STATES, TERMINAL_STATE_NAMES
+from service.states import DISPATCHABLE_STATES, TERMINAL_STATE_NAMES, JobState
 from worker.spec import ArrayGroup
 
 
@@ -37,8 +42,8 @@ def under_way() -> ColumnElement[bool]:
 def room_left(
     session: Session, waiting: ColumnElement[bool], backends: Mapping[str, Backend]
 ) -> dict[int, int]:
-    """Sweeps throttled by the dispatcher that have trials `waiting`: how many more may start now.
-    A sweep on an array backend is one of them only while some of its trials are under way.
+    """Sweeps with a max_parallel that have trials `waiting`: how many more of their trials may be
+    claimed now (_left).
 
     Read before the claim's query, to leave full sweeps out of it (not_full); on PostgreSQL a sweep
     committed after this read can still be in the claim's rows, so what is claimed is cut to
@@ -86,10 +91,17 @@ def _room(
     )
     busy = {sweep_id: count for sweep_id, count in session.execute(counted)}
     return {
-        sweep_id: max(0, (limit or 0) - busy.get(sweep_id, 0))
+        sweep_id: _left(limit or 0, busy.get(sweep_id, 0), backends.get(backend))
         for sweep_id, (limit, backend) in limits.items()
-        if busy.get(sweep_id) or not _runs_arrays(backends, backend)
     }
+
+
+def _left(max_parallel: int, busy: int, backend: Backend | None) -> int:
+    """How many more of a sweep's trials may be claimed now, `busy` of them under way."""
+    if busy or backend is None or not backend.runs_arrays:
+        return max(0, max_parallel - busy)
+    size = backend.array_size()  # from memory: the rows are locked
+    return max_parallel * size if size is not None else 0
 
 
 def not_full(room: Mapping[int, int]) -> ColumnElement[bool]:
@@ -115,15 +127,27 @@ def within_room(rows: Sequence[RowMapping], room: Mapping[int, int]) -> list[Row
 def rest_of_sweeps(
     rows: Sequence[RowMapping], backends: Mapping[str, Backend], room: Mapping[int, int]
 ) -> ColumnElement[bool] | None:
-    """For the sweeps on array backends that `rows` holds some of, and that are not waiting for room:
-    the condition that selects their other waiting trials (None when there are none), so that each
-    sweep leaves as one array."""
-    on_arrays = {row["sweep_id"] for row in rows if _runs_arrays(backends, row["backend"])}
-    sweeps = on_arrays - {None} - room.keys()
-    if not sweeps:
-        return None
-    taken = [row["id"] for row in rows]
-    return and_(col(Job.sweep_id).in_(sweeps), col(Job.id).not_in(taken))
+    """For the sweeps on array backends that `rows` holds some of: the condition that selects more of
+    their queued trials, in id order, up to the room each has left (all of a sweep without a
+    max_parallel), so that each sweep leaves in as few arrays as it can; None when there are none.
+    Retries waiting their backoff are the claim query's to judge: only queued trials are added."""
+    taken = Counter(row["sweep_id"] for row in rows if _runs_arrays(backends, row["backend"]))
+    taken.pop(None, None)
+    claimed = [row["id"] for row in rows]
+    more: list[ColumnElement[bool]] = []
+    for sweep_id, count in taken.items():
+        others = and_(col(Job.sweep_id) == sweep_id, col(Job.id).not_in(claimed))
+        if sweep_id not in room:
+            more.append(others)
+        elif room[sweep_id] > count:
+            next_ones = (
+                core_select(col(Job.id))
+                .where(others, col(Job.state) == JobState.queued, col(Job.claimed_by).is_(None))
+                .order_by(col(Job.id))
+                .limit(room[sweep_id] - count)
+            )
+            more.append(col(Job.id).in_(next_ones))
+    return or_(*more) if more else None
 
 
 def array_groups(session: Session, sweep_ids: Collection[int]) -> dict[int, ArrayGroup]:

@@ -283,6 +283,46 @@ def test_on_an_array_backend_a_sweep_is_handed_over_whole(api: TestClient, fake_
     assert all(fake_slurm.specs[job_id].group == expected for job_id in ids)
 
 
+def test_on_an_array_backend_a_sweep_past_max_parallel_arrays_is_claimed_only_that_far(
+    api: TestClient, fake_slurm: FakeBackend
+) -> None:
+    # Arrays of 2 (MaxArraySize), max_parallel 2: two arrays of %1 hold four trials; a third array
+    # would run a third trial at once. The claim hands over four; the others wait queued, unclaimed,
+    # and are not said to have failed a dispatch.
+    fake_slurm.max_array_size = 2
+    body = sweep_body(job={"entrypoint": TRAIN, "backend": "slurm"}, max_parallel=2)
+    sweep = api.post(SWEEPS, json=body).json()
+    ids = sorted(trial["job_id"] for trial in sweep["trials"])
+    wait_for(lambda: fake_slurm.submit_calls, what="a submission")
+    time.sleep(0.5)  # many dispatch intervals: nothing more while four trials are under way
+    assert [sorted(call) for call in fake_slurm.submit_calls] == [ids[:4]]
+    expected = ArrayGroup(key=f"sweep-{sweep['id']}", max_parallel=2)
+    assert all(fake_slurm.specs[job_id].group == expected for job_id in ids[:4])
+    for job_id in ids[4:]:
+        with Session(runtime_of(api).engine) as session:
+            job = session.get(Job, job_id)
+            assert job is not None and job.state == "queued" and job.claimed_by is None
+            assert "dispatch failed" not in (job.reason or "")
+    for job_id in ids[:3]:  # one trial left under way: room for one more
+        fake_slurm.finish(job_id, 0.5)
+    wait_for(lambda: len(fake_slurm.submit_calls) == 2, what="the next trial, once there was room")
+    assert fake_slurm.submit_calls[1:] == [[ids[4]]]
+
+
+def test_on_an_array_backend_a_sweep_waits_while_the_array_size_is_unknown(
+    api: TestClient, fake_slurm: FakeBackend
+) -> None:
+    fake_slurm.max_array_size = None  # the backend has not read it from the scheduler yet
+    body = sweep_body(job={"entrypoint": TRAIN, "backend": "slurm"}, max_parallel=2)
+    sweep = api.post(SWEEPS, json=body).json()
+    ids = sorted(trial["job_id"] for trial in sweep["trials"])
+    time.sleep(0.5)  # many dispatch intervals
+    assert fake_slurm.submit_calls == []
+    fake_slurm.max_array_size = 1001
+    wait_for(lambda: fake_slurm.submit_calls, what="the sweep, once the size is known")
+    assert [sorted(call) for call in fake_slurm.submit_calls] == [ids]  # whole, as one array
+
+
 def test_locally_max_parallel_trials_run_at_once(api: TestClient, fake: FakeBackend) -> None:
     sweep = api.post(SWEEPS, json=sweep_body(max_parallel=2)).json()
     ids = [trial["job_id"] for trial in sweep["trials"]]

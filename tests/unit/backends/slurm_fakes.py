@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from service.backends.slurm import CommandResult
+from service.backends.slurm_commands import CommandResult
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "slurm"
 

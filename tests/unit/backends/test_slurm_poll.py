@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from service.backends.slurm import SLOW_CALL_S, CommandResult, SlurmBackend
+from service.backends.slurm import SlurmBackend
+from service.backends.slurm_commands import SLOW_CALL_S, CommandResult
 from service.config import Settings
 from service.errors import BackendError, InvalidRequest
 from service.jobfs import log_file

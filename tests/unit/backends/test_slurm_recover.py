@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from service.backends import slurm_parse as parse
-from service.backends.slurm import CommandResult, SlurmBackend
-from service.backends.slurm_submit import script_name, script_token, staged_pickles
+from service.backends.slurm import SlurmBackend
+from service.backends.slurm_commands import CommandResult
+from service.backends.slurm_recovery import script_name, script_token, staged_pickles
 from service.config import Settings
 from service.errors import BackendError
 from service.jobfs import submitted_external_id

@@ -14,10 +14,12 @@ import pytest
 
 from service.accounts import Account
 from service.backends import slurm_submit
-from service.backends.slurm import CommandResult, SlurmBackend
-from service.backends.slurm_submit import share_throttle
+from service.backends.slurm import SlurmBackend
+from service.backends.slurm_commands import CommandResult
+from service.backends.slurm_request import share_throttle
 from service.config import Settings
 from service.errors import BackendError
+from tests.support import wait_for
 from tests.unit.backends.slurm_fakes import FakeCommands, fail, ok, recorded
 from worker.launch import RankLauncher
 from worker.spec import ArrayGroup, RunSpec
@@ -137,21 +139,24 @@ def test_a_sweep_cut_under_max_array_size_shares_its_throttle(
     assert share_throttle(None, 2) == [None, None]
 
 
-def test_a_sweep_of_more_arrays_than_max_parallel_sends_only_max_parallel_of_them(
+def test_a_sweep_of_more_arrays_than_max_parallel_is_refused_before_any_sbatch(
     commands: FakeCommands, sbatch: FakeSbatch, tmp_path: Path
 ) -> None:
-    # Three arrays of %1 would run three trials of a sweep of max_parallel 2 at once.
+    # Three arrays of %1 would run three trials of a sweep of max_parallel 2 at once. The claim never
+    # hands over more than max_parallel arrays' worth (service.loops.sweep_claims, tested in
+    # tests/api/test_sweeps.py); handed more anyway, the backend sends none of it.
     commands.on("scontrol", config(max_array_size=4))
     sweep = ArrayGroup(key="sweep-8", max_parallel=2)
     specs = [make(tmp_path, n).model_copy(update={"group": sweep}) for n in range(10)]
 
-    outcomes = backend(commands, tmp_path).submit(specs)
+    with pytest.raises(ValueError, match="max_parallel"):
+        backend(commands, tmp_path).submit(specs)
 
-    arrays = [line for script in sbatch.scripts for line in script.splitlines() if "--array" in line]
-    assert arrays == ["#SBATCH --array=0-3%1", "#SBATCH --array=0-3%1"]
-    assert [o.accepted for o in outcomes] == [True] * 8 + [False] * 2
-    assert all(o.transient and "max_parallel" in (o.error or "") for o in outcomes[8:])  # sent later
-    assert share_throttle(2, 3) == [1, 1]
+    assert sbatch.scripts == []
+    assert all(list(spec.files.submitit.iterdir()) == [] for spec in specs)
+    assert share_throttle(2, 2) == [1, 1]
+    with pytest.raises(ValueError):
+        share_throttle(2, 3)
 
 
 def test_a_refused_sweep_array_is_not_split_into_unthrottled_jobs(
@@ -291,7 +296,7 @@ def test_free_form_values_are_refused_by_the_spec(tmp_path: Path, resources: dic
 
 
 def test_the_warning_signal_never_arrives_before_a_quarter_of_the_limit() -> None:
-    from service.backends.slurm_submit import warning_signal_delay_s
+    from service.backends.slurm_request import warning_signal_delay_s
 
     assert warning_signal_delay_s(1) == 15
     assert warning_signal_delay_s(60) == 90
@@ -425,3 +430,16 @@ def test_a_folder_swapped_while_sbatch_runs_fails_that_element_alone_and_loses_n
     assert (specs[0].files.submitit / "100_0_submitted.pkl").exists()
     assert (specs[2].files.submitit / "100_2_submitted.pkl").exists()
     assert list(elsewhere.iterdir()) == []
+
+
+def test_the_array_size_is_read_off_the_asking_thread(commands: FakeCommands, tmp_path: Path) -> None:
+    """The dispatcher's claim asks with rows locked: it gets None at once while the size is unknown,
+    and the one scontrol runs on a thread of its own."""
+    commands.on("scontrol", config(max_array_size=7))
+    slurm = backend(commands, tmp_path)
+    assert slurm.scheduler_calls == 0  # building it asked nothing
+    assert slurm.array_size() is None
+    wait_for(lambda: slurm.array_size() == 7, 5, "MaxArraySize")
+    assert len(commands.named("scontrol")) == 1
+    slurm.submit([make(tmp_path, n) for n in range(2)])
+    assert len(commands.named("scontrol")) == 1  # the submission reads the same size
