@@ -26,9 +26,9 @@ from submitit.local.local import LocalJobEnvironment
 from submitit.slurm.slurm import SlurmJobEnvironment
 
 from service.backends import submitit_adapter as adapter
-from service.backends.base import SUBMITTED_SUFFIX
 from service.backends.slurm_recovery import StagedPickle
 from service.backends.slurm_submit import link_array_folders
+from service.jobfs import SUBMITTED_SUFFIX
 from tests.support import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
