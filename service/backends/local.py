@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -42,7 +41,6 @@ log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 3.0
 HOST = socket.gethostname()  # where every local job runs
-RESULT_CHECK_S = 0.02
 
 
 class LocalBackend:
@@ -63,7 +61,6 @@ class LocalBackend:
         # Guards _processes, and is held around every reap of a controller this backend started and
         # every signal to its group: an unreaped child keeps its PID, so the group is the job's.
         self._lock = threading.Lock()
-        self._wakeup: Callable[[], None] = lambda: None
 
     # ---------------------------------------------------------------- protocol
 
@@ -126,7 +123,7 @@ class LocalBackend:
         return log_file(folder, external_id, rank, stream)
 
     def set_wakeup(self, callback: Callable[[], None]) -> None:
-        self._wakeup = callback
+        """Nothing to tell: the reconciler looks for a job's result itself, between its polls."""
 
     def close(self) -> None:
         """Forget the handles; a cancel's pending SIGKILL keeps its own, and each watch thread reaps its
@@ -145,9 +142,6 @@ class LocalBackend:
         external_id = str(process.pid)
         with self._lock:
             self._processes[external_id] = process
-        threading.Thread(
-            target=self._watch, args=(process, spec.files.result), name=f"watch-{external_id}", daemon=True
-        ).start()
         return SubmitOutcome(job_id=spec.job_id, external_id=external_id)
 
     def _start(self, spec: RunSpec) -> subprocess.Popen[bytes]:
@@ -183,24 +177,6 @@ class LocalBackend:
             raise
         rename_in(folder, staged, f"{process.pid}{SUBMITTED_SUFFIX}")
         return process
-
-    def _watch(self, process: subprocess.Popen[bytes], result: Path) -> None:
-        """Wake the reconciler when rank 0's result appears and when the controller ends.
-
-        The result comes first, while the ranks tear down (torch's exit alone takes a while): that
-        is when the job is done for its user. A stat every RESULT_CHECK_S costs next to nothing.
-        """
-        seen_result = False
-        while True:
-            with self._lock:  # a reap, so under the lock that signals take (see _signal_started)
-                ended = process.poll() is not None
-            if ended:
-                self._wakeup()
-                return
-            if not seen_result and result.exists():
-                seen_result = True
-                self._wakeup()
-            time.sleep(RESULT_CHECK_S)
 
     # ---------------------------------------------------------------- status and signals
 

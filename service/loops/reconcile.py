@@ -39,7 +39,6 @@ from worker.spec import JobFiles
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_S = 60.0  # the scheduler is down: ask it rarely
 WATCHED_COLUMNS = (
     col(Job.id),
     col(Job.external_id),
@@ -101,7 +100,12 @@ class Reconciler:
         return self._backends[backend_name].poll_interval_s
 
     def _run(self, backend_name: str) -> None:
+        """Tick at the backend's interval. A scheduler that does not answer is the backend's to back
+        off from (its poll refuses at once, without a call, while it waits: service.backends.slurm), so
+        the loop keeps its pace and goes on with what needs no scheduler (results, cancels); only the
+        ledger, this loop's own, is waited for here."""
         delay = 0.0
+        failing = False  # the scheduler stopped answering: said once, and again once it answers
         while not self._stop.is_set():
             self._wait_looking_for_results(backend_name, delay)
             self._wakes[backend_name].clear()
@@ -109,10 +113,13 @@ class Reconciler:
                 return
             try:
                 self.reconcile_once(backend_name)
-                delay = self.interval(backend_name)
+                if failing:
+                    log.warning("%s answers its status queries again", backend_name)
+                delay, failing = self.interval(backend_name), False
             except BackendError as error:
-                delay = min(MAX_BACKOFF_S, max(self.interval(backend_name), delay) * 2)
-                log.warning("%s status query failed (%s); next try in %.0f s", backend_name, error, delay)
+                delay = self.interval(backend_name)
+                (log.debug if failing else log.warning)("%s status query failed: %s", backend_name, error)
+                failing = True
             except Exception:
                 delay = min(MAX_LEDGER_BACKOFF_S, max(self.interval(backend_name), delay) * 2)
                 log.exception("reconcile of %s failed; next try in %.0f s", backend_name, delay)
