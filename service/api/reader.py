@@ -49,7 +49,7 @@ from sqlalchemy.sql import Select
 
 from service.api.async_postgres import AsyncPostgresPool
 from service.api.driver_read import DriverRead
-from service.domain import jobs, submit
+from service.domain import jobs, storing
 from service.domain.auth import Principal
 from service.domain.jobs import JobRow
 from service.ledger.clock import CLOCK_ROW, LedgerVersion, version_of
@@ -81,7 +81,7 @@ class LedgerReader:
         self._clock_row = DriverRead(CLOCK_ROW, engine.dialect)
         self._clock = TurnReads[None, LedgerVersion](self._read_clock)
         self._stamps = TurnReads[int, jobs.Stamp](self._read_stamps)
-        self._replays = TurnReads[submit.Key, JobPublic](self._read_replays)
+        self._replays = TurnReads[storing.Key, JobPublic](self._read_replays)
         self._threads = anyio.CapacityLimiter(READ_THREADS)
 
     async def _fetch(self, read: DriverRead, values: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -100,10 +100,10 @@ class LedgerReader:
             found.update(jobs.stamps_found(await self._fetch(self._driver_read(statement), values)))
         return found
 
-    async def _read_replays(self, keys: Collection[submit.Key]) -> dict[submit.Key, JobPublic]:
-        found: dict[submit.Key, JobPublic] = {}
-        for statement, values in submit.replay_reads(keys):
-            found.update(submit.replays_found(await self._fetch(self._driver_read(statement), values)))
+    async def _read_replays(self, keys: Collection[storing.Key]) -> dict[storing.Key, JobPublic]:
+        found: dict[storing.Key, JobPublic] = {}
+        for statement, values in storing.replay_reads(keys):
+            found.update(storing.replays_found(await self._fetch(self._driver_read(statement), values)))
         return found
 
     @functools.cache  # noqa: B019 - one per statement (stamp sizes, page shapes) for the reader's life

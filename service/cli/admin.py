@@ -182,11 +182,11 @@ def quota_set(
 def quota_show(user: Annotated[str, typer.Option(help="Whose limits.")]) -> None:
     """A user's limits in force: their own where set, else the service's defaults."""
     from service.config import Settings
-    from service.domain.quotas import count_unfinished, limits_for
+    from service.domain.quotas import count_unfinished_of, limits_for
 
     with _ledger() as session:
         limits = limits_for(session, user, Settings())
-        active = count_unfinished(session, user)
+        active = count_unfinished_of(session, [user])[user]
     for name, value in vars(limits).items():
         typer.echo(f"{name}: {value}")
     typer.echo(f"unfinished jobs now: {active}")

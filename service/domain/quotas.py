@@ -6,18 +6,16 @@ Job size over a limit is 403 (asking again will not help), and so is a submissio
 (a sweep's trials) than the user may have unfinished at all; too many unfinished jobs or too many
 submissions a minute is 429 with Retry-After (it will pass later).
 
-The counts are kept per replica, refreshed from the ledger every `refresh_s` seconds, so a POST
-refused for a count costs no query. A user's unfinished jobs are the ledger's count at the last
-refresh, plus the jobs this replica admitted that are not stored yet, plus those it stored after that
-count was taken: a refresh never forgets a job that is on its way into the ledger, however many POSTs
-race it. The ledger has the last word: the intake counts again in the transaction that stores the
-jobs, under a lock per user (service.loops.intake), so replicas sharing a ledger cannot together admit
-more than the limit, between refreshes or not.
+Each limit has one owner. A user's limits are read from the ledger once every REFRESH_S per replica,
+and the submissions of the last minute are counted in memory (per replica: the rate is a replica's
+protection, not an account). The unfinished jobs are counted by the ledger alone, in the transaction
+that stores the new ones, under a lock per user (service.loops.intake, `count_unfinished_of`): the
+count is exact across replicas, a cancel frees room at once, and no second count in memory can say
+otherwise.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
@@ -36,7 +34,7 @@ from worker.spec import Resources
 
 UNFINISHED = [state.value for state in JobState if not is_terminal(state)]
 WINDOW_S = 60.0
-REFRESH_S = 2.0  # how often a replica counts a user's unfinished jobs again
+REFRESH_S = 2.0  # how often a replica reads a user's limits again
 
 
 @dataclass(frozen=True)
@@ -63,16 +61,8 @@ class TooManyUnfinished(RetryLater):
 @dataclass
 class _Book:
     limits: Limits
-    ledger_active: int  # unfinished jobs in the ledger when it was last counted
     fetched_at: float
-    pending: int = 0  # admitted, not stored yet
-    stored_total: int = 0  # stored by this replica, ever
-    stored_since_count: int = 0  # stored after the last count was taken (it may hold some: a safe side)
-    submissions: deque[float] = field(default_factory=deque)
-
-    @property
-    def active(self) -> int:
-        return self.ledger_active + self.pending + self.stored_since_count
+    submissions: deque[float] = field(default_factory=deque)  # when, in the last minute
 
 
 def limits_for(session: Session, user: str, settings: Settings) -> Limits:
@@ -91,10 +81,6 @@ def limits_for(session: Session, user: str, settings: Settings) -> Limits:
             settings.keep_finished_days if row.keep_finished_days is None else row.keep_finished_days
         ),
     )
-
-
-def count_unfinished(session: Session, user: str) -> int:
-    return count_unfinished_of(session, [user])[user]
 
 
 def count_unfinished_of(session: Session, users: Collection[str]) -> dict[str, int]:
@@ -148,7 +134,8 @@ def _check_rate(book: _Book, now: float) -> None:
 
 
 class QuotaBook:
-    """The per-user counts of one replica. `refresh` runs in a worker thread, `admit` on the event loop."""
+    """One replica's view of its users' limits and of their submissions of the last minute. `refresh`
+    runs in a worker thread, the rest on the event loop."""
 
     def __init__(self, engine: Engine, settings: Settings, refresh_s: float = REFRESH_S) -> None:
         self._engine = engine
@@ -162,78 +149,51 @@ class QuotaBook:
         return book is None or time.monotonic() - book.fetched_at > self._refresh_s
 
     def refresh(self, user: str) -> None:
-        with self._lock:
-            old = self._books.get(user)
-            stored_before = old.stored_total if old else 0
         with Session(self._engine) as session:
             limits = limits_for(session, user, self._settings)
-            active = count_unfinished(session, user)
         with self._lock:
-            book = self._books.setdefault(user, _Book(limits, active, time.monotonic()))
-            book.limits, book.ledger_active, book.fetched_at = limits, active, time.monotonic()
-            book.stored_since_count = book.stored_total - stored_before
-
-    def recount(self, user: str) -> None:
-        """The user's unfinished jobs changed here (a cancel): count them again before the next
-        admission, so that a cancel frees its room at once rather than after REFRESH_S."""
-        with self._lock:
-            book = self._books.get(user)
-            if book is not None:
-                book.fetched_at = -math.inf
+            book = self._books.setdefault(user, _Book(limits, time.monotonic()))
+            book.limits, book.fetched_at = limits, time.monotonic()
 
     def limits(self, user: str) -> Limits:
         return self._books[user].limits
 
     def admit(self, user: str, resources: Resources, jobs: int = 1, jobs_field: str | None = None) -> None:
-        """Count one submission of `jobs` jobs (a sweep's trials, which the request's `jobs_field`
-        makes), or raise: Forbidden for size (of one job, or of a submission of more jobs than the
-        user may ever have unfinished), RetryLater for count and rate (a sweep is one submission for
-        the rate)."""
+        """Take a slot of the minute for one submission of `jobs` jobs (a sweep's trials, which the
+        request's `jobs_field` makes), or raise: Forbidden for size (of one job, or of a submission of
+        more jobs than the user may ever have unfinished), RetryLater for the rate (a sweep is one
+        submission). The unfinished jobs are the intake's to count, in its commit."""
         with self._lock:
-            self._admit(self._books[user], resources, jobs, jobs_field)
-
-    def _admit(self, book: _Book, resources: Resources, jobs: int, jobs_field: str | None) -> None:
-        check_job_size(resources, book.limits)
-        if jobs > book.limits.max_active_jobs:  # a Retry-After would be answered with 429 for ever
-            asked = "1 job" if jobs == 1 else f"{jobs} jobs"
-            raise Forbidden(
-                f"makes {asked} at once, above your limit of {book.limits.max_active_jobs} unfinished "
-                "jobs: it can never be admitted whole (make fewer, or ask for a higher limit)",
-                field=jobs_field,
-            )
-        now = time.monotonic()
-        _check_rate(book, now)
-        if book.active + jobs > book.limits.max_active_jobs:
-            raise too_many_unfinished(book.active, book.limits.max_active_jobs, asked=jobs)
-        book.submissions.append(now)
-        book.pending += jobs
+            book = self._books[user]
+            check_job_size(resources, book.limits)
+            if jobs > book.limits.max_active_jobs:  # a Retry-After would be answered with 429 for ever
+                asked = "1 job" if jobs == 1 else f"{jobs} jobs"
+                raise Forbidden(
+                    f"makes {asked} at once, above your limit of {book.limits.max_active_jobs} unfinished "
+                    "jobs: it can never be admitted whole (make fewer, or ask for a higher limit)",
+                    field=jobs_field,
+                )
+            self._take_slot(book)
 
     def admit_upload(self, user: str) -> None:
         """Count a code upload against the user's submissions of the minute, or raise RetryLater: an
         upload costs the service what a submission does (a body read, an archive checked, a file
         written), and one limit is simpler to know than two."""
         with self._lock:
-            book = self._books[user]
-            now = time.monotonic()
-            _check_rate(book, now)
-            book.submissions.append(now)
+            self._take_slot(self._books[user])
 
-    def stored(self, user: str, jobs: int = 1) -> None:
-        """An admitted submission is in the ledger now (the next count will hold it)."""
-        with self._lock:
-            book = self._books[user]
-            book.pending = max(0, book.pending - jobs)
-            book.stored_total += jobs
-            book.stored_since_count += jobs
-
-    def release(self, user: str, jobs: int = 1, give_back_slot: bool = False) -> None:
-        """A counted submission that stored nothing (a refusal after counting, or a replay): its jobs
-        leave the count. Its slot of the minute stays used, for what it cost (service.domain.submit)
-        and so that refusals cannot be asked for without end, unless `give_back_slot`: a replay of
-        a stored job, or a refusal for the unfinished-jobs count."""
+    def give_back_slot(self, user: str) -> None:
+        """A submission that cost nothing after all: a replay of a stored job, or a refusal for the
+        unfinished-jobs count ("wait for a job to end", not "slow down"). Any other refusal keeps its
+        slot, for what it cost (service.domain.submit) and so that refusals cannot be asked for
+        without end."""
         with self._lock:
             book = self._books.get(user)
-            if book is not None:
-                book.pending = max(0, book.pending - jobs)
-                if give_back_slot and book.submissions:
-                    book.submissions.pop()
+            if book is not None and book.submissions:
+                book.submissions.pop()
+
+    @staticmethod
+    def _take_slot(book: _Book) -> None:
+        now = time.monotonic()
+        _check_rate(book, now)
+        book.submissions.append(now)

@@ -1,37 +1,37 @@
-"""Admission: the whole sequence that turns a POSTed job spec into a stored, queued job.
+"""Admission: the ordered steps that turn a POSTed job spec (or a sweep) into stored, queued jobs.
 
-In order, each step cheaper than the next and none of them counted before it is needed:
-1. the request's shape against this service's limits, and the backend it goes to;
-2. the operator's policy as far as the request itself tells (entrypoints, scripts, environment, which
-   interpreters, who may run uploaded code), and the Unix account the job will run as
-   (service.accounts); a script path is resolved once, here;
-3. an `Idempotency-Key` retry is answered with the job its first request made, before anything is
-   counted: a retry by a user at their limits still gets its job. The job is looked up from the event
-   loop (`replayed`: service.api.reader, one read for the retries of a turn): in a worker thread on a
-   pooled connection it cost four round trips to PostgreSQL and a thread's handoffs;
-4. the user's quotas: the job's size, then the submissions of the minute, then the unfinished jobs.
-   From here on the submission has used its slot of the minute, stored or refused: each step below
-   costs the service (a process, a read of the store, a scheduler call), and a refusal that gave its
-   slot back let a user have them made without end, a new job shape at a time. Only a replay found by
-   the intake (the same job answered again) and the ledger's refusal for the unfinished-job count give
-   the slot back; any refusal gives back the job's place among the unfinished ones;
-5. what the request names, looked at: the interpreter asked what it has, as the job's account
-   (service.domain.policy), and the job's code snapshot (the user's own) read for its files;
-6. room on disk for the job's folder, and the backend's own validation (`sbatch --test-only` may have
-   to be asked: off the event loop, unless the backend says its answer is quick);
-7. the intake's group commit, which also settles two first requests with one key racing each other.
+One request is one `Request`: what it asked, and what the steps derived from it, each once (the
+backend it goes to, the Unix account it runs as, the rows to store). The steps run in the order of
+`STEPS`, each cheaper than the next and none of them counted before it is needed, so the order of
+refusals is the list's and asking a question once cannot change it:
+1. `shape`: the request against this service's limits, and the backend it goes to;
+2. `policy`: the operator's policy as far as the request itself tells (entrypoints, scripts,
+   environment, which interpreters, who may run uploaded code); a script path is resolved once;
+3. `account`: the Unix account the job will run as (service.accounts), and the rows to store;
+4. `replay`: an `Idempotency-Key` retry is answered with the job its first request made, before
+   anything is counted: a retry by a user at their limits still gets its job (service.domain.storing
+   reads it; the store settles two first requests racing each other, in its commit);
+5. `quota`: the job's size, then the submissions of the minute. From here on the submission has used
+   its slot of the minute, stored or refused: each step below costs the service (a process, a read of
+   the store, a scheduler call), and a refusal that gave its slot back let a user have them made
+   without end, a new job shape at a time. Only a replay the store found and the store's refusal for
+   the unfinished-job count give the slot back;
+6. `named`: what the request names, looked at: the interpreter asked what it has, as the job's
+   account (service.domain.policy), and the job's code snapshot (the user's own) read for its files;
+7. `room`: room on disk for the job's folder;
+8. `backend`: the backend's own validation (`sbatch --test-only` may have to be asked: off the event
+   loop, unless the backend says its answer is quick);
+then the store (service.loops.intake's group commit, through `Store`), which counts the user's
+unfinished jobs in the transaction that stores the new ones.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
 
-from sqlalchemy import String, and_, bindparam, or_
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -41,20 +41,45 @@ from service.config import Settings
 from service.domain import code_store, policy, sweeps
 from service.domain.auth import Principal
 from service.domain.code_store import CodeStore
-from service.domain.jobs import JOB_TABLE, JobRowStatement, jobs_found, require_backend
+from service.domain.jobs import require_backend
 from service.domain.quotas import QuotaBook, TooManyUnfinished
 from service.domain.storage import RoomCheck
+from service.domain.storing import Accepted, Store, SweepAccepted, replay, replay_sweep
 from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_field
 from service.errors import InvalidRequest, ServiceError
 from service.ledger.models import JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
-from service.loops.intake import Accepted, JobIntake, SweepAccepted, check_same_request, replay_sweep
-from service.loops.intake import Key as Key  # (owner, Idempotency-Key): one job at most for each
 from worker.spec import RunSpec
 
-StoredT = TypeVar("StoredT", Accepted, SweepAccepted)
 # Fields a job has and a sweep does not: an error naming one of them, in a sweep, is about its `job`.
 JOB_ONLY_FIELDS = frozenset(JobTemplate.model_fields) - frozenset(SweepCreate.model_fields)
-REPLAY_READ = 64  # (owner, Idempotency-Key) pairs per read at most
+
+
+@dataclass
+class Request:
+    """One submission as admission goes through it: what was asked, and what the steps derived."""
+
+    user: Principal
+    job: JobCreate  # the job, or a sweep's template of its trials (a script made real by `policy`)
+    key: str | None  # its Idempotency-Key
+    sweep: SweepCreate | None = None
+    # Derived, once each, by the step named:
+    backend: Backend | None = None  # shape
+    backend_name: str = ""  # shape
+    run_as: str = ""  # account
+    row: NewJob | None = None  # account: the job to store (a sweep's: its first trial)
+    new_sweep: NewSweep | None = None  # account
+    answer: Accepted | SweepAccepted | None = None  # replay: the answer, when it is a retry
+    jobs: int = 1  # how many jobs it makes (a sweep's trials)
+    jobs_field: str | None = None  # the field that makes them
+    counted: bool = False  # quota: its slot of the minute taken
+
+    @property
+    def first(self) -> NewJob:
+        assert self.row is not None, "the account step makes the rows"
+        return self.row
+
+
+Step = Callable[["Admission", Request], Awaitable[None]]
 
 
 @dataclass
@@ -66,25 +91,16 @@ class Admission:
     backends: Mapping[str, Backend]
     quotas: QuotaBook
     room: RoomCheck
-    intake: JobIntake
+    store: Store
     code: CodeStore
     replayed: Callable[[str, str], Awaitable[JobPublic | None]]  # (owner, key): the job it made
 
     async def submit(self, payload: JobCreate, user: Principal, idempotency_key: str | None) -> Accepted:
         """Admit and store one job; `replayed` when an earlier request with this key made it."""
-        backend_name = check_request(payload, self.settings, self.backends)
-        backend = require_backend(self.backends, backend_name)
-        payload = await self._apply_policy(payload, user)
-        run_as = job_account(user.user, user.unix_user, self.settings)
-        row = new_job_row(payload, user.user, backend_name, idempotency_key, run_as=run_as)
-        if idempotency_key is not None:
-            earlier = await self.replayed(user.user, idempotency_key)
-            if earlier is not None:
-                check_same_request(earlier, row)
-                return Accepted(earlier, replayed=True)
-        return await self._count_and_store(
-            user, payload, run_as, backend, row, lambda most: self.intake.add(row, most)
-        )
+        request = Request(user, payload, idempotency_key)
+        answer = await self._admit(request, lambda most: self.store.add(request.first, most))
+        assert isinstance(answer, Accepted)
+        return answer
 
     async def submit_sweep(
         self, payload: SweepCreate, user: Principal, idempotency_key: str | None
@@ -92,108 +108,127 @@ class Admission:
         """Admit and store a sweep with all its trials, as one job's admission does for each of them,
         but with one policy check, one backend validation and one commit; trials count as jobs."""
         check_sweep(payload, self.settings)
+        request = Request(user, payload.job, idempotency_key, sweep=payload)
         with _under_the_sweeps_job():
-            return await self._submit_sweep(payload, user, idempotency_key)
+            answer = await self._admit(request, lambda most: self.store.add_sweep(_new_sweep(request), most))
+        assert isinstance(answer, SweepAccepted)
+        return answer
 
-    async def _submit_sweep(
-        self, payload: SweepCreate, user: Principal, idempotency_key: str | None
-    ) -> SweepAccepted:
-        job = await self._apply_policy(payload.job, user)
-        assert isinstance(job, JobTemplate)
-        payload = payload.model_copy(update={"job": job})
-        params = trial_params(payload)
-        trials = trial_jobs(payload, params)
-        backend_name = check_request(trials[0], self.settings, self.backends)
-        backend = require_backend(self.backends, backend_name)
-        run_as = job_account(user.user, user.unix_user, self.settings)
-        sweep = NewSweep(
-            name=payload.name,
+    async def _admit(
+        self, request: Request, store: Callable[[int], Awaitable[Accepted | SweepAccepted]]
+    ) -> Accepted | SweepAccepted:
+        """Every step in order, then the store; a step's refusal (a ServiceError) answers the request."""
+        try:
+            for step in STEPS:
+                await step(self, request)
+                if request.answer is not None:
+                    return request.answer
+            answer = await store(self.quotas.limits(request.user.user).max_active_jobs)
+        except TooManyUnfinished:
+            self._give_back(request)
+            raise
+        if answer.replayed:  # the store found the key taken meanwhile: nothing new was made
+            self._give_back(request)
+        return answer
+
+    def _give_back(self, request: Request) -> None:
+        if request.counted:
+            self.quotas.give_back_slot(request.user.user)
+
+    # ---------------------------------------------------------------- the steps, in order
+
+    async def _shape(self, request: Request) -> None:
+        request.backend_name = check_request(request.job, self.settings, self.backends)
+        request.backend = require_backend(self.backends, request.backend_name)
+
+    async def _policy(self, request: Request) -> None:
+        """What the request itself tells, and a script's real path."""
+        job = request.job
+        policy.check_env(job.env, self.settings)
+        if job.python is not None:
+            policy.check_python_allowed(job.python, self.settings)
+        if job.code is not None:
+            code_store.require_code_permission(request.user)  # its files are read by `named`
+            if job.script is None or not job.script.startswith("/"):
+                return  # a relative script is the snapshot's, found in it by the ranks
+        elif job.entrypoint is not None:
+            policy.check_entrypoint_allowed(job.entrypoint, self.settings)
+        if job.script is not None:
+            script = await asyncio.to_thread(policy.resolve_allowed_script, job.script, self.settings)
+            request.job = job.model_copy(update={"script": script})  # the real path: no symlink swap later
+
+    async def _account(self, request: Request) -> None:
+        user = request.user
+        request.run_as = job_account(user.user, user.unix_user, self.settings)
+        if request.sweep is None:
+            request.row = new_job_row(
+                request.job, user.user, request.backend_name, request.key, run_as=request.run_as
+            )
+            return
+        assert isinstance(request.job, JobTemplate)
+        sweep = request.sweep.model_copy(update={"job": request.job})
+        params = trial_params(sweep)
+        trials = trial_jobs(sweep, params)
+        request.jobs, request.jobs_field = len(trials), trials_field(sweep)
+        request.new_sweep = NewSweep(
+            name=sweep.name,
             owner=user.user,
-            backend=backend_name,
-            request=payload.model_dump(mode="json"),
-            max_parallel=payload.max_parallel,
-            metric=payload.metric,
-            goal=payload.goal,
+            backend=request.backend_name,
+            request=sweep.model_dump(mode="json"),
+            max_parallel=sweep.max_parallel,
+            metric=sweep.metric,
+            goal=sweep.goal,
             trials=[
-                replace(new_job_row(trial, user.user, backend_name, run_as=run_as), params=one)
+                replace(
+                    new_job_row(trial, user.user, request.backend_name, run_as=request.run_as), params=one
+                )
                 for trial, one in zip(trials, params, strict=True)
             ],
-            idempotency_key=idempotency_key,
+            idempotency_key=request.key,
         )
-        if idempotency_key is not None:  # a retry is answered before anything is counted
-            earlier = await asyncio.to_thread(find_replayed_sweep, self.engine, user.user, idempotency_key)
-            if earlier is not None:
-                return replay_sweep(earlier, sweep.request)
-        return await self._count_and_store(
-            user,
-            job,
-            run_as,
-            backend,
-            sweep.trials[0],
-            lambda most: self.intake.add_sweep(sweep, most),
-            jobs=len(trials),
-            jobs_field=trials_field(payload),
-        )
+        request.row = request.new_sweep.trials[0]
 
-    async def _count_and_store(
-        self,
-        user: Principal,
-        job: JobCreate,
-        run_as: str,
-        backend: Backend,
-        first: NewJob,
-        store: Callable[[int], Awaitable[StoredT]],
-        jobs: int = 1,
-        jobs_field: str | None = None,
-    ) -> StoredT:
-        """Steps 4 to 7 for one submission of `jobs` jobs like `job` (made by the request's
-        `jobs_field`): count it against the user's quotas, look at what it names, check the room and
-        the backend (with the `first` job), then `store(the user's active-job limit)`. What was
-        counted is given back when nothing new was stored, its slot of the minute only for a replay
-        or a refusal for the unfinished-job count (the module's step 4)."""
-        if self.quotas.needs_refresh(user.user):
-            await asyncio.to_thread(self.quotas.refresh, user.user)
-        self.quotas.admit(user.user, job.resources, jobs=jobs, jobs_field=jobs_field)
-        try:
-            await self._look_at_what_it_names(job, user, run_as)
-            await self.room.check()
-            await self._validate(backend, RunSpec(job_id=0, name=first.name, folder="", **first.spec))
-            accepted = await store(self.quotas.limits(user.user).max_active_jobs)
-        except TooManyUnfinished:
-            self.quotas.release(user.user, jobs=jobs, give_back_slot=True)
-            raise
-        except BaseException:
-            self.quotas.release(user.user, jobs=jobs)
-            raise
-        if accepted.replayed:
-            self.quotas.release(user.user, jobs=jobs, give_back_slot=True)
-        else:
-            self.quotas.stored(user.user, jobs=jobs)
-        return accepted
+    async def _replay(self, request: Request) -> None:
+        if request.key is None:
+            return
+        if request.new_sweep is not None:
+            earlier_sweep = await asyncio.to_thread(
+                find_replayed_sweep, self.engine, request.user.user, request.key
+            )
+            if earlier_sweep is not None:
+                request.answer = replay_sweep(earlier_sweep, request.new_sweep.request)
+            return
+        earlier = await self.replayed(request.user.user, request.key)
+        if earlier is not None:
+            request.answer = replay(earlier, request.first)
 
-    async def _apply_policy(self, payload: JobCreate, user: Principal) -> JobCreate:
-        """Step 2: what the request itself tells, and a script's real path."""
-        policy.check_env(payload.env, self.settings)
-        if payload.python is not None:
-            policy.check_python_allowed(payload.python, self.settings)
-        if payload.code is not None:
-            code_store.require_code_permission(user)  # its files are read at step 5
-            if payload.script is None or not payload.script.startswith("/"):
-                return payload  # a relative script is the snapshot's, found in it by the ranks
-        elif payload.entrypoint is not None:
-            policy.check_entrypoint_allowed(payload.entrypoint, self.settings)
-        if payload.script is None:
-            return payload
-        script = await asyncio.to_thread(policy.resolve_allowed_script, payload.script, self.settings)
-        return payload.model_copy(update={"script": script})  # the real path: no symlink swap later
+    async def _quota(self, request: Request) -> None:
+        user = request.user.user
+        if self.quotas.needs_refresh(user):
+            await asyncio.to_thread(self.quotas.refresh, user)
+        self.quotas.admit(user, request.job.resources, jobs=request.jobs, jobs_field=request.jobs_field)
+        request.counted = True
 
-    async def _look_at_what_it_names(self, job: JobCreate, user: Principal, run_as: str) -> None:
-        """Step 5, once the submission is counted: a process, and a read of the code store."""
+    async def _named(self, request: Request) -> None:
+        """Once the submission is counted: a process, and a read of the code store."""
+        job = request.job
         if job.python is not None:
-            await asyncio.to_thread(policy.check_python_runs_jobs, job.python, run_as)
+            await asyncio.to_thread(policy.check_python_runs_jobs, job.python, request.run_as)
         if job.code is not None:
-            paths = await asyncio.to_thread(self._code_paths, job.code, user)
+            paths = await asyncio.to_thread(self._code_paths, job.code, request.user)
             policy.check_code_target(job.entrypoint, job.script, paths, self.settings)
+
+    async def _room(self, request: Request) -> None:
+        await self.room.check()
+
+    async def _backend(self, request: Request) -> None:
+        assert request.backend is not None
+        first = request.first
+        probe = RunSpec(job_id=0, name=first.name, folder="", **first.spec)
+        if request.backend.validate_is_quick(probe):
+            request.backend.validate(probe)
+        else:
+            await asyncio.to_thread(request.backend.validate, probe)
 
     def _code_paths(self, code_id: str, user: Principal) -> frozenset[str]:
         """The files of the user's snapshot `code_id` (404 when not theirs)."""
@@ -201,12 +236,22 @@ class Admission:
             row = code_store.find(session, user, code_id)
         return frozenset(self.code.paths(row.digest))
 
-    @staticmethod
-    async def _validate(backend: Backend, probe: RunSpec) -> None:
-        if backend.validate_is_quick(probe):
-            backend.validate(probe)
-        else:
-            await asyncio.to_thread(backend.validate, probe)
+
+STEPS: tuple[Step, ...] = (
+    Admission._shape,
+    Admission._policy,
+    Admission._account,
+    Admission._replay,
+    Admission._quota,
+    Admission._named,
+    Admission._room,
+    Admission._backend,
+)
+
+
+def _new_sweep(request: Request) -> NewSweep:
+    assert request.new_sweep is not None, "the account step makes the sweep"
+    return request.new_sweep
 
 
 @contextmanager
@@ -271,33 +316,3 @@ def new_job_row(
 def find_replayed_sweep(engine: Engine, owner: str, key: str) -> Sweep | None:
     with Session(engine) as session:
         return sweeps.find_replayed(session, owner, key)
-
-
-def replay_reads(keys: Iterable[Key]) -> Iterator[tuple[JobRowStatement, dict[str, str]]]:
-    """The statements (and their values) that read the jobs earlier requests with these keys made,
-    whole (rows for `replays_found`): indexed reads of REPLAY_READ keys at most, each a power of two
-    in size (the last key fills), so that a few statements, built once, serve every count."""
-    ordered = sorted(set(keys))
-    for start in range(0, len(ordered), REPLAY_READ):
-        chunk = ordered[start : start + REPLAY_READ]
-        size = 1 << (len(chunk) - 1).bit_length()
-        values: dict[str, str] = {}
-        for index in range(size):
-            values[f"owner{index}"], values[f"key{index}"] = chunk[min(index, len(chunk) - 1)]
-        yield _replay_statement(size), values
-
-
-@functools.cache
-def _replay_statement(size: int) -> JobRowStatement:
-    """Every column of the jobs with up to `size` (owner, Idempotency-Key) pairs (replay_reads)."""
-    owner, key = JOB_TABLE.c.owner, JOB_TABLE.c.idempotency_key
-    pairs = [
-        and_(owner == bindparam(f"owner{n}", type_=String), key == bindparam(f"key{n}", type_=String))
-        for n in range(size)
-    ]
-    return JOB_TABLE.select().where(or_(*pairs))
-
-
-def replays_found(rows: Iterable[Sequence[Any]]) -> dict[Key, JobPublic]:
-    """The jobs replay_reads read, by their (owner, Idempotency-Key)."""
-    return {(job["owner"], job["idempotency_key"]): JobPublic.model_validate(job) for job in jobs_found(rows)}

@@ -1,8 +1,10 @@
-"""Group commit for new jobs: many POSTs, one transaction.
+"""Group commit for new jobs: many POSTs, one transaction (admission's `Store`, service.domain.storing).
 
 SQLite allows one writer at a time; a transaction per request makes requests queue on the write lock
 and the slowest wait for all the others. One writer thread drains whatever arrived meanwhile and commits it
-together, so each request waits for at most one commit.
+together, so each request waits for at most one commit. The commit is where an Idempotency-Key is
+settled for good (the jobs its keys made are read there, `replay_reads`, and a key another replica
+stored meanwhile makes the batch look again) and where each owner's unfinished jobs are counted.
 """
 
 from __future__ import annotations
@@ -13,20 +15,29 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import String, Table, bindparam, cast, false, func, insert, literal, update
+from sqlalchemy import String, Table, bindparam, cast, func, insert, literal, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from service.domain.quotas import count_unfinished_of, too_many_unfinished
+from service.domain.storing import (
+    Accepted,
+    Key,
+    SweepAccepted,
+    replay,
+    replay_reads,
+    replay_sweep,
+    replays_found,
+)
 from service.domain.sweeps import just_made
+from service.domain.transitions import record_accepted
 from service.errors import Conflict
-from service.ledger.clock import stamp_jobs
 from service.ledger.db import write_scope
-from service.ledger.models import AuditEntry, Job, JobEvent, JobPublic, NewJob, NewSweep, Sweep, SweepPublic
+from service.ledger.models import AuditEntry, Job, JobPublic, NewJob, NewSweep, Sweep
 from service.ledger.sql import id_conditions
 from service.states import JobState
 
@@ -36,10 +47,7 @@ MAX_BATCH = 500
 
 # Core tables: the writer inserts a batch as a few multi-row statements, not one ORM object a row.
 _JOBS: Table = Job.__table__  # type: ignore[attr-defined]
-_EVENTS: Table = JobEvent.__table__  # type: ignore[attr-defined]
 _AUDIT: Table = AuditEntry.__table__  # type: ignore[attr-defined]
-# SQLite: a write that changes nothing, to take the database's write lock (_UnfinishedCount)
-_TAKE_WRITE_LOCK = update(_JOBS).where(false()).values(name=_JOBS.c.name)
 # PostgreSQL: the advisory lock of each of `keys`, in their order (_UnfinishedCount)
 _QUOTA_KEYS = (
     func.unnest(bindparam("keys", type_=ARRAY(String)))
@@ -47,23 +55,6 @@ _QUOTA_KEYS = (
     .render_derived()
 )
 _LOCK_QUOTAS = select(func.pg_advisory_xact_lock(func.hashtext(_QUOTA_KEYS.c.key))).order_by(_QUOTA_KEYS.c.n)
-
-Key = tuple[str, str]  # (owner, idempotency key)
-Stored = TypeVar("Stored", Job, Sweep)
-
-
-@dataclass(frozen=True)
-class Accepted:
-    job: JobPublic
-    replayed: bool  # True: an Idempotency-Key retry, answered with the job the first request made
-
-
-@dataclass(frozen=True)
-class SweepAccepted:
-    sweep_id: int
-    replayed: bool  # True: an Idempotency-Key retry, answered with the sweep the first request made
-    made: SweepPublic | None = None  # the sweep as this request stored it (None for a replay)
-
 
 Outcome = Accepted | SweepAccepted
 
@@ -265,14 +256,6 @@ class JobIntake:
                 .values(folder=literal(self._folder_prefix) + cast(_JOBS.c.id, String))
             )
         connection.execute(
-            insert(_EVENTS),
-            [
-                {"job_id": job_id, "from_state": None, "to_state": JobState.queued.value,
-                 "reason": "accepted", "attempt": 1, "time": row.created_at}
-                for job_id, row in zip(ids, fresh, strict=True)
-            ],
-        )  # fmt: skip
-        connection.execute(
             insert(_AUDIT),
             [
                 {"time": row.created_at, "actor": row.owner, "action": "job.submit",
@@ -280,7 +263,9 @@ class JobIntake:
                 for job_id, row in zip(ids, fresh, strict=True)
             ],
         )  # fmt: skip
-        stamp = stamp_jobs(session, ids)  # last: the clock is the last lock a transaction takes
+        stamp = record_accepted(
+            session, [(job_id, row.created_at) for job_id, row in zip(ids, fresh, strict=True)]
+        )
         return [
             JobPublic.model_validate(
                 {**value, "id": job_id, "folder": f"{self._folder_prefix}{job_id}", "updated_at": stamp}
@@ -306,9 +291,8 @@ def _inserted_ids(connection: Connection, values: list[dict[str, Any]]) -> list[
 class _UnfinishedCount:
     """The owners' unfinished jobs, counted once per batch under a lock per owner, plus those the
     batch adds. On PostgreSQL the lock is a transaction-scoped advisory lock, taken in name order so
-    two replicas' batches cannot deadlock. On SQLite it is the database's one write lock, taken
-    before the count by a write that changes nothing: the driver starts no transaction for a
-    SELECT, so a count alone would see nothing of another writer's batch in flight.
+    two replicas' batches cannot deadlock. On SQLite it is the database's one write lock, which the
+    write scope took at its start (service.ledger.db).
 
     Two statements for the whole batch, the locks then the counts (a count in the locking statement
     would read from a snapshot taken before the locks were granted). With two for each owner, a
@@ -320,9 +304,7 @@ class _UnfinishedCount:
         if not owners:
             return
         connection = session.connection()
-        if connection.dialect.name == "sqlite":
-            connection.execute(_TAKE_WRITE_LOCK)
-        elif connection.dialect.name == "postgresql":
+        if connection.dialect.name == "postgresql":
             connection.execute(_LOCK_QUOTAS, {"keys": [f"quota:{owner}" for owner in sorted(owners)]})
         self._counts = count_unfinished_of(session, owners)
 
@@ -374,56 +356,29 @@ def _job_values(row: NewJob, sweep_id: int | None) -> dict[str, Any]:
 
 
 def _jobs_by_key(session: Session, rows: list[NewJob]) -> dict[Key, JobPublic]:
-    found = _by_key(session, Job, rows)
-    return {key: JobPublic.model_validate(job, from_attributes=True) for key, job in found.items()}
-
-
-def replay_sweep(earlier: Sweep, request: dict[str, Any]) -> SweepAccepted:
-    """The answer to a retry of the request that made `earlier`; Conflict when it is another request."""
-    if earlier.request != request:
-        raise Conflict(
-            f"this Idempotency-Key was already used for a different sweep (sweep {earlier.id})",
-            field="Idempotency-Key",
-        )
-    assert earlier.id is not None
-    return SweepAccepted(earlier.id, replayed=True)
+    """The jobs earlier requests with these rows' keys made (service.domain.storing's one read)."""
+    keys = [(row.owner, row.idempotency_key) for row in rows if row.idempotency_key is not None]
+    found: dict[Key, JobPublic] = {}
+    for statement, values in replay_reads(keys):
+        found.update(replays_found(session.connection().execute(statement, values)))
+    return found
 
 
 def _sweeps_by_key(session: Session, rows: list[NewSweep]) -> dict[Key, Sweep]:
-    return _by_key(session, Sweep, rows)
-
-
-def _by_key(session: Session, model: type[Stored], rows: Sequence[NewJob | NewSweep]) -> dict[Key, Stored]:
-    """The rows of `model` (Job or Sweep) that earlier requests with these rows' keys made."""
+    """The sweeps earlier requests with these rows' keys made."""
     keys = {row.idempotency_key for row in rows if row.idempotency_key is not None}
     if not keys:
         return {}
     owners = {row.owner for row in rows}
-    query = select(model).where(col(model.idempotency_key).in_(keys), col(model.owner).in_(owners))
-    return {
-        (one.owner, one.idempotency_key): one
-        for one in session.exec(query)
-        if one.idempotency_key is not None
-    }
-
-
-def check_same_request(existing: JobPublic, row: NewJob) -> None:
-    """A retry must be the same request: one key reused for a different job is the caller's bug."""
-    retries = existing.retries.model_dump(mode="json") if existing.retries is not None else None
-    asked = (row.name, row.backend, row.spec, row.retries)
-    if (existing.name, existing.backend, existing.spec, retries) != asked:
-        raise Conflict(
-            f"this Idempotency-Key was already used for a different request (job {existing.id})",
-            field="Idempotency-Key",
-        )
+    query = select(Sweep).where(col(Sweep.idempotency_key).in_(keys), col(Sweep.owner).in_(owners))
+    return {(one.owner, one.idempotency_key): one for one in session.exec(query) if one.idempotency_key}
 
 
 def _replay(earlier: JobPublic, row: NewJob) -> Accepted | Exception:
     try:
-        check_same_request(earlier, row)
+        return replay(earlier, row)
     except Exception as error:
         return error
-    return Accepted(earlier, replayed=True)
 
 
 def _answer_all(answers: list[tuple[_Pending, Outcome | Exception]]) -> None:

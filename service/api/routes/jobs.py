@@ -387,5 +387,4 @@ def get_logs(
 )
 def cancel_job(job_id: JobId, runtime: RuntimeDep, user: CurrentUser) -> Response:
     job = jobs.cancel_job(runtime.engine, job_id, runtime.backends, user)
-    runtime.quotas.recount(job.owner)
     return Response(JobPublic.model_validate(job, from_attributes=True).model_dump_json(), media_type=JSON)

@@ -107,7 +107,6 @@ async def get_sweep(
 def cancel_sweep(sweep_id: SweepId, runtime: RuntimeDep, user: CurrentUser) -> Response:
     sweeps.cancel_sweep(runtime.engine, sweep_id, runtime.backends, user)
     sweep = _read(runtime, sweep_id, user)
-    runtime.quotas.recount(sweep.owner)
     return Response(sweep.model_dump_json(), media_type=JSON)
 
 
