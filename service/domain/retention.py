@@ -29,12 +29,12 @@ from sqlmodel import Session, col
 
 from service import jobfs
 from service.backends import slurm_submit
+from service.bulkhead import Bulkhead, Fault
 from service.config import Settings
 from service.domain.storage import jobs_root
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, UserQuota, utcnow
 from service.ledger.sql import id_conditions
-from service.loops.bulkhead import Bulkhead, Fault
 from service.states import ACTIVE_STATES, TERMINAL_STATES
 
 log = logging.getLogger(__name__)

@@ -137,7 +137,7 @@ def write_scope(engine: Engine) -> Iterator[Session]:
     with writer_turn(engine), session_scope(engine) as session:
         if is_sqlite(str(engine.url)):
             # Python's sqlite3 begins a transaction only before a data change: a SAVEPOINT (a job's
-            # bulkhead, service.loops.bulkhead) sent first would open one itself, and its RELEASE
+            # bulkhead, service.bulkhead) sent first would open one itself, and its RELEASE
             # would COMMIT it. So the transaction begins here, with the write lock it is for: one
             # that read first and wrote later fails at once where another connection (another
             # engine, a CLI command) committed meanwhile, instead of waiting for its turn.

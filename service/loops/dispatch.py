@@ -8,7 +8,7 @@ that id as another folder's job: the folder is the job's account's to change); w
 while the backend was still answering, the backend's `recover` asks the scheduler. What it has is
 adopted, never submitted again.
 
-Each job of a batch is prepared, recovered and recorded on its own (service.loops.bulkhead): an
+Each job of a batch is prepared, recovered and recorded on its own (service.bulkhead): an
 unexpected error there costs that job a tick (its reason says why; after a few in a row it fails),
 never the batch. A backend that raises on a batch is given its jobs again one by one (a sweep's
 array whole), so that the job that raised is found and only it pays.
@@ -37,6 +37,7 @@ from sqlmodel import Session, col, select
 
 from service.accounts import Account
 from service.backends.base import Backend, SubmitOutcome
+from service.bulkhead import Bulkhead, Fault
 from service.config import Settings
 from service.domain.code_store import store_root, unpack_into
 from service.domain.transitions import Submission, record_submissions, record_transition
@@ -46,7 +47,6 @@ from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
 from service.loops import sweep_claims
-from service.loops.bulkhead import Bulkhead, Fault
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 from worker.spec import ArrayGroup, JobFiles, RunSpec, ascii_int
 

@@ -14,11 +14,11 @@ import time
 
 from sqlalchemy.engine import Engine
 
+from service.bulkhead import Bulkhead
 from service.config import Settings
 from service.domain import code_store, retention
 from service.ledger import name_index
 from service.ledger.db import session_scope
-from service.loops.bulkhead import Bulkhead
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ API readers never cause one. Several replicas may reconcile the same jobs: each 
 a row lock (FOR UPDATE SKIP LOCKED on PostgreSQL), and never from a status older than its last change.
 A terminal state from the scheduler is confirmed against the job folder (rank 0's result, the ranks'
 error files) before it is written. Each job's part of a tick runs in its own savepoint
-(service.loops.bulkhead): what one job wrote or raised costs that job, never the tick.
+(service.bulkhead): what one job wrote or raised costs that job, never the tick.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from sqlmodel import Session, col
 
 from service.accounts import NodeHardlinks
 from service.backends.base import Backend, BackendStatus
+from service.bulkhead import Bulkhead, Fault
 from service.domain.endings import Ending, from_rank_errors, settle
 from service.domain.transitions import end_attempt, record_transition, record_waiting
 from service.errors import BackendError
@@ -32,7 +33,6 @@ from service.jobfs import rank_errors, read_placement, read_result, result_writt
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
-from service.loops.bulkhead import Bulkhead, Fault
 from service.loops.progress import ingest_progress
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
 from worker.spec import JobFiles

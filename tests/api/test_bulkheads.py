@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from service import bulkhead
 from service.app import create_app
+from service.bulkhead import FAIL_AFTER
 from service.config import Settings
-from service.loops import bulkhead, reconcile
-from service.loops.bulkhead import FAIL_AFTER
+from service.loops import reconcile
 from service.states import JobState
 from tests.fakes import FakeBackend
 from tests.support import JOBS, authorize, get_job, runtime_of, submit, wait_state

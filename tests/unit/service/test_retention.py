@@ -18,13 +18,13 @@ from sqlmodel import Session, select
 
 from service import jobfs
 from service.backends import slurm_submit
+from service.bulkhead import Bulkhead
 from service.config import Settings
 from service.domain import retention
 from service.domain.storage import jobs_root, prepare_data_dir
 from service.jobfs import folders
 from service.ledger import name_index
 from service.ledger.models import Job, JobEvent, JobMetric, UserQuota, utcnow
-from service.loops.bulkhead import Bulkhead
 from service.loops.housekeeping import Housekeeper
 from service.states import JobState
 
