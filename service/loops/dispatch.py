@@ -2,11 +2,7 @@
 
 A job is first *claimed* (claimed_by/claimed_at, FOR UPDATE SKIP LOCKED on PostgreSQL) and stays
 queued while a backend takes it; only the backend's answer moves it on. A replica that dies between
-the two leaves a claim behind. The job's submitit folder then tells whether the backend already has
-it (`<id>_submitted.pkl`, named once the backend answered, and only if the scheduler does not show
-that id as another folder's job: the folder is the job's account's to change); when the replica died
-while the backend was still answering, the backend's `recover` asks the scheduler. What it has is
-adopted, never submitted again.
+the two leaves a claim behind, which service.loops.recovery settles.
 
 Each job of a batch is prepared, recovered and recorded on its own (service.bulkhead): an
 unexpected error there costs that job a tick (its reason says why; after a few in a row it fails),
@@ -26,14 +22,12 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
-from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import ColumnElement, and_, or_, update
+from sqlalchemy import ColumnElement, and_, update
 from sqlalchemy import select as core_select
 from sqlalchemy.engine import Engine, RowMapping
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col
 
 from service.accounts import Account
 from service.backends.base import Backend, SubmitOutcome
@@ -42,18 +36,18 @@ from service.config import Settings
 from service.domain.code_store import store_root, unpack_into
 from service.domain.transitions import Submission, record_submissions, record_transition
 from service.errors import BackendError
-from service.jobfs import archive_attempt, make_job_folder, submitted_external_id
+from service.jobfs import archive_attempt, make_job_folder
 from service.ledger.db import write_scope
 from service.ledger.models import Job, utcnow
 from service.ledger.sql import id_conditions
 from service.loops import sweep_claims
+from service.loops.recovery import CLAIM_TTL, ClaimRecovery, due
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
-from worker.spec import ArrayGroup, JobFiles, RunSpec, ascii_int
+from worker.spec import ArrayGroup, RunSpec
 
 log = logging.getLogger(__name__)
 
 _V = TypeVar("_V")
-CLAIM_TTL = timedelta(seconds=60)
 # A job folder that cannot be made for one of these reasons waits for a later tick instead of failing
 # the job: a full disk or quota, a shared file system's stale handle or I/O error, no memory.
 PASSING_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ESTALE, errno.EIO, errno.ENOMEM, errno.EAGAIN})
@@ -97,8 +91,7 @@ class Dispatcher:
         self.last_duration_s = 0.0
         self._next_stale_check = 0.0  # time.monotonic(): the first tick looks
         self.bulkhead = Bulkhead("dispatching")
-        # Runs a recovery adopted for jobs their users cancelled meanwhile: stopped once it commits.
-        self._runs_to_stop: dict[str, list[str]] = defaultdict(list)
+        self._recovery = ClaimRecovery(engine, backends, self._replica, self.bulkhead)
 
     # ---------------------------------------------------------------- loop
 
@@ -127,8 +120,10 @@ class Dispatcher:
     def dispatch_once(self) -> int:
         """Claim one batch of queued jobs and hand them to their backends. Returns how many were claimed."""
         started = time.perf_counter()
+        if time.monotonic() >= self._next_stale_check:  # claims a dead dispatcher left behind
+            left = self._recovery.run()
+            self._next_stale_check = time.monotonic() + (0.0 if left else STALE_CHECK_EVERY_S)
         claimed = self._claim()
-        self._stop_adopted_runs()
         by_backend: dict[str, list[RunSpec]] = defaultdict(list)
         for backend_name, spec in self._prepare_all(claimed):
             by_backend[backend_name].append(spec)
@@ -148,10 +143,7 @@ class Dispatcher:
         a sweep's hundreds of folders (or a large code snapshot) would hold every new job's commit.
         """
         with write_scope(self._engine) as session:
-            if time.monotonic() >= self._next_stale_check:
-                left = self._recover_stale_claims(session)
-                self._next_stale_check = time.monotonic() + (0.0 if left else STALE_CHECK_EVERY_S)
-            waiting = and_(_due(), col(Job.claimed_by).is_(None))
+            waiting = and_(due(), col(Job.claimed_by).is_(None))
             seen = sweep_claims.room_left(session, waiting, self._backends)
             query = (
                 core_select(*_CLAIM_COLUMNS)
@@ -176,19 +168,6 @@ class Dispatcher:
                     assert job is not None  # locked by the SELECT above
                     record_transition(session, job, JobState.cancelled, "cancelled by user before dispatch")
             return claimed
-
-    def _stop_adopted_runs(self) -> None:
-        for backend_name, external_ids in list(self._runs_to_stop.items()):
-            backend = self._backends.get(backend_name)
-            try:
-                if backend is not None:
-                    backend.cancel(external_ids)
-            except BackendError as error:  # the next tick tries again
-                log.warning(
-                    "cannot stop %d cancelled job(s) on %s yet: %s", len(external_ids), backend_name, error
-                )
-                continue
-            del self._runs_to_stop[backend_name]
 
     def _prepare_all(self, claimed: list[tuple[RowMapping, ArrayGroup | None]]) -> list[tuple[str, RunSpec]]:
         """The claimed jobs' specs, their folders made. A job whose folder cannot be made fails here,
@@ -284,122 +263,6 @@ class Dispatcher:
         if spec.code is not None:  # the job's own copy: what it runs cannot change under it
             unpack_into(store_root(self._settings), spec.code, files.folder)
         return spec
-
-    def _recover_stale_claims(self, session: Session) -> bool:
-        """Claims left by a dispatcher that died: adopt what the backend has, free the rest for a new
-        submission, and keep the ones the backend cannot tell yet (its sbatch may still be running).
-        True when some are kept: they are looked at again at the next tick."""
-        query = select(Job).where(_due(), col(Job.claimed_by).is_not(None))
-        unsure: dict[str, list[Job]] = defaultdict(list)
-        named: dict[str, dict[Path, tuple[Job, str]]] = defaultdict(dict)
-        kept = False
-        for job in session.exec(query).all():
-            if not self._is_stale(job):
-                continue
-            assert job.id is not None
-            folder = Path(job.folder or ".")
-            external_id = self.bulkhead.guarded(
-                job.id, functools.partial(submitted_external_id, JobFiles(folder))
-            )
-            if isinstance(external_id, Fault):
-                kept |= self._recovery_fault(session, job, external_id)
-            elif external_id is None:
-                unsure[job.backend].append(job)
-            else:
-                named[job.backend][folder] = (job, external_id)
-        for backend_name, found in named.items():
-            others = self._disowned_by_backend(session, backend_name, found)
-            for folder, (job, external_id) in found.items():
-                if others is None:  # the scheduler cannot be asked: keep the claim for the next tick
-                    kept = True
-                elif folder in others:  # a name the job's account made: as if there were none
-                    unsure[backend_name].append(job)
-                else:
-                    if _release_claim(session, job, external_id):
-                        self._runs_to_stop[backend_name].append(external_id)
-        for backend_name, jobs in unsure.items():
-            answers = self._recovered_by_backend(session, backend_name, jobs)
-            for job in jobs:
-                folder = Path(job.folder or ".")
-                if folder in answers:
-                    adopted = answers[folder]
-                    if _release_claim(session, job, adopted) and adopted is not None:
-                        self._runs_to_stop[backend_name].append(adopted)
-                else:
-                    kept = True
-        session.flush()  # the claim below is a Core query: it sees freed jobs only once they are written
-        return kept
-
-    def _recovered_by_backend(
-        self, session: Session, backend_name: str, jobs: list[Job]
-    ) -> dict[Path, str | None]:
-        backend = self._backends.get(backend_name)
-        folders = {Path(job.folder or "."): job for job in jobs}
-        if backend is None:  # submitting again fails and says why
-            return dict.fromkeys(folders)
-        try:
-            return self._per_job(session, folders, lambda some: backend.recover(list(some)))
-        except BackendError as error:
-            log.warning("cannot recover %d claim(s) on %s yet: %s", len(folders), backend_name, error)
-            return {}
-
-    def _disowned_by_backend(
-        self, session: Session, backend_name: str, found: dict[Path, tuple[Job, str]]
-    ) -> set[Path] | None:
-        backend = self._backends.get(backend_name)
-        if backend is None:
-            return set()
-        named = {folder: external_id for folder, (_, external_id) in found.items()}
-
-        def disowned(some: Sequence[Path]) -> dict[Path, bool]:
-            return dict.fromkeys(backend.disowned({folder: named[folder] for folder in some}), True)
-
-        try:
-            return set(self._per_job(session, {folder: job for folder, (job, _) in found.items()}, disowned))
-        except BackendError as error:
-            log.warning("cannot check %d adopted id(s) on %s yet: %s", len(named), backend_name, error)
-            return None
-
-    def _per_job(
-        self, session: Session, jobs: dict[Path, Job], ask: Callable[[Sequence[Path]], dict[Path, _V]]
-    ) -> dict[Path, _V]:
-        """ask(the folders) of the backend, for all of these jobs at once; when it raises anything but
-        BackendError (the scheduler's, which is everyone's), again for each job alone, so that only
-        the job whose folder made it raise pays (the bulkhead's fault: its claim is kept)."""
-        try:
-            return ask(list(jobs))
-        except BackendError:
-            raise
-        except Exception as error:
-            if len(jobs) == 1:
-                ((folder, job),) = jobs.items()
-                assert job.id is not None
-                self._recovery_fault(session, job, self.bulkhead.fault(job.id, error))
-                return {}
-        answers: dict[Path, _V] = {}
-        for folder, job in jobs.items():
-            answers.update(self._per_job(session, {folder: job}, ask))
-        return answers
-
-    @staticmethod
-    def _recovery_fault(session: Session, job: Job, fault: Fault) -> bool:
-        """Say on the job why its claim cannot be recovered; when the bulkhead gives up, fail it (the
-        scheduler may hold it: submitting it again could run it twice). True when the claim is kept."""
-        if not fault.gives_up:
-            job.reason = fault.reason
-            session.add(job)
-            return True
-        job.claimed_by = job.claimed_at = None
-        record_transition(session, job, JobState.failed, fault.reason)
-        return False
-
-    def _is_stale(self, job: Job) -> bool:
-        if job.claimed_at is not None and utcnow() - job.claimed_at > CLAIM_TTL:
-            return True
-        host, _, pid = (job.claimed_by or "").rpartition(":")
-        if host != socket.gethostname() or ascii_int(pid) is None or job.claimed_by == self._replica:
-            return False
-        return not Path(f"/proc/{pid}").exists()
 
     # ---------------------------------------------------------------- submit
 
@@ -513,27 +376,6 @@ def _set_claims(
             update(Job).where(condition, *where).values(claimed_at=utcnow(), **values),
             execution_options={"synchronize_session": False},
         )
-
-
-def _due() -> ColumnElement[bool]:
-    """Jobs to hand to a backend now: the queued ones, and the retries whose backoff is over."""
-    return or_(
-        col(Job.state) == JobState.queued,
-        and_(col(Job.state) == JobState.retrying, col(Job.retry_at) <= utcnow()),
-    )
-
-
-def _release_claim(session: Session, job: Job, external_id: str | None) -> bool:
-    """End a dead dispatcher's claim: the job is the backend's `external_id`, or queued again. True
-    when that run must be stopped (its user cancelled the job meanwhile)."""
-    job.claimed_by = job.claimed_at = None
-    session.add(job)
-    if external_id is None:
-        return False
-    moved = record_transition(
-        session, job, JobState.submitted, "adopted after a dispatcher restart", external_id=external_id
-    )
-    return moved is JobState.cancelled
 
 
 _QUEUE_COLUMNS = (col(Job.id), col(Job.state), col(Job.attempt), col(Job.cancel_requested))
