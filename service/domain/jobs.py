@@ -29,7 +29,10 @@ from service.domain.transitions import CANCELLED_BY_USER, record_transition
 from service.errors import InvalidRequest, NotFound
 from service.ledger import name_index
 from service.ledger.db import write_scope
-from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, UTCDateTime
+from service.ledger.models.columns import UTCDateTime
+from service.ledger.models.history import JobAttempt, JobAttemptPublic, JobEvent
+from service.ledger.models.jobs import Job
+from service.ledger.models.metrics import JobMetric
 from service.ledger.sql import id_chunks
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 

@@ -46,7 +46,8 @@ from service.domain.quotas import QuotaBook, TooManyUnfinished
 from service.domain.storage import RoomCheck
 from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_field
 from service.errors import InvalidRequest, ServiceError
-from service.ledger.models import JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
+from service.ledger.models.jobs import JobCreate, JobPublic, NewJob
+from service.ledger.models.sweeps import JobTemplate, NewSweep, Sweep, SweepCreate
 from service.loops.intake import Accepted, JobIntake, SweepAccepted, check_same_request, replay_sweep
 from service.loops.intake import Key as Key  # (owner, Idempotency-Key): one job at most for each
 from worker.spec import RunSpec

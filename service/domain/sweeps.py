@@ -20,7 +20,9 @@ from service.domain import audit, metric_series
 from service.domain.auth import Principal
 from service.domain.jobs import cancel_jobs, decode_cursor, encode_cursor
 from service.errors import NotFound
-from service.ledger.models import Job, JobMetricRollup, JobPublic, Sweep, SweepPage, SweepPublic, TrialPublic
+from service.ledger.models.jobs import Job, JobPublic
+from service.ledger.models.metrics import JobMetricRollup
+from service.ledger.models.sweeps import Sweep, SweepPage, SweepPublic, TrialPublic
 from service.states import JobState, is_terminal
 
 MAX_PAGE = 200

@@ -26,7 +26,10 @@ from service.domain.sweeps import just_made
 from service.errors import Conflict
 from service.ledger.clock import stamp_jobs
 from service.ledger.db import write_scope
-from service.ledger.models import AuditEntry, Job, JobEvent, JobPublic, NewJob, NewSweep, Sweep, SweepPublic
+from service.ledger.models.access import AuditEntry
+from service.ledger.models.history import JobEvent
+from service.ledger.models.jobs import Job, JobPublic, NewJob
+from service.ledger.models.sweeps import NewSweep, Sweep, SweepPublic
 from service.ledger.sql import id_conditions
 from service.states import JobState
 

@@ -19,7 +19,8 @@ from sqlmodel import col
 from service.domain import jobs
 from service.domain.jobs import PageQuery, _page_statement, page_index
 from service.ledger import name_index
-from service.ledger.models import Job, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.states import JobState
 
 # LIKE's wildcards and our escape, quotes, case pairs in and out of ASCII, letters that fold to ASCII

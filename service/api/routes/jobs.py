@@ -33,15 +33,9 @@ from service.domain.auth import Principal
 from service.domain.metric_series import MAX_POINTS, POINTS_PER_BUCKET
 from service.errors import InvalidRequest
 from service.ledger.clock import LedgerVersion
-from service.ledger.models import (
-    JobAttemptPublic,
-    JobCreate,
-    JobEventPublic,
-    JobMetricPublic,
-    JobPage,
-    JobPublic,
-    MetricSeriesPage,
-)
+from service.ledger.models.history import JobAttemptPublic, JobEventPublic
+from service.ledger.models.jobs import JobCreate, JobPage, JobPublic
+from service.ledger.models.metrics import JobMetricPublic, MetricSeriesPage
 from service.runtime import Runtime
 from service.states import JobState
 from worker.spec import MAX_COUNT

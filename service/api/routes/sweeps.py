@@ -22,7 +22,7 @@ from service.api.routes.jobs import (
 from service.domain import jobs, sweeps
 from service.domain.auth import Principal
 from service.ledger.db import session_scope
-from service.ledger.models import SweepCreate, SweepPage, SweepPublic
+from service.ledger.models.sweeps import SweepCreate, SweepPage, SweepPublic
 from service.runtime import Runtime
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"])

@@ -25,7 +25,8 @@ from service.cli.logs import LogFollower, new_part
 from service.cli.progress import bar_position, carry_progress, watch_jobs
 from service.cli.render import job_details, jobs_table, progress_text
 from service.client import TorchyardClient
-from service.ledger.models import JobCreate, SweepCreate
+from service.ledger.models.jobs import JobCreate
+from service.ledger.models.sweeps import SweepCreate
 from service.states import TERMINAL_STATE_NAMES
 from tests.support import ROOT
 
