@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from service.app import create_app
-from service.cli.main import load_spec
+from service.cli.specs import load_spec
 from service.client import TorchyardClient
 from service.code_pack import pack
 from service.config import Settings
