@@ -24,7 +24,7 @@ from bench.seed import seed_jobs, sqlite_url
 from service.api.driver_read import DriverRead
 from service.domain import jobs
 from service.ledger.db import make_engine
-from service.ledger.models import JobPublic
+from service.ledger.models.jobs import JobPublic
 
 JOBS = 1000
 

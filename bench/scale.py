@@ -28,7 +28,7 @@ from sqlalchemy import text
 
 from bench.harness import WrkResult, header_script, server, torchyard, wrk
 from bench.seed import NAMES, seed_jobs, sqlite_url
-from service.domain.jobs import encode_cursor
+from service.domain.cursors import encode_cursor
 from service.ledger.db import is_sqlite, make_engine, migrate
 
 CONNECTIONS = 32

@@ -20,7 +20,9 @@ from sqlalchemy.engine import Connection
 
 from service.ledger import name_index
 from service.ledger.db import is_sqlite, make_engine, migrate
-from service.ledger.models import Job, JobEvent, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.history import JobEvent
+from service.ledger.models.jobs import Job
 
 BATCH = 20_000
 NAMES = ("train-resnet", "eval-bert")

@@ -35,7 +35,7 @@ from service.backends.slurm import SlurmBackend
 from service.backends.slurm_request import SRUN_ARGS
 from service.config import Settings
 from service.ledger.db import session_scope
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 from service.runtime import Runtime
 from service.states import JobState
 from worker.launch import RankLauncher

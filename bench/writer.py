@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from bench.api import JOB_BODY
 from service.ledger.clock import read_version_on
 from service.ledger.db import make_engine, write_scope
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 
 
 @dataclass

@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 
 from service.app import create_app
-from service.cli.main import load_spec
+from service.cli.specs import load_spec
 from service.client import TorchyardClient
 from service.code_pack import pack
 from service.config import Settings
-from service.ledger.models import JobCreate, SweepCreate
+from service.ledger.models.jobs import JobCreate
+from service.ledger.models.sweeps import SweepCreate
 from service.states import TERMINAL_STATE_NAMES
 from tests.cli_service import clean_env, serving
 from tests.serving import free_port

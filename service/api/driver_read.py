@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Select
 from sqlalchemy.types import TypeEngine
 
-from service.ledger.models import UTCDateTime
+from service.ledger.models.columns import UTCDateTime
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11

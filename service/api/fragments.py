@@ -27,7 +27,7 @@ from datetime import datetime
 
 from service.domain import jobs
 from service.ledger.clock import LedgerVersion
-from service.ledger.models import JobPage, JobPublic
+from service.ledger.models.jobs import JobPage, JobPublic
 
 MAX_BYTES = 64 * 2**20  # about 50,000 typical jobs; a page of 500 needs well under 1 MiB
 PAGES_MAX_BYTES = 16 * 2**20

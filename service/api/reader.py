@@ -53,7 +53,7 @@ from service.domain import jobs, storing
 from service.domain.auth import Principal
 from service.domain.jobs import JobRow
 from service.ledger.clock import CLOCK_ROW, LedgerVersion, version_of
-from service.ledger.models import JobPublic
+from service.ledger.models.jobs import JobPublic
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11

@@ -155,7 +155,7 @@ def quota_set(
 ) -> None:
     """Set some of a user's limits; the ones not given keep their value."""
     from service.domain import audit, auth
-    from service.ledger.models import UserQuota
+    from service.ledger.models.access import UserQuota
 
     given: dict[str, float | bool | None] = {
         "max_active_jobs": max_active_jobs,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from sqlmodel import Session, col, select
 
-from service.ledger.models import AuditEntry
+from service.ledger.models.access import AuditEntry
 
 MAX_PAGE = 500
 

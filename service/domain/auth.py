@@ -21,7 +21,8 @@ from sqlmodel import Session, col, select
 
 from service.domain import audit
 from service.errors import InvalidRequest, NotFound, Unauthenticated
-from service.ledger.models import ApiToken, UserQuota, utcnow
+from service.ledger.models.access import ApiToken, UserQuota
+from service.ledger.models.columns import utcnow
 
 TOKEN_PREFIX = "ty_"
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")

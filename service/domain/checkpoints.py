@@ -20,7 +20,7 @@ from service import jobfs
 from service.domain.auth import Principal
 from service.domain.jobs import get_job
 from service.errors import InvalidRequest, NotFound
-from service.ledger.models import CheckpointPublic
+from service.ledger.models.jobs import CheckpointPublic
 from worker.spec import JobFiles
 
 DEFAULT_PAGE = 100

@@ -32,7 +32,9 @@ from service.domain.auth import Principal
 from service.domain.code_archive import FIELD, check_archive, is_zip, unpack, zip_as_tar_gz
 from service.errors import Forbidden, NotFound
 from service.jobfs import place_code
-from service.ledger.models import CodeSnapshot, CodeSnapshotDetail, CodeSnapshotPublic, Job, utcnow
+from service.ledger.models.code_snapshots import CodeSnapshot, CodeSnapshotDetail, CodeSnapshotPublic
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.states import JobState, is_terminal
 from worker.spec import CODE_ID_PREFIX
 

@@ -29,7 +29,7 @@ from service.domain.code_store import CodeStore, require_code_permission
 from service.domain.quotas import QuotaBook
 from service.domain.storage import RoomCheck
 from service.ledger.db import session_scope
-from service.ledger.models import CodeSnapshotPublic
+from service.ledger.models.code_snapshots import CodeSnapshotPublic
 
 
 @dataclass

@@ -22,7 +22,8 @@ from typing import Any
 
 from service.backends.base import Backend, BackendStatus
 from service.jobfs import RankError, log_tail, rank_errors, read_result
-from service.ledger.models import Job, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.states import EndingKind, JobState
 from worker.hostlist import expand_hostlist
 from worker.spec import JobFiles

@@ -1,37 +1,35 @@
-"""The job domain: list, read, cancel, logs. Never imports FastAPI; the caller owns the transaction.
+"""The job domain's reads: one job, jobs' stamps and rows by id, list pages, counts. Never imports
+FastAPI; the caller owns the transaction.
 
-Creation is service.domain.submit (admission) and service.loops.intake (group commit).
+Creation is service.domain.submit (admission) and service.loops.intake (group commit); cancelling is
+service.domain.cancel, a job's events, attempts and metric rows service.domain.history, and a page's
+cursor service.domain.cursors.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sqlalchemy import Integer, Table, bindparam, func, tuple_, union_all
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql import selectable
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import Select
 
 from service.backends.base import Backend
-from service.config import Settings
-from service.domain import audit
 from service.domain.auth import Principal
-from service.domain.transitions import CANCELLED_BY_USER, record_transition
+from service.domain.cursors import MAX_ID, decode_cursor, encode_cursor
 from service.errors import InvalidRequest, NotFound
 from service.ledger import name_index
-from service.ledger.db import write_scope
-from service.ledger.models import Job, JobAttempt, JobAttemptPublic, JobEvent, JobMetric, UTCDateTime
+from service.ledger.models.columns import UTCDateTime
+from service.ledger.models.jobs import Job
 from service.ledger.sql import id_chunks
-from service.states import DISPATCHABLE_STATES, JobState, is_terminal
+from service.states import JobState
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11
@@ -39,14 +37,6 @@ if TYPE_CHECKING:
 MAX_PAGE = 500
 JOB_TABLE: Table = Job.__table__  # type: ignore[attr-defined]
 MIN_NAME = name_index.MIN_LENGTH  # `?name=`: the shortest substring its index finds
-MAX_ID = 2**63 - 1  # the largest id a ledger can hold: beyond it SQLite's driver raises, not answers
-
-
-# ---------------------------------------------------------------- reading
-
-
-def job_folder(settings: Settings, job_id: int) -> Path:
-    return (settings.data_dir / "jobs" / str(job_id)).resolve()
 
 
 def get_job(session: Session, job_id: int, viewer: Principal) -> Job:
@@ -138,20 +128,6 @@ def visible_stamp(stamp: Stamp | None, job_id: int, viewer: Principal) -> dateti
     if stamp is None or not viewer.may_see(stamp[1]):
         raise NotFound(f"job {job_id} not found", field="job_id")
     return stamp[0]
-
-
-def decode_cursor(cursor: str) -> int:
-    try:
-        job_id = int(base64.urlsafe_b64decode(cursor.encode()).decode())
-    except (ValueError, binascii.Error, UnicodeDecodeError) as error:
-        raise InvalidRequest("is not a cursor this service handed out", field="cursor") from error
-    if not 1 <= job_id <= MAX_ID:
-        raise InvalidRequest("is not a cursor this service handed out", field="cursor")
-    return job_id
-
-
-def encode_cursor(job_id: int) -> str:
-    return base64.urlsafe_b64encode(str(job_id).encode()).decode()
 
 
 @dataclass(frozen=True)
@@ -365,121 +341,6 @@ def count_by_state_and_backend(session: Session) -> dict[tuple[str, str], int]:
     query = select(Job.state, Job.backend, func.count()).group_by(col(Job.state), col(Job.backend))
     rows = session.exec(query).all()
     return {(JobState(state).value, backend): int(count) for state, backend, count in rows}
-
-
-def list_events(session: Session, job_id: int, viewer: Principal) -> Sequence[JobEvent]:
-    get_job(session, job_id, viewer)
-    query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))
-    return session.exec(query).all()
-
-
-def list_attempts(session: Session, job_id: int, viewer: Principal) -> list[JobAttemptPublic]:
-    """Every attempt, the first first: the ended ones from their rows, the current one (when the job
-    is not finished) from the job itself."""
-    job = get_job(session, job_id, viewer)
-    query = select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(col(JobAttempt.attempt))
-    attempts = [JobAttemptPublic.model_validate(row, from_attributes=True) for row in session.exec(query)]
-    if not attempts or attempts[-1].attempt < job.attempt:
-        state = JobState(job.state)
-        current = JobAttemptPublic.model_validate(
-            {
-                "attempt": job.attempt,
-                "state": state,
-                "kind": None,
-                "reason": job.reason,
-                "exit_code": None,
-                "external_id": job.external_id,
-                "nodes": job.nodes if state is not JobState.retrying else None,
-                "placement": job.placement,
-                "started_at": job.attempt_started_at,
-                "ended_at": None,
-            }
-        )
-        attempts.append(current)
-    return attempts
-
-
-def list_metrics(
-    session: Session,
-    job_id: int,
-    viewer: Principal,
-    *,
-    name: str | None = None,
-    after_step: int | None = None,
-) -> Sequence[JobMetric]:
-    get_job(session, job_id, viewer)
-    query = select(JobMetric).where(JobMetric.job_id == job_id)
-    if name:
-        query = query.where(JobMetric.name == name)
-    if after_step is not None:
-        query = query.where(JobMetric.step > after_step)
-    return session.exec(query.order_by(col(JobMetric.attempt), col(JobMetric.step), col(JobMetric.id))).all()
-
-
-# ---------------------------------------------------------------- cancel
-
-
-def cancel_job(engine: Engine, job_id: int, backends: Mapping[str, Backend], viewer: Principal) -> Job:
-    """Idempotent: a terminal job is returned as it is; anything else ends up cancelled."""
-    return cancel_jobs(engine, [job_id], backends, viewer)[0]
-
-
-def cancel_jobs(
-    engine: Engine, job_ids: Sequence[int], backends: Mapping[str, Backend], viewer: Principal
-) -> list[Job]:
-    """Cancel these jobs (all visible to `viewer`) with one scheduler call per backend; idempotent.
-
-    Its own transactions, because the scheduler is called between them: the request is committed
-    first and the row locks released, since `scancel` may take many seconds and a job row locked that
-    long stalls the reconciler and every other writer of the job. When the scheduler cannot be told,
-    the raised BackendError answers the caller; the jobs keep `cancel_requested` and run on until a
-    retried cancel gets through.
-    """
-    # write_scope: on SQLite a row lock is no lock, so the reconciler's writes and these take turns
-    with write_scope(engine) as session:
-        jobs = [_request_cancel(session, job_id, viewer) for job_id in job_ids]
-        held = {
-            job.id: (job.backend, job.external_id)
-            for job in jobs
-            if job.id is not None and job.external_id is not None and not is_terminal(JobState(job.state))
-        }
-    by_backend: dict[str, list[str]] = {}
-    for backend_name, external_id in held.values():
-        by_backend.setdefault(backend_name, []).append(external_id)
-    for backend_name, external_ids in by_backend.items():
-        require_backend(backends, backend_name).cancel(external_ids)
-    if not held:
-        return jobs
-    with write_scope(engine) as session:
-        ended = []
-        for job_id in job_ids:
-            job = get_job(session, job_id, viewer)
-            session.refresh(job, with_for_update=True)  # the reconciler may have ended it meanwhile
-            if job_id in held and not is_terminal(JobState(job.state)):
-                record_transition(session, job, JobState.cancelled, CANCELLED_BY_USER)
-            ended.append(job)
-    return ended
-
-
-def _request_cancel(session: Session, job_id: int, viewer: Principal) -> Job:
-    """Flag the job for cancelling and end it at once where no scheduler holds it.
-
-    A job still queued (or retrying) may be in a dispatcher's hands right now: the flag makes the
-    dispatcher cancel what it submits instead of letting it run.
-    """
-    job = get_job(session, job_id, viewer)
-    # Decide on the row as it is now, locked: a reconciler (this replica's or another's) may have just
-    # ended the job, and two `cancelled` events for one cancel would be a lie in its history.
-    session.refresh(job, with_for_update=True)
-    state = JobState(job.state)
-    if is_terminal(state):
-        return job
-    audit.record(session, viewer.user, "job.cancel", f"job {job_id}", f"owner={job.owner} was={state.value}")
-    job.cancel_requested = True
-    session.add(job)
-    if job.external_id is None and (state not in DISPATCHABLE_STATES or job.claimed_by is None):
-        record_transition(session, job, JobState.cancelled, CANCELLED_BY_USER)
-    return job
 
 
 def require_backend(backends: Mapping[str, Backend], name: str) -> Backend:

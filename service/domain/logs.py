@@ -9,7 +9,7 @@ from typing import BinaryIO
 from service.backends.base import Backend
 from service.errors import InvalidRequest
 from service.jobfs import NotAFile, open_log
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 
 
 @dataclass(frozen=True)

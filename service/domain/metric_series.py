@@ -21,7 +21,7 @@ from sqlmodel import Session, col
 from service.domain.auth import Principal
 from service.domain.jobs import get_job
 from service.errors import InvalidRequest
-from service.ledger.models import JobMetric, JobMetricRollup, MetricSeries, MetricSeriesPage
+from service.ledger.models.metrics import JobMetric, JobMetricRollup, MetricSeries, MetricSeriesPage
 
 FACTOR = 8  # steps of a level-k bucket: FACTOR**k; the rollup holds 1/7 as many rows as the series
 LEVELS = 7  # a whole 2**31-step series is at most 1024 buckets of the top level

@@ -28,7 +28,8 @@ from sqlmodel import Session, col
 
 from service.config import Settings
 from service.errors import Forbidden, LimitExceeded
-from service.ledger.models import Job, UserQuota
+from service.ledger.models.access import UserQuota
+from service.ledger.models.jobs import Job
 from service.states import JobState, is_terminal
 from worker.spec import Resources
 

@@ -33,7 +33,9 @@ from service.bulkhead import Bulkhead, Fault
 from service.config import Settings
 from service.domain.storage import jobs_root
 from service.ledger.db import session_scope, write_scope
-from service.ledger.models import Job, UserQuota, utcnow
+from service.ledger.models.access import UserQuota
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.ledger.sql import id_conditions
 from service.states import ACTIVE_STATES, TERMINAL_STATES
 

@@ -17,7 +17,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from service.config import Settings
-from service.domain.jobs import job_folder
 from service.errors import InsufficientStorage
 from service.jobfs.names import DATA_DIR_MODE
 
@@ -29,6 +28,10 @@ _NO_ROOM = (
     "no space left on device",  # PostgreSQL, "could not extend file ...: No space left on device"
 )
 _PG_DISK_FULL = "53100"  # SQLSTATE disk_full
+
+
+def job_folder(settings: Settings, job_id: int) -> Path:
+    return (settings.data_dir / "jobs" / str(job_id)).resolve()
 
 
 def jobs_root(settings: Settings) -> Path:

@@ -20,7 +20,8 @@ from sqlalchemy import String, and_, bindparam, or_
 
 from service.domain.jobs import JOB_TABLE, JobRowStatement, jobs_found
 from service.errors import Conflict
-from service.ledger.models import JobPublic, NewJob, NewSweep, Sweep, SweepPublic
+from service.ledger.models.jobs import JobPublic, NewJob
+from service.ledger.models.sweeps import NewSweep, Sweep, SweepPublic
 
 Key = tuple[str, str]  # (owner, Idempotency-Key): one job, or one sweep, at most for each
 REPLAY_READ = 64  # (owner, Idempotency-Key) pairs per read at most

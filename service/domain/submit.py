@@ -47,7 +47,8 @@ from service.domain.storage import RoomCheck
 from service.domain.storing import Accepted, Store, SweepAccepted, replay, replay_sweep
 from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_field
 from service.errors import InvalidRequest, ServiceError
-from service.ledger.models import JobCreate, JobPublic, JobTemplate, NewJob, NewSweep, Sweep, SweepCreate
+from service.ledger.models.jobs import JobCreate, JobPublic, NewJob
+from service.ledger.models.sweeps import JobTemplate, NewSweep, Sweep, SweepCreate
 from worker.spec import RunSpec
 
 # Fields a job has and a sweep does not: an error naming one of them, in a sweep, is about its `job`.

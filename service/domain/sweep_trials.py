@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from service.config import Settings
 from service.errors import InvalidRequest
-from service.ledger.models import JobCreate, SweepCreate
+from service.ledger.models.jobs import JobCreate
+from service.ledger.models.sweeps import SweepCreate
 from worker.spec import json_problem
 
 PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -83,7 +84,7 @@ def check_sweep(sweep: SweepCreate, settings: Settings) -> None:
             field=trials_field(sweep),
         )
     _check_targets(sweep)
-    # Each job is held to its own limit (models.MAX_SPEC_VALUES_BYTES); this one bounds what a single
+    # Each job is held to its own limit (models.jobs.MAX_SPEC_VALUES_BYTES); this one bounds what a single
     # request can make the ledger store, and the intake's commit write while other requests wait on it.
     size = trials_bytes(sweep, count)
     if size > settings.max_sweep_bytes:

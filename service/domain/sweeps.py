@@ -18,9 +18,12 @@ from sqlmodel import Session, col, select
 from service.backends.base import Backend
 from service.domain import audit, metric_series
 from service.domain.auth import Principal
-from service.domain.jobs import cancel_jobs, decode_cursor, encode_cursor
+from service.domain.cancel import cancel_jobs
+from service.domain.cursors import decode_cursor, encode_cursor
 from service.errors import NotFound
-from service.ledger.models import Job, JobMetricRollup, JobPublic, Sweep, SweepPage, SweepPublic, TrialPublic
+from service.ledger.models.jobs import Job, JobPublic
+from service.ledger.models.metrics import JobMetricRollup
+from service.ledger.models.sweeps import Sweep, SweepPage, SweepPublic, TrialPublic
 from service.states import JobState, is_terminal
 
 MAX_PAGE = 200
@@ -75,7 +78,7 @@ def list_sweeps(
 
 
 def cancel_sweep(engine: Engine, sweep_id: int, backends: Mapping[str, Backend], viewer: Principal) -> None:
-    """Cancel every unfinished trial: one scheduler call for all of them (service.domain.jobs)."""
+    """Cancel every unfinished trial: one scheduler call for all of them (service.domain.cancel)."""
     with Session(engine) as session:
         sweep = get_sweep_row(session, sweep_id, viewer)
         query = (

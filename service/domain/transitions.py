@@ -33,7 +33,9 @@ from sqlmodel import Session, col, func, select
 
 from service.domain.endings import Ending
 from service.ledger.clock import note_changed, stamp_jobs
-from service.ledger.models import Job, JobAttempt, JobEvent, RetryPolicy, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.history import JobAttempt, JobEvent
+from service.ledger.models.jobs import Job, RetryPolicy
 from service.ledger.sql import id_conditions
 from service.states import EndingKind, JobState, check_transition, is_terminal, starts_new_attempt
 

@@ -1,5 +1,5 @@
 """The names in a job's folder that the service reads or makes and the worker's JobFiles (the contract,
-worker/spec.py) does not spell: submitit's, and the service's own. One place each, so that the
+worker.spec) does not spell: submitit's, and the service's own. One place each, so that the
 writer and every reader (retention's matcher of logs included) agree.
 """
 

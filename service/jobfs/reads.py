@@ -1,5 +1,5 @@
 """Everything the service reads from a job's folder: result, error files, placement, progress, logs'
-tails and the id submitit gave it. The file names and formats are the worker's contract (worker/spec.py);
+tails and the id submitit gave it. The file names and formats are the worker's contract (worker.spec);
 the folder is written by untrusted code, so every reader here takes whatever it finds without failing,
 reads a bounded part of it, and cleans what it keeps (worker.spec's clean_text, ascii_int, storable)
 before it nears the ledger.

@@ -29,7 +29,10 @@ from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import col
 
-from service.ledger.models import Job, JobEvent, JobMetric, LedgerClock, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.history import JobEvent, LedgerClock
+from service.ledger.models.jobs import Job
+from service.ledger.models.metrics import JobMetric
 from service.ledger.sql import id_conditions
 
 log = logging.getLogger(__name__)

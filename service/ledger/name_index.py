@@ -35,7 +35,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import col
 
 from service.ledger.db import writer_turn
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 
 MIN_LENGTH = 3  # a trigram index finds nothing shorter
 

@@ -38,7 +38,8 @@ from service.domain.transitions import Submission, record_submissions, record_tr
 from service.errors import BackendError
 from service.jobfs import archive_attempt, make_job_folder
 from service.ledger.db import write_scope
-from service.ledger.models import Job, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.ledger.sql import id_conditions
 from service.loops import sweep_claims
 from service.loops.recovery import CLAIM_TTL, ClaimRecovery, due

@@ -37,7 +37,9 @@ from service.domain.sweeps import just_made
 from service.domain.transitions import record_accepted
 from service.errors import Conflict
 from service.ledger.db import write_scope
-from service.ledger.models import AuditEntry, Job, JobPublic, NewJob, NewSweep, Sweep
+from service.ledger.models.access import AuditEntry
+from service.ledger.models.jobs import Job, JobPublic, NewJob
+from service.ledger.models.sweeps import NewSweep, Sweep
 from service.ledger.sql import id_conditions
 from service.states import JobState
 

@@ -25,7 +25,9 @@ from sqlmodel import Session, col
 from service.domain import metric_series
 from service.domain.transitions import record_transition
 from service.jobfs import read_new_progress
-from service.ledger.models import Job, JobMetric, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
+from service.ledger.models.metrics import JobMetric
 from service.states import JobState
 from worker.spec import MAX_METRIC_NAMES, CheckpointRecord, ProgressRecord
 

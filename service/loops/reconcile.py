@@ -31,7 +31,8 @@ from service.domain.transitions import end_attempt, record_transition, record_wa
 from service.errors import BackendError
 from service.jobfs import rank_errors, read_placement, read_result, result_written
 from service.ledger.db import session_scope, write_scope
-from service.ledger.models import Job, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.ledger.sql import id_conditions
 from service.loops.progress import ingest_progress
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal

@@ -37,7 +37,8 @@ from service.domain.transitions import record_transition
 from service.errors import BackendError
 from service.jobfs import submitted_external_id
 from service.ledger.db import session_scope, write_scope
-from service.ledger.models import Job, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.states import JobState
 from worker.spec import JobFiles, ascii_int
 

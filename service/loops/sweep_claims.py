@@ -28,7 +28,8 @@ from sqlalchemy.engine import RowMapping
 from sqlmodel import Session, col
 
 from service.backends.base import Backend
-from service.ledger.models import Job, Sweep
+from service.ledger.models.jobs import Job
+from service.ledger.models.sweeps import Sweep
 from service.states import DISPATCHABLE_STATES, TERMINAL_STATE_NAMES, JobState
 from worker.spec import ArrayGroup
 

@@ -13,7 +13,7 @@ from service.app import create_app
 from service.config import Settings
 from service.domain import auth
 from service.ledger.db import session_scope
-from service.ledger.models import ApiToken
+from service.ledger.models.access import ApiToken
 from tests.conftest import Login
 from tests.fakes import FakeBackend
 from tests.support import JOBS, bearer, runtime_of, submit, wait_state

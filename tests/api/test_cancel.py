@@ -12,7 +12,7 @@ from sqlmodel import col, select
 
 from service.errors import BackendError
 from service.ledger.db import is_sqlite, writer_turn
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 from tests.fakes import FakeBackend
 from tests.support import JOBS, get_job, runtime_of, submit, wait_for, wait_state
 

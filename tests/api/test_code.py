@@ -25,7 +25,7 @@ from service.code_pack import pack
 from service.config import Settings
 from service.domain import code_store
 from service.ledger.db import session_scope
-from service.ledger.models import CodeSnapshot
+from service.ledger.models.code_snapshots import CodeSnapshot
 from tests.fakes import FakeBackend
 from tests.support import JOBS, bearer, issue_token, runtime_of
 
@@ -229,7 +229,7 @@ def test_without_the_permission_an_upload_is_403(api: TestClient) -> None:
 
 
 def test_the_quota_row_overrides_the_token(api: TestClient, coder: dict[str, str]) -> None:
-    from service.ledger.models import UserQuota
+    from service.ledger.models.access import UserQuota
 
     runtime = runtime_of(api)
     with session_scope(runtime.engine) as session:

@@ -15,7 +15,7 @@ from sqlmodel import Session, select
 from service.app import create_app
 from service.config import Settings
 from service.domain import code_store
-from service.ledger.models import CodeSnapshot
+from service.ledger.models.code_snapshots import CodeSnapshot
 from tests.api.test_code import CODE, GZIP, message, pack_text
 from tests.fakes import FakeBackend
 from tests.support import JOBS, bearer, issue_token, runtime_of

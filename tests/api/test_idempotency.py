@@ -14,7 +14,7 @@ from sqlmodel import Session, func, select
 
 from service.app import create_app
 from service.config import Settings
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 from tests.conftest import Login
 from tests.fakes import FakeBackend
 from tests.support import JOBS, bearer, issue_token, runtime_of

@@ -15,7 +15,7 @@ from service.app import create_app
 from service.config import Settings
 from service.domain import auth
 from service.ledger.db import session_scope, write_scope
-from service.ledger.models import Job, JobPage, JobPublic
+from service.ledger.models.jobs import Job, JobPage, JobPublic
 from tests.conftest import Login
 from tests.fakes import FakeBackend
 from tests.support import bearer, runtime_of, submit, wait_for

@@ -19,7 +19,7 @@ from service.app import create_app
 from service.config import Settings
 from service.domain.transitions import record_transition
 from service.ledger.db import make_engine, session_scope
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 from service.states import JobState
 from tests.fakes import FakeBackend
 from tests.serving import LiveServer, serve

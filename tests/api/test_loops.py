@@ -23,7 +23,7 @@ from service.app import create_app
 from service.config import Settings
 from service.domain.transitions import record_waiting
 from service.ledger.db import session_scope
-from service.ledger.models import utcnow
+from service.ledger.models.columns import utcnow
 from service.states import JobState
 from tests.fakes import FakeBackend
 from tests.support import JOBS, authorize, get_job, runtime_of, submit, wait_for, wait_state

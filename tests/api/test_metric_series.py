@@ -17,7 +17,9 @@ from sqlalchemy.engine import Engine
 
 from service.domain.metric_series import SeriesKey, refresh
 from service.ledger.db import write_scope
-from service.ledger.models import Job, JobMetric, JobMetricRollup, UTCDateTime, utcnow
+from service.ledger.models.columns import UTCDateTime, utcnow
+from service.ledger.models.jobs import Job
+from service.ledger.models.metrics import JobMetric, JobMetricRollup
 from service.loops.progress import ingest_progress
 from tests.support import JOBS, runtime_of, submit
 

@@ -158,7 +158,7 @@ def test_requests_ask_opentelemetry_only_when_turned_on(
 
 def test_an_admin_finds_the_largest_folders_and_nobody_else_does(api: TestClient, login: Login) -> None:
     from service.ledger.db import session_scope
-    from service.ledger.models import Job
+    from service.ledger.models.jobs import Job
     from tests.support import runtime_of
 
     ids = [api.post("/api/v1/jobs", json={"name": f"f{n}", "entrypoint": EP}).json()["id"] for n in range(3)]

@@ -19,7 +19,7 @@ from service.domain.auth import Principal
 from service.domain.jobs import PageQuery, page_index
 from service.domain.metric_series import SeriesKey, read_series, refresh
 from service.ledger.db import alembic_config, make_engine, migrate
-from service.ledger.models import utcnow
+from service.ledger.models.columns import utcnow
 from service.ledger.name_index import FTS_TABLE, PG_INDEX, is_model_object
 from tests.support import PostgresServer
 

@@ -17,9 +17,11 @@ from sqlalchemy.engine import Connection, Engine
 from sqlmodel import col
 
 from service.domain import jobs
+from service.domain.cursors import encode_cursor
 from service.domain.jobs import PageQuery, _page_statement, page_index
 from service.ledger import name_index
-from service.ledger.models import Job, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.states import JobState
 
 # LIKE's wildcards and our escape, quotes, case pairs in and out of ASCII, letters that fold to ASCII
@@ -209,7 +211,7 @@ def postgres_name_parts(
 def test_on_postgresql_a_cursor_beyond_the_newest_job_still_reads_the_near_ids_first() -> None:
     """A cursor past the newest id (jobs deleted since, or a bench's uncached walk) must not leave
     the windows empty: every such page then sorted all the older matches (0.5 s at 10^6)."""
-    query = PageQuery(name="abc", cursor=jobs.encode_cursor(10**9), limit=2)
+    query = PageQuery(name="abc", cursor=encode_cursor(10**9), limit=2)
     parts, page = postgres_name_parts(query, [[999_999, 999_998, 999_990]])  # the near ids filled the page
     assert parts == [("near", 10**6 + 1, 10**6 + 1 - jobs.NEAR_IDS)]
     assert page == [999_999, 999_998]

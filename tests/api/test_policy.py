@@ -25,7 +25,7 @@ def problems(response: Any) -> list[tuple[list[Any], str]]:
 def job_count(api: TestClient) -> int:
     from sqlmodel import Session, func, select
 
-    from service.ledger.models import Job
+    from service.ledger.models.jobs import Job
 
     with Session(runtime_of(api).engine) as session:
         return int(session.exec(select(func.count()).select_from(Job)).one())

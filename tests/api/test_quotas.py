@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.config import Settings
 from service.ledger.db import session_scope
-from service.ledger.models import UserQuota
+from service.ledger.models.access import UserQuota
 from tests.fakes import FakeBackend
 from tests.serving import serve
 from tests.support import JOBS, authorize, get_job, login_headers, runtime_of, wait_for

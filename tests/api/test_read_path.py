@@ -30,7 +30,8 @@ from service.app import ROUTERS, create_app
 from service.config import Settings
 from service.ledger.clock import CLOCK_ROW, read_version_on
 from service.ledger.db import write_scope
-from service.ledger.models import Job, JobPublic, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job, JobPublic
 from tests.conftest import Login
 from tests.support import get_job, runtime_of, submit
 

@@ -15,7 +15,8 @@ from sqlmodel import col
 
 from service.api.reader import LedgerReader
 from service.domain.jobs import PageIndex, PageQuery, _page_statement, page_index
-from service.ledger.models import Job, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.states import JobState
 from tests.support import run_async
 

@@ -16,7 +16,8 @@ from sqlmodel import Session, func, select
 
 from service.app import create_app
 from service.config import Settings
-from service.ledger.models import Job, JobEvent
+from service.ledger.models.history import JobEvent
+from service.ledger.models.jobs import Job
 from tests.fakes import FakeBackend
 from tests.support import login_headers, runtime_of
 

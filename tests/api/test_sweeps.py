@@ -10,7 +10,10 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
 from service.domain import metric_series
-from service.ledger.models import Job, JobMetric, Sweep, UserQuota
+from service.ledger.models.access import UserQuota
+from service.ledger.models.jobs import Job
+from service.ledger.models.metrics import JobMetric
+from service.ledger.models.sweeps import Sweep
 from service.loops import sweep_claims
 from service.states import JobState
 from tests.conftest import Login

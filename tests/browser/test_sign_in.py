@@ -14,7 +14,7 @@ from service.app import create_app
 from service.config import Settings
 from service.domain import auth
 from service.ledger.db import session_scope
-from service.ledger.models import ApiToken
+from service.ledger.models.access import ApiToken
 from tests.browser.conftest import ADMIN, PAGE_OPTIONS, TOKEN_KEY, open_page, shot, submit, token
 from tests.fakes import FakeBackend
 from tests.serving import LiveServer, serve

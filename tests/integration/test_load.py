@@ -19,7 +19,9 @@ from sqlmodel import Session, col, select
 
 from service.app import create_app
 from service.config import Settings
-from service.ledger.models import AuditEntry, Job, JobEvent
+from service.ledger.models.access import AuditEntry
+from service.ledger.models.history import JobEvent
+from service.ledger.models.jobs import Job
 from service.states import JobState
 from tests.fakes import FakeBackend
 from tests.load_client import Answer, idempotency_key, job_body, run_load

@@ -27,7 +27,8 @@ from sqlmodel import Session, select
 
 from service.config import Settings
 from service.ledger.db import make_engine, migrate
-from service.ledger.models import Job, Sweep
+from service.ledger.models.jobs import Job
+from service.ledger.models.sweeps import Sweep
 from service.loops import sweep_claims
 from service.loops.dispatch import Dispatcher
 from service.states import JobState

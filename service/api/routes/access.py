@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from service.api.deps import AdminUser, CurrentUser, SessionDep
 from service.api.errors import error_responses
 from service.domain import audit
-from service.ledger.models import AuditEntryPublic
+from service.ledger.models.access import AuditEntryPublic
 
 router = APIRouter(prefix="/api/v1", tags=["access"])
 

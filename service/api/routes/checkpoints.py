@@ -13,7 +13,7 @@ from service.api.deps import CurrentUser, SessionDep
 from service.api.errors import error_responses
 from service.api.routes.jobs import JSON, VARY, JobId, dump_list
 from service.domain import checkpoints
-from service.ledger.models import CheckpointPublic
+from service.ledger.models.jobs import CheckpointPublic
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 

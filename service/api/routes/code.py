@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Request, Response
 
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
-from service.ledger.models import CodeSnapshotDetail, CodeSnapshotPublic
+from service.ledger.models.code_snapshots import CodeSnapshotDetail, CodeSnapshotPublic
 from worker.spec import CODE_ID_PATTERN
 
 router = APIRouter(prefix="/api/v1/code", tags=["code"])

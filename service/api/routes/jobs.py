@@ -28,27 +28,22 @@ from service.api.errors import error_responses
 from service.api.fragments import Page
 from service.api.gate import principal_of
 from service.api.metrics import HELD_S
-from service.domain import jobs, logs, metric_series
+from service.domain import cancel, history, jobs, logs, metric_series
 from service.domain.auth import Principal
+from service.domain.cursors import MAX_ID
 from service.domain.metric_series import MAX_POINTS, POINTS_PER_BUCKET
 from service.errors import InvalidRequest
 from service.ledger.clock import LedgerVersion
-from service.ledger.models import (
-    JobAttemptPublic,
-    JobCreate,
-    JobEventPublic,
-    JobMetricPublic,
-    JobPage,
-    JobPublic,
-    MetricSeriesPage,
-)
+from service.ledger.models.history import JobAttemptPublic, JobEventPublic
+from service.ledger.models.jobs import JobCreate, JobPage, JobPublic
+from service.ledger.models.metrics import JobMetricPublic, MetricSeriesPage
 from service.runtime import Runtime
 from service.states import JobState
 from worker.spec import MAX_COUNT
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], route_class=PolledRoute)
 
-JobId = Annotated[int, Path(ge=1, le=jobs.MAX_ID, description="The job's id.")]
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="The job's id.")]
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL: refuse it here rather than fail the query
 JSON = "application/json"
 IF_NONE_MATCH = "An ETag from an earlier answer: 304 when nothing changed."
@@ -196,7 +191,7 @@ async def _join_page(runtime: Runtime, query: jobs.PageQuery, version: LedgerVer
 
 
 class JobParams(BaseModel):
-    job_id: int = Field(ge=1, le=jobs.MAX_ID, description="The job's id.")
+    job_id: int = Field(ge=1, le=MAX_ID, description="The job's id.")
     wait_s: float = Field(
         0,
         ge=0,
@@ -264,7 +259,7 @@ def get_events(
     tag = _job_tag(session, job_id, user)
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    rows = jobs.list_events(session, job_id, user)
+    rows = history.list_events(session, job_id, user)
     events = [JobEventPublic.model_validate(row, from_attributes=True) for row in rows]
     return Response(dump_list(events), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
@@ -283,7 +278,7 @@ def get_attempts(
     tag = _job_tag(session, job_id, user)
     if etag.matches(if_none_match, tag):
         return _not_modified(tag)
-    attempts = jobs.list_attempts(session, job_id, user)
+    attempts = history.list_attempts(session, job_id, user)
     return Response(dump_list(attempts), media_type=JSON, headers={**etag.headers(tag), **VARY})
 
 
@@ -330,7 +325,7 @@ def get_metrics(
             session, job_id, user, points=points, from_step=from_step, to_step=to_step
         )
         return Response(page.model_dump_json(), media_type=JSON, headers=headers)
-    rows = jobs.list_metrics(session, job_id, user, name=name, after_step=after_step)
+    rows = history.list_metrics(session, job_id, user, name=name, after_step=after_step)
     metrics = [JobMetricPublic.model_validate(row, from_attributes=True) for row in rows]
     return Response(dump_list(metrics), media_type=JSON, headers=headers)
 
@@ -386,5 +381,5 @@ def get_logs(
     responses=error_responses(404, 409, 422, 502),
 )
 def cancel_job(job_id: JobId, runtime: RuntimeDep, user: CurrentUser) -> Response:
-    job = jobs.cancel_job(runtime.engine, job_id, runtime.backends, user)
+    job = cancel.cancel_job(runtime.engine, job_id, runtime.backends, user)
     return Response(JobPublic.model_validate(job, from_attributes=True).model_dump_json(), media_type=JSON)

@@ -11,7 +11,7 @@ from service.api.deps import AdminUser, CurrentUser, SessionDep
 from service.api.errors import error_responses
 from service.api.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from service.domain import retention
-from service.ledger.models import JobFolderPublic
+from service.ledger.models.jobs import JobFolderPublic
 
 router = APIRouter(tags=["monitoring"])
 

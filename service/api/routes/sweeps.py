@@ -19,15 +19,16 @@ from service.api.routes.jobs import (
     IfNoneMatch,
     _not_modified,
 )
-from service.domain import jobs, sweeps
+from service.domain import sweeps
 from service.domain.auth import Principal
+from service.domain.cursors import MAX_ID
 from service.ledger.db import session_scope
-from service.ledger.models import SweepCreate, SweepPage, SweepPublic
+from service.ledger.models.sweeps import SweepCreate, SweepPage, SweepPublic
 from service.runtime import Runtime
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"])
 
-SweepId = Annotated[int, Path(ge=1, le=jobs.MAX_ID, description="The sweep's id.")]
+SweepId = Annotated[int, Path(ge=1, le=MAX_ID, description="The sweep's id.")]
 
 
 @router.post(

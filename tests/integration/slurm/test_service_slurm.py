@@ -24,7 +24,7 @@ from service.app import create_app
 from service.backends.slurm import SlurmBackend
 from service.cli.render import parse_time, start_estimate
 from service.config import Settings
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 from service.states import JobState
 from tests.integration.slurm.conftest import Api, ServiceProcess, ledger_token, scancel, service_env
 from tests.serving import LiveServer, serve

@@ -13,7 +13,7 @@ from service.backends.base import Backend
 from service.config import BackendName, Settings
 from service.domain.submit import check_request
 from service.errors import InvalidRequest
-from service.ledger.models import JobCreate
+from service.ledger.models.jobs import JobCreate
 from tests.fakes import FakeBackend
 
 BOTH: dict[str, Backend] = {"local": FakeBackend("local"), "slurm": FakeBackend("slurm")}

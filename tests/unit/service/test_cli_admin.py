@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from service.cli.main import app
 from service.domain import auth
 from service.ledger.db import make_engine
-from service.ledger.models import ApiToken, AuditEntry, UserQuota
+from service.ledger.models.access import ApiToken, AuditEntry, UserQuota
 
 
 @pytest.fixture
@@ -172,7 +172,7 @@ def test_folders_lists_the_largest_job_folders_first(ledger: str) -> None:
     from service.config import Settings
     from service.domain.storage import prepare_data_dir
     from service.ledger.db import migrate, session_scope
-    from service.ledger.models import Job
+    from service.ledger.models.jobs import Job
     from service.states import JobState
     from tests.unit.service.test_retention import add_job
 

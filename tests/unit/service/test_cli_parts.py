@@ -18,14 +18,19 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-import service.cli.main as cli
+import service.cli.context as cli_context
+from service.cli.context import EXIT_JOB_FAILED, EXIT_REQUEST
 from service.cli.demo import DDP_SPEC, SAMPLER_SPEC
 from service.cli.demo_checks import check_ddp, check_sampler
+from service.cli.jobs import outcome
 from service.cli.logs import LogFollower, new_part
+from service.cli.main import app
 from service.cli.progress import bar_position, carry_progress, watch_jobs
 from service.cli.render import job_details, jobs_table, progress_text
+from service.cli.specs import load_spec
 from service.client import TorchyardClient
-from service.ledger.models import JobCreate, SweepCreate
+from service.ledger.models.jobs import JobCreate
+from service.ledger.models.sweeps import SweepCreate
 from service.states import TERMINAL_STATE_NAMES
 from tests.support import ROOT
 
@@ -71,21 +76,21 @@ def job(job_id: int = 1, state: str = "running", **extra: Any) -> dict[str, Any]
 def test_load_spec_reads_yaml_and_json_and_resolves_a_relative_script(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text("name: a\nscript: scripts/x.py\nargs: ['--n', '1']\n")
     (tmp_path / "b.json").write_text(json.dumps({"name": "b", "script": "/abs/y.py"}))
-    assert cli.load_spec(tmp_path / "a.yaml")["script"] == str(tmp_path / "scripts" / "x.py")
-    assert cli.load_spec(tmp_path / "b.json")["script"] == "/abs/y.py"
+    assert load_spec(tmp_path / "a.yaml")["script"] == str(tmp_path / "scripts" / "x.py")
+    assert load_spec(tmp_path / "b.json")["script"] == "/abs/y.py"
 
 
 @pytest.mark.parametrize("text", ["- just\n- a list\n", "name: [unclosed\n"])
 def test_load_spec_refuses_what_is_not_one_mapping(tmp_path: Path, text: str) -> None:
     (tmp_path / "bad.yaml").write_text(text)
     with pytest.raises(typer.Exit) as caught:
-        cli.load_spec(tmp_path / "bad.yaml")
-    assert caught.value.exit_code == cli.EXIT_REQUEST
+        load_spec(tmp_path / "bad.yaml")
+    assert caught.value.exit_code == EXIT_REQUEST
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_is_a_valid_job_or_sweep_spec(path: Path) -> None:
-    loaded = cli.load_spec(path)
+    loaded = load_spec(path)
     spec = SweepCreate.model_validate(loaded).job if "grid" in loaded else JobCreate.model_validate(loaded)
     if spec.script is not None:
         assert Path(spec.script).is_file(), spec.script
@@ -311,7 +316,7 @@ def mock_service(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[di
     def client(base_url: str | None = None, token: str | None = None, **kwargs: Any) -> TorchyardClient:
         return real("http://mock", token=token, transport=transport)
 
-    monkeypatch.setattr(cli, "TorchyardClient", client)
+    monkeypatch.setattr(cli_context, "TorchyardClient", client)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     yield jobs
 
@@ -320,14 +325,14 @@ def test_commands_against_the_mock(mock_service: dict[int, dict[str, Any]], tmp_
     runner = CliRunner()
     spec = tmp_path / "job.yaml"
     spec.write_text("name: mocked\nentrypoint: m:f\n")
-    result = runner.invoke(cli.app, ["submit", str(spec)])
+    result = runner.invoke(app, ["submit", str(spec)])
     assert result.exit_code == 0 and "submitted job 1 (mocked), queued" in result.output
-    result = runner.invoke(cli.app, ["list"])
+    result = runner.invoke(app, ["list"])
     assert result.exit_code == 0 and "mocked" in result.output
-    assert json.loads(runner.invoke(cli.app, ["show", "1", "--json"]).output)["name"] == "mocked"
-    result = runner.invoke(cli.app, ["logs", "1", "--rank", "1"])
+    assert json.loads(runner.invoke(app, ["show", "1", "--json"]).output)["name"] == "mocked"
+    result = runner.invoke(app, ["logs", "1", "--rank", "1"])
     assert (result.stdout, result.stderr) == ("out of rank 1\n", "err of rank 1\n")
-    assert "job 1 cancelled" in runner.invoke(cli.app, ["cancel", "1"]).output
+    assert "job 1 cancelled" in runner.invoke(app, ["cancel", "1"]).output
 
 
 def test_refusals_exit_2_with_the_servers_words(
@@ -336,17 +341,17 @@ def test_refusals_exit_2_with_the_servers_words(
     runner = CliRunner()
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: bad\nentrypoint: m:f\nresources: {tasks_per_node: 0}\n")
-    result = runner.invoke(cli.app, ["submit", str(spec)])
-    assert result.exit_code == cli.EXIT_REQUEST
+    result = runner.invoke(app, ["submit", str(spec)])
+    assert result.exit_code == EXIT_REQUEST
     assert "422: resources.tasks_per_node: Input should be >= 1" in result.stderr
-    result = runner.invoke(cli.app, ["show", "9"])
-    assert result.exit_code == cli.EXIT_REQUEST and "404" in result.stderr
+    result = runner.invoke(app, ["show", "9"])
+    assert result.exit_code == EXIT_REQUEST and "404" in result.stderr
 
 
 def test_outcome_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.outcome(job(1, "succeeded", result={"ok": True})) == 0
-    assert cli.outcome(job(2, "failed", reason="RuntimeError: boom", exit_code=1)) == cli.EXIT_JOB_FAILED
-    assert cli.outcome(job(3, "cancelled", reason="cancelled by user")) == cli.EXIT_JOB_FAILED
+    assert outcome(job(1, "succeeded", result={"ok": True})) == 0
+    assert outcome(job(2, "failed", reason="RuntimeError: boom", exit_code=1)) == EXIT_JOB_FAILED
+    assert outcome(job(3, "cancelled", reason="cancelled by user")) == EXIT_JOB_FAILED
     out = capsys.readouterr().out
     assert "reason: RuntimeError: boom" in out and "torchyard logs 2 --rank 0" in out
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from service.client import DEFAULT_URL, TorchyardClient, TorchyardError, WaitTimeout, discover_token
-from service.ledger.models import JobCreate
+from service.ledger.models.jobs import JobCreate
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

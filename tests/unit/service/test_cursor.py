@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from service.domain.jobs import MAX_ID, decode_cursor, encode_cursor
+from service.domain.cursors import MAX_ID, decode_cursor, encode_cursor
 from service.errors import InvalidRequest
 
 

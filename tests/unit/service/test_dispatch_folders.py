@@ -15,7 +15,8 @@ from sqlmodel import Session, select
 
 from service.config import Settings
 from service.ledger.db import write_scope
-from service.ledger.models import Job, JobEvent
+from service.ledger.models.history import JobEvent
+from service.ledger.models.jobs import Job
 from service.loops import dispatch
 from service.loops.dispatch import Dispatcher
 from service.states import JobState

@@ -11,7 +11,9 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from service.config import Settings
-from service.ledger.models import Job, JobEvent, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.history import JobEvent
+from service.ledger.models.jobs import Job
 from service.loops.dispatch import STALE_CHECK_EVERY_S, Dispatcher
 from service.states import JobState
 from tests.fakes import FakeBackend

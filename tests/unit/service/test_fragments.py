@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from service.api.fragments import Fragments, LastPages, Page
 from service.domain.jobs import JobRow, PageQuery
 from service.ledger.clock import LedgerVersion
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 from service.states import JobState
 from tests.support import run_async
 

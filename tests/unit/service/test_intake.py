@@ -14,7 +14,8 @@ from sqlmodel import Session, func, select
 from service.domain.quotas import RetryLater
 from service.errors import Conflict
 from service.ledger.db import make_engine
-from service.ledger.models import Job, JobEvent, JobPublic, NewJob
+from service.ledger.models.history import JobEvent
+from service.ledger.models.jobs import Job, JobPublic, NewJob
 from service.loops.intake import MAX_BATCH, Accepted, JobIntake
 from service.states import JobState
 from tests.support import run_async

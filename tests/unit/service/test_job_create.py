@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from service.ledger.models import JobCreate
+from service.ledger.models.jobs import JobCreate
 
 BASE: dict[str, Any] = {"name": "train", "entrypoint": "worker.tasks.train:main"}
 

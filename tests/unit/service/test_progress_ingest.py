@@ -14,7 +14,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from service.ledger.db import session_scope, write_scope
-from service.ledger.models import Job, JobMetric
+from service.ledger.models.jobs import Job
+from service.ledger.models.metrics import JobMetric
 from service.loops import progress
 from service.loops.progress import ingest_progress
 from worker.spec import MAX_METRIC_NAMES

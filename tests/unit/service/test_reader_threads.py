@@ -16,7 +16,8 @@ from service.api import reader as reader_module
 from service.api.reader import READ_THREADS, LedgerReader
 from service.domain import jobs
 from service.ledger.db import make_engine, migrate
-from service.ledger.models import Job, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
 from service.states import JobState
 from tests.support import run_async
 

@@ -24,7 +24,11 @@ from service.domain import retention
 from service.domain.storage import jobs_root, prepare_data_dir
 from service.jobfs import folders
 from service.ledger import name_index
-from service.ledger.models import Job, JobEvent, JobMetric, UserQuota, utcnow
+from service.ledger.models.access import UserQuota
+from service.ledger.models.columns import utcnow
+from service.ledger.models.history import JobEvent
+from service.ledger.models.jobs import Job
+from service.ledger.models.metrics import JobMetric
 from service.loops.housekeeping import Housekeeper
 from service.states import JobState
 

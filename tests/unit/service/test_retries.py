@@ -18,7 +18,9 @@ from service.domain.endings import Ending, from_rank_errors, rank_host, settle
 from service.domain.transitions import end_attempt, record_transition
 from service.jobfs import archive_attempt, rank_errors, read_result
 from service.ledger.db import make_engine, migrate
-from service.ledger.models import Job, JobAttempt, JobEvent, RetryPolicy, utcnow
+from service.ledger.models.columns import utcnow
+from service.ledger.models.history import JobAttempt, JobEvent
+from service.ledger.models.jobs import Job, RetryPolicy
 from service.states import JobState
 from tests.fakes import FakeBackend
 from worker.spec import ERROR_ATTEMPT_PREFIX, JobFiles, Resources

@@ -12,7 +12,8 @@ from sqlmodel import Session, col, select
 
 from service.domain.transitions import record_transition
 from service.ledger.db import make_engine, migrate
-from service.ledger.models import Job, JobEvent
+from service.ledger.models.history import JobEvent
+from service.ledger.models.jobs import Job
 from service.states import (
     ACTIVE_STATES,
     ALLOWED_TRANSITIONS,

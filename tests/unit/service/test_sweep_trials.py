@@ -10,7 +10,7 @@ import pytest
 from service.config import Settings
 from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_bytes
 from service.errors import InvalidRequest
-from service.ledger.models import SweepCreate
+from service.ledger.models.sweeps import SweepCreate
 
 TRAIN = "worker.tasks.train:train"
 

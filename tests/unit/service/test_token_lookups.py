@@ -19,7 +19,7 @@ from service.config import Settings
 from service.domain import auth
 from service.domain.auth import Principal, TokenCheck
 from service.ledger.db import session_scope
-from service.ledger.models import ApiToken
+from service.ledger.models.access import ApiToken
 from tests.support import run_async
 
 CALLERS = 30

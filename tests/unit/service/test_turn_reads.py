@@ -16,7 +16,7 @@ from service.domain import jobs
 from service.domain.auth import Principal
 from service.errors import NotFound
 from service.ledger.db import session_scope
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 from tests.support import run_async
 
 

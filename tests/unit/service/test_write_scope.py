@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from service.ledger.db import is_sqlite, write_scope
-from service.ledger.models import Job
+from service.ledger.models.jobs import Job
 
 
 def test_a_second_writer_starts_when_the_first_commits_and_sees_its_rows(engine: Engine) -> None:

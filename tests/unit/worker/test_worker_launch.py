@@ -51,6 +51,7 @@ def test_launcher_pickles_as_plain_json(tmp_path: Path) -> None:
     for dumps, loads in ((pickle.dumps, pickle.loads), (cloudpickle.dumps, pickle.loads)):
         again = loads(dumps(launcher))
         assert again.spec == spec and again.spec_json == RankLauncher(spec.model_dump_json()).spec_json
+        assert b"worker.spec" not in dumps(launcher)  # RunSpec's own module path is in no pickle
 
 
 def test_checkpoint_requeues_a_fresh_launcher_resuming_from_the_newest(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ Create Date: 2026-12-02 16:28:37.617102
 import sqlalchemy as sa
 from alembic import op
 
-from service.ledger.models import UTCDateTime
+from service.ledger.models.columns import UTCDateTime
 
 revision = "0001"
 down_revision = None

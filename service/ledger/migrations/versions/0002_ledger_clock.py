@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import sqlalchemy as sa
 from alembic import op
 
-from service.ledger.models import UTCDateTime
+from service.ledger.models.columns import UTCDateTime
 
 revision = "0002"
 down_revision = "0001"

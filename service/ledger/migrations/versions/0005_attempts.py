@@ -7,7 +7,7 @@ Revises: 0004
 import sqlalchemy as sa
 from alembic import op
 
-from service.ledger.models import UTCDateTime
+from service.ledger.models.columns import UTCDateTime
 
 revision = "0005"
 down_revision = "0004"

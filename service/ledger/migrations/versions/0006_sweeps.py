@@ -7,7 +7,7 @@ Revises: 0005
 import sqlalchemy as sa
 from alembic import op
 
-from service.ledger.models import UTCDateTime
+from service.ledger.models.columns import UTCDateTime
 
 revision = "0006"
 down_revision = "0005"

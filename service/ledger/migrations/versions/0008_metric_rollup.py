@@ -8,7 +8,7 @@ Revises: 0007
 import sqlalchemy as sa
 from alembic import op
 
-from service.ledger.models import UTCDateTime
+from service.ledger.models.columns import UTCDateTime
 
 revision = "0008"
 down_revision = "0007"

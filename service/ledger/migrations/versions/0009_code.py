@@ -7,7 +7,7 @@ Revises: 0008
 import sqlalchemy as sa
 from alembic import op
 
-from service.ledger.models import UTCDateTime
+from service.ledger.models.columns import UTCDateTime
 
 revision = "0009"
 down_revision = "0008"

@@ -1,0 +1,97 @@
+"""The names of the files in a job's folder, known to both sides (JobFiles), and the environment
+variables that tell a rank where its folder is."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch or step, 8 digits>.pt
+CHECKPOINT_NOTE_SUFFIX = ".json"  # ckpt-<n>.json beside ckpt-<n>.pt: the metrics reported when it was saved
+JOB_DIR_ENV = "TORCHYARD_JOB_DIR"  # every rank's: its job's folder, where a job writes what it keeps
+CHECKPOINT_DIR_ENV = "TORCHYARD_CHECKPOINT_DIR"  # every rank's: where checkpoints go (JobFiles.checkpoints)
+
+
+class JobFiles:
+    """Names of the files inside a job's folder, known to both sides."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @property
+    def spec(self) -> Path:
+        """The RunSpec of the attempt that last started, written by its rank 0 (for people to read)."""
+        return self.folder / "spec.json"
+
+    @property
+    def progress(self) -> Path:
+        """JSON lines appended by rank 0: {"step", "total", "metrics", "time", "attempt"}."""
+        return self.folder / "progress.jsonl"
+
+    @property
+    def result(self) -> Path:
+        """Written atomically by rank 0 on success: {"attempt", "value"}."""
+        return self.folder / "result.json"
+
+    def error(self, rank: int) -> Path:
+        """Written atomically by a rank that raised: a first line `attempt: <n>`, then its traceback.
+
+        A rank removes its own when it starts, but a reader may still find one an earlier attempt
+        left behind: parse_error_text() says which attempt wrote it.
+        """
+        return self.folder / f"error-rank{rank}.txt"
+
+    def placement(self, rank: int) -> Path:
+        """Written atomically by every rank when it starts: {"attempt", "rank", "host", "local_rank",
+        "gpu"} (parse_placement), so the service knows where each rank of the attempt runs."""
+        return self.folder / "placement" / f"rank{rank}.json"
+
+    def rendezvous(self, key: str) -> Path:
+        """Written atomically by rank 0 before the others connect: {"addr", "port", "host", "pid"}.
+
+        `key` names one run of the ranks (worker.rendezvous.rendezvous_key), so a retried or requeued
+        job never reads an earlier run's port.
+        """
+        return self.folder / "rendezvous" / f"{key}.json"
+
+    @property
+    def code(self) -> Path:
+        """The job's code snapshot, unpacked read-only by the service: the ranks' working directory."""
+        return self.folder / "code"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.folder / "checkpoints"
+
+    @property
+    def tmp(self) -> Path:
+        """The ranks' TMPDIR: temporary files stay inside the job's own folder."""
+        return self.folder / "tmp"
+
+    @property
+    def submitit(self) -> Path:
+        """submitit's own folder: pickles and per-rank logs (`<id>_<rank>_log.out|err`)."""
+        return self.folder / "submitit"
+
+    def checkpoint_file(self, epoch_or_step: int) -> Path:
+        """Where rank 0 saves the checkpoint of this epoch or step (zero-padded, so names sort)."""
+        return self.checkpoints / f"ckpt-{epoch_or_step:08d}.pt"
+
+    def checkpoint_note(self, checkpoint: Path) -> Path:
+        """The note beside a checkpoint: {"step", "metrics", "time", "attempt"} (parse_checkpoint_note)."""
+        return checkpoint.with_suffix(CHECKPOINT_NOTE_SUFFIX)
+
+    def saved_checkpoints(self) -> list[tuple[int, Path]]:
+        """(epoch or step, path) of every checkpoint in checkpoints/, oldest first (temp files ignored)."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(
+            (int(match.group(1)), path)
+            for path in self.checkpoints.iterdir()
+            if (match := CHECKPOINT_PATTERN.fullmatch(path.name))
+        )
+
+    def latest_checkpoint(self) -> Path | None:
+        """The checkpoint with the highest epoch or step in checkpoints/, or None (temp files ignored)."""
+        saved = self.saved_checkpoints()
+        return saved[-1][1] if saved else None
