@@ -17,13 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import String, Table, bindparam, cast, func, insert, literal, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import String, Table, cast, insert, literal, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from service.domain.quotas import count_unfinished_of, too_many_unfinished
+from service.domain.quotas import UnfinishedCount
 from service.domain.storing import (
     Accepted,
     Key,
@@ -50,13 +49,6 @@ MAX_BATCH = 500
 # Core tables: the writer inserts a batch as a few multi-row statements, not one ORM object a row.
 _JOBS: Table = Job.__table__  # type: ignore[attr-defined]
 _AUDIT: Table = AuditEntry.__table__  # type: ignore[attr-defined]
-# PostgreSQL: the advisory lock of each of `keys`, in their order (_UnfinishedCount)
-_QUOTA_KEYS = (
-    func.unnest(bindparam("keys", type_=ARRAY(String)))
-    .table_valued("key", with_ordinality="n")
-    .render_derived()
-)
-_LOCK_QUOTAS = select(func.pg_advisory_xact_lock(func.hashtext(_QUOTA_KEYS.c.key))).order_by(_QUOTA_KEYS.c.n)
 
 Outcome = Accepted | SweepAccepted
 
@@ -160,7 +152,7 @@ class JobIntake:
             earlier_sweeps = _sweeps_by_key(
                 session, [item.row for item in sweeps if isinstance(item.row, NewSweep)]
             )
-            room = _UnfinishedCount(
+            room = UnfinishedCount(
                 session, {item.row.owner for item in batch if item.max_active is not None}
             )
             outcomes: dict[int, Outcome | Exception] = {}
@@ -209,7 +201,7 @@ class JobIntake:
         sweep: NewSweep,
         max_active: int | None,
         earlier: dict[Key, Sweep],
-        room: _UnfinishedCount,
+        room: UnfinishedCount,
     ) -> Outcome | Exception:
         """The sweep row and its trials, in this transaction; a retry with its key answers the first."""
         key = (sweep.owner, sweep.idempotency_key) if sweep.idempotency_key is not None else None
@@ -288,34 +280,6 @@ def _inserted_ids(connection: Connection, values: list[dict[str, Any]]) -> list[
         return sorted(int(job_id) for job_id in inserted.scalars())
     inserted = connection.execute(insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True), values)
     return [int(job_id) for job_id in inserted.scalars()]
-
-
-class _UnfinishedCount:
-    """The owners' unfinished jobs, counted once per batch under a lock per owner, plus those the
-    batch adds. On PostgreSQL the lock is a transaction-scoped advisory lock, taken in name order so
-    two replicas' batches cannot deadlock. On SQLite it is the database's one write lock, which the
-    write scope took at its start (service.ledger.db).
-
-    Two statements for the whole batch, the locks then the counts (a count in the locking statement
-    would read from a snapshot taken before the locks were granted). With two for each owner, a
-    commit under 32 users submitting made 28 statements, not 10, and took twice as long
-    (tests/integration/test_load.py on PostgreSQL: commit p50 100-145 ms, now 45-57 ms)."""
-
-    def __init__(self, session: Session, owners: set[str]) -> None:
-        self._counts: dict[str, int] = {}
-        if not owners:
-            return
-        connection = session.connection()
-        if connection.dialect.name == "postgresql":
-            connection.execute(_LOCK_QUOTAS, {"keys": [f"quota:{owner}" for owner in sorted(owners)]})
-        self._counts = count_unfinished_of(session, owners)
-
-    def take(self, owner: str, limit: int, count: int = 1) -> Exception | None:
-        """Count `count` more jobs of `owner`, or the refusal when that would pass `limit`."""
-        if self._counts[owner] + count > limit:
-            return too_many_unfinished(self._counts[owner], limit, asked=count)
-        self._counts[owner] += count
-        return None
 
 
 def _job_values(row: NewJob, sweep_id: int | None) -> dict[str, Any]:
