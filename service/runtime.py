@@ -19,8 +19,9 @@ from service.domain.auth import TokenCheck
 from service.domain.code_store import CodeStore
 from service.domain.code_uploads import CodeUploads
 from service.domain.quotas import QuotaBook
-from service.domain.storage import RoomCheck, jobs_root, prepare_data_dir
+from service.domain.storage import RoomCheck, prepare_data_dir
 from service.domain.submit import Admission
+from service.jobfs import jobs_root
 from service.ledger.clock import on_stamped_commit
 from service.ledger.db import make_engine, migrate
 from service.loops.dispatch import Dispatcher

@@ -19,7 +19,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
         environment = JobEnvironment.build(
             settings.data_dir, settings.job_interpreter(), settings.job_pythonpath
         )
-        from service.domain.storage import jobs_root
+        from service.jobfs import jobs_root
 
         backends["local"] = LocalBackend(
             environment, poll_interval_s=settings.local_reconcile_interval_s, jobs_root=jobs_root(settings)

@@ -7,7 +7,6 @@ Backends map the scheduler's states to JobState themselves and keep the schedule
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,15 +15,6 @@ from typing import Protocol, runtime_checkable
 
 from service.states import EndingKind, JobState
 from worker.spec import RunSpec
-
-# Every external id: a SLURM job or array element (`<digits>` or `<digits>_<digits>`), a local PID.
-# Ids are read back from names in job folders, which their jobs can change: only this shape is an id,
-# so that no name ("--user=bob") can reach a scheduler's command line as an option.
-EXTERNAL_ID = re.compile(r"[0-9]{1,18}(_[0-9]{1,9})?", re.ASCII)
-
-
-def is_external_id(text: str) -> bool:
-    return EXTERNAL_ID.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)

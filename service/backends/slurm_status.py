@@ -15,10 +15,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from service.backends import slurm_parse as parse
-from service.backends.base import BackendStatus, is_external_id
+from service.backends.base import BackendStatus
 from service.backends.slurm_commands import SchedulerCommands
 from service.backends.slurm_states import UnknownSlurmState
 from service.errors import BackendError
+from service.jobfs import is_external_id
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from service import jobfs
 from service.backends import slurm_submit
 from service.bulkhead import Bulkhead, Fault
 from service.config import Settings
-from service.domain.storage import jobs_root
+from service.jobfs import jobs_root
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models.access import UserQuota
 from service.ledger.models.columns import utcnow

@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from pathlib import Path
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from service.config import Settings
 from service.errors import InsufficientStorage
-from service.jobfs.names import DATA_DIR_MODE
+from service.jobfs.names import DATA_DIR_MODE, jobs_root
 
 # What SQLite and PostgreSQL say when they cannot write for want of room or permission.
 _NO_ROOM = (
@@ -28,15 +27,6 @@ _NO_ROOM = (
     "no space left on device",  # PostgreSQL, "could not extend file ...: No space left on device"
 )
 _PG_DISK_FULL = "53100"  # SQLSTATE disk_full
-
-
-def job_folder(settings: Settings, job_id: int) -> Path:
-    return (settings.data_dir / "jobs" / str(job_id)).resolve()
-
-
-def jobs_root(settings: Settings) -> Path:
-    """The folder every job folder is made in."""
-    return job_folder(settings, 0).parent
 
 
 def prepare_data_dir(settings: Settings) -> None:

@@ -26,7 +26,16 @@ from service.jobfs.checkpoints import (
 )
 from service.jobfs.folders import FolderUsage, empty_trash, move_files_to_trash, move_folder_to_trash, usage
 from service.jobfs.handles import folder_handle, new_file
-from service.jobfs.names import LOG_NAME, SUBMITTED_SUFFIX, TRASH, log_file, log_name
+from service.jobfs.names import (
+    LOG_NAME,
+    SUBMITTED_SUFFIX,
+    TRASH,
+    is_external_id,
+    job_folder,
+    jobs_root,
+    log_file,
+    log_name,
+)
 from service.jobfs.reads import (
     NotAFile,
     RankError,
@@ -64,6 +73,9 @@ __all__ = [
     "empty_trash",
     "error_ranks",
     "folder_handle",
+    "is_external_id",
+    "job_folder",
+    "jobs_root",
     "log_file",
     "log_name",
     "log_tail",

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from service.backends.base import is_external_id
 from service.jobfs.handles import entry, folder_below, names, open_below, open_file, stands
-from service.jobfs.names import SUBMITTED_SUFFIX
+from service.jobfs.names import SUBMITTED_SUFFIX, is_external_id
 from worker.spec import (
     CheckpointRecord,
     JobFiles,

@@ -25,7 +25,7 @@ from service.backends import make_backends
 from service.backends.base import Backend
 from service.backends.local import signal_group
 from service.config import Settings
-from service.domain.storage import jobs_root
+from service.jobfs import jobs_root
 from service.states import JobState
 from tests.support import wait_for
 

@@ -21,8 +21,8 @@ from service.backends import slurm_submit
 from service.bulkhead import Bulkhead
 from service.config import Settings
 from service.domain import retention
-from service.domain.storage import jobs_root, prepare_data_dir
-from service.jobfs import folders
+from service.domain.storage import prepare_data_dir
+from service.jobfs import folders, jobs_root
 from service.ledger import name_index
 from service.ledger.models.access import UserQuota
 from service.ledger.models.columns import utcnow
