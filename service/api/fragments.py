@@ -11,8 +11,10 @@ changed since they were last rendered are read whole and rendered again. Whose p
 index query's business (its owner filter) and the single-job read's (the viewer check on the stamp):
 a rendering holds one job and is served only where that job is.
 
-Memory is bounded by bytes: least recently used renderings go first. LastPages keeps each query's
-joined page (and its tag, service.api.etag.for_page) for as long as the ledger clock stands still.
+Memory is bounded by bytes: least recently used renderings go first (cachetools' LRUCache, sized by
+each rendering's length). LastPages keeps each query's joined page (and its tag,
+service.api.etag.for_page) for as long as the ledger clock stands still. Renderings are kept by the
+event loop and by read threads alike; cachetools' caches are not thread-safe, hence the locks.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+
+from cachetools import LRUCache
 
 from service.domain import jobs
 from service.ledger.clock import LedgerVersion
@@ -37,8 +40,7 @@ _EMPTY_ITEMS = b'{"items":[]'
 class Fragments:
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._kept: OrderedDict[int, tuple[datetime, bytes]] = OrderedDict()
-        self._bytes = 0
+        self._kept: LRUCache[int, tuple[datetime, bytes]] = LRUCache(max_bytes, getsizeof=_body_size)
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -50,7 +52,6 @@ class Fragments:
             if kept is None or kept[0] != stamp:
                 self.misses += 1
                 return None
-            self._kept.move_to_end(job_id)
             self.hits += 1
             return kept[1]
 
@@ -80,7 +81,7 @@ class Fragments:
     def size(self) -> tuple[int, int]:
         """(renderings kept, their bytes)."""
         with self._lock:
-            return len(self._kept), self._bytes
+            return len(self._kept), int(self._kept.currsize)
 
     def _keep(self, job_id: int, stamp: datetime, body: bytes) -> None:
         if len(body) > self.max_bytes:
@@ -89,14 +90,11 @@ class Fragments:
             kept = self._kept.get(job_id)
             if kept is not None and kept[0] > stamp:
                 return  # a reader that raced a commit must not put an older version back
-            if kept is not None:
-                self._bytes -= len(kept[1])
             self._kept[job_id] = (stamp, body)
-            self._kept.move_to_end(job_id)
-            self._bytes += len(body)
-            while self._bytes > self.max_bytes:
-                _, (_, dropped) = self._kept.popitem(last=False)
-                self._bytes -= len(dropped)
+
+
+def _body_size(kept: tuple[datetime, bytes]) -> int:
+    return len(kept[1])
 
 
 @dataclass(frozen=True)
@@ -118,8 +116,9 @@ class LastPages:
 
     def __init__(self, max_bytes: int = PAGES_MAX_BYTES) -> None:
         self._max = max_bytes
-        self._pages: OrderedDict[jobs.PageQuery, tuple[LedgerVersion, Page]] = OrderedDict()
-        self._bytes = 0
+        self._pages: LRUCache[jobs.PageQuery, tuple[LedgerVersion, Page]] = LRUCache(
+            max_bytes, getsizeof=_page_size
+        )
         self._lock = threading.Lock()
         self._joining: dict[tuple[jobs.PageQuery, LedgerVersion], asyncio.Future[Page]] = {}
 
@@ -149,21 +148,17 @@ class LastPages:
     def get(self, query: jobs.PageQuery, version: LedgerVersion) -> Page | None:
         with self._lock:
             kept = self._pages.get(query)
-            if kept is None or kept[0] != version:
-                return None
-            self._pages.move_to_end(query)
-            return kept[1]
+        return kept[1] if kept is not None and kept[0] == version else None
 
     def put(self, query: jobs.PageQuery, version: LedgerVersion, page: Page) -> None:
+        if len(page.body) > self._max:
+            return
         with self._lock:
-            kept = self._pages.pop(query, None)
-            if kept is not None:
-                self._bytes -= len(kept[1].body)
             self._pages[query] = (version, page)
-            self._bytes += len(page.body)
-            while self._bytes > self._max:
-                _, (_, dropped) = self._pages.popitem(last=False)
-                self._bytes -= len(dropped.body)
+
+
+def _page_size(kept: tuple[LedgerVersion, Page]) -> int:
+    return len(kept[1].body)
 
 
 @dataclass

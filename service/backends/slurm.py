@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cachetools import TTLCache
+
 from service.accounts import Account
 from service.backends import slurm_parse as parse
 from service.backends import slurm_status as status
@@ -101,7 +103,11 @@ class SlurmBackend:
         self._config_backoff = Backoff(clock)
         self._learning: threading.Thread | None = None
         self._max_array_size: int | None = None
-        self._verdicts: dict[Options, tuple[float, str | None]] = {}
+        # Each shape's verdict, (a refusal or None,), for VERDICT_TTL_S; guarded by _lock, as
+        # cachetools' caches are not thread-safe.
+        self._verdicts: TTLCache[Options, tuple[str | None]] = TTLCache(
+            _VERDICT_CACHE_SIZE, VERDICT_TTL_S, clock
+        )
         self._wakeup: Callable[[], None] = lambda: None
 
     @property
@@ -127,7 +133,8 @@ class SlurmBackend:
     def validate_is_quick(self, spec: RunSpec) -> bool:
         """Quick while this resource shape's `sbatch --test-only` verdict is cached."""
         params = sbatch_parameters(spec.resources, self._settings.slurm_partition)
-        return self._cached_verdict(group_key(params)) is not None
+        with self._lock:
+            return group_key(params) in self._verdicts
 
     def array_size(self) -> int | None:
         """MaxArraySize from memory: the dispatcher's claim asks under its row locks
@@ -188,27 +195,19 @@ class SlurmBackend:
 
     # ---------------------------------------------------------------- what SLURM allows
 
-    def _cached_verdict(self, key: Options) -> tuple[float, str | None] | None:
-        """(checked at, refusal or None) while this shape's verdict is younger than VERDICT_TTL_S."""
-        with self._lock:
-            cached = self._verdicts.get(key)
-        return cached if cached is not None and self._clock() - cached[0] < VERDICT_TTL_S else None
-
     def _verdict(self, params: dict[str, Any]) -> str | None:
         key = group_key(params)
-        now = self._clock()
-        cached = self._cached_verdict(key)
-        if cached is not None:
-            return cached[1]
+        with self._lock:
+            known = self._verdicts.get(key)
+        if known is not None:
+            return known[0]
         argv = [self._commands.program("sbatch"), *check_argv(params)]
         result = self._commands.call(argv, COMMAND_TIMEOUT_S)
         refusal = None if result.returncode == 0 else parse.sbatch_error(result.stderr)
         if refusal is not None and parse.is_transient(refusal):
             raise BackendError(f"cannot reach SLURM to check the request: {refusal}")
         with self._lock:
-            if len(self._verdicts) >= _VERDICT_CACHE_SIZE:
-                self._verdicts.pop(next(iter(self._verdicts)))
-            self._verdicts[key] = (now, refusal)
+            self._verdicts[key] = (refusal,)
         return refusal
 
     def max_array_size(self) -> int:

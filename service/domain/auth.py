@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cachetools import TTLCache
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -28,6 +29,7 @@ TOKEN_PREFIX = "ty_"
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
 UNIX_NAME = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?")  # what useradd accepts (NAME_REGEX)
 DEV_USER = "dev"
+TOKENS_KEPT = 10_000  # checked tokens remembered (TokenCheck)
 
 
 @dataclass(frozen=True)
@@ -139,28 +141,35 @@ class TokenCheck:
 
     A revoked token therefore keeps working on a replica for at most `ttl_s` seconds. An answer past
     half its life is `due`: the caller looks it up again while it still answers from this one, so
-    a token in steady use is never waited on.
+    a token in steady use is never waited on. At most TOKENS_KEPT answers are kept (a flood of
+    made-up tokens must not grow memory), the least recently used let go first. The event loop
+    reads the cache and lookup threads fill it: cachetools' caches are not thread-safe, hence the lock.
     """
 
     def __init__(self, engine: Engine, ttl_s: float) -> None:
         self._engine = engine
         self._ttl_s = ttl_s
-        self._known: dict[str, tuple[float, Principal | None]] = {}
+        # digest -> (when it was looked up, its principal or None: not a valid token)
+        self._known: TTLCache[str, tuple[float, Principal | None]] = TTLCache(TOKENS_KEPT, ttl_s)
         self._lock = threading.Lock()
+
+    def _answer(self, raw: str) -> tuple[float, Principal | None] | None:
+        with self._lock:
+            return self._known.get(hash_token(raw))
 
     def cached(self, raw: str) -> Principal | None:
         """The cached answer for this token, or None when it must be looked up (`lookup`)."""
-        entry = self._known.get(hash_token(raw))
-        if entry is None or entry[0] < time.monotonic():
+        answer = self._answer(raw)
+        if answer is None:
             return None
-        if entry[1] is None:
+        if answer[1] is None:
             raise Unauthenticated("this API token is not valid (unknown or revoked)")
-        return entry[1]
+        return answer[1]
 
     def due(self, raw: str) -> bool:
         """True when this token's cached answer is past half its life: time to look it up again."""
-        entry = self._known.get(hash_token(raw))
-        return entry is None or entry[0] - self._ttl_s / 2 < time.monotonic()
+        answer = self._answer(raw)
+        return answer is None or answer[0] + self._ttl_s / 2 < time.monotonic()
 
     def lookup(self, raw: str) -> Principal:
         digest = hash_token(raw)
@@ -173,9 +182,7 @@ class TokenCheck:
                 else None
             )
         with self._lock:
-            if len(self._known) > 10_000:  # a flood of made-up tokens must not grow memory
-                self._known.clear()
-            self._known[digest] = (time.monotonic() + self._ttl_s, principal)
+            self._known[digest] = (time.monotonic(), principal)
         if principal is None:
             if not any_token:
                 raise Unauthenticated(

@@ -13,9 +13,10 @@ import re
 import stat
 import subprocess
 import threading
-from collections import OrderedDict
 from collections.abc import Collection, Iterator
 from pathlib import Path, PurePosixPath
+
+from cachetools import LRUCache
 
 from service.accounts import Account
 from service.config import Settings
@@ -135,41 +136,13 @@ _MAX_LINKS = 40  # what the kernel follows before ELOOP
 ProbeKey = tuple[str, float, str]  # (path, mtime, account)
 
 
-class RecentAnswers:
-    """The modules each of the last `most` interpreters asked lacks, the least recently asked
-    forgotten first: a user can name any number of them (every file of an allowed folder, every new
-    mtime), which must not each be kept for ever. Shared by admission's threads, hence the lock."""
-
-    def __init__(self, most: int) -> None:
-        self._most = most
-        self._kept: OrderedDict[ProbeKey, str] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: ProbeKey) -> str | None:
-        with self._lock:
-            if key not in self._kept:
-                return None
-            self._kept.move_to_end(key)
-            return self._kept[key]
-
-    def __setitem__(self, key: ProbeKey, lacking: str) -> None:
-        with self._lock:
-            self._kept[key] = lacking
-            self._kept.move_to_end(key)
-            while len(self._kept) > self._most:
-                self._kept.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-
-
-# One file may find other packages as another account (files only some accounts can read, a user's
-# own site-packages), hence the account in the key.
-_CHECKED_INTERPRETERS = RecentAnswers(INTERPRETERS_KEPT)
+# The modules each of the last INTERPRETERS_KEPT interpreters asked lacks, the least recently asked
+# forgotten first: a user can name any number of them (every file of an allowed folder, every new
+# mtime), which must not each be kept for ever. One file may find other packages as another account
+# (files only some accounts can read, a user's own site-packages), hence the account in the key.
+# Shared by admission's threads, and cachetools' caches are not thread-safe: hence the lock.
+_CHECKED_INTERPRETERS: LRUCache[ProbeKey, str] = LRUCache(INTERPRETERS_KEPT)
+_CHECKED_LOCK = threading.Lock()
 
 
 def check_python_allowed(python: str, settings: Settings) -> str:
@@ -202,10 +175,13 @@ def check_python_runs_jobs(python: str, run_as: str) -> None:
         mtime = os.stat(python).st_mtime
     except OSError:
         raise InvalidRequest(f"no interpreter at {python}", field="python") from None
-    lacking = _CHECKED_INTERPRETERS.get((python, mtime, account.name))
+    key = (python, mtime, account.name)
+    with _CHECKED_LOCK:
+        lacking = _CHECKED_INTERPRETERS.get(key)
     if lacking is None:
         lacking = _modules_lacking(python, account)
-        _CHECKED_INTERPRETERS[(python, mtime, account.name)] = lacking
+        with _CHECKED_LOCK:
+            _CHECKED_INTERPRETERS[key] = lacking
     if lacking:
         raise InvalidRequest(
             f"the interpreter {python} lacks {lacking}: a job's interpreter needs "
