@@ -174,9 +174,10 @@ def run_job(client: httpx.Client, body: dict[str, object]) -> dict[str, Any]:
     job, tag = created.json(), ""
     while job["state"] not in TERMINAL_STATE_NAMES:
         answer = client.get(f"/api/v1/jobs/{job['id']}", params={"wait_s": 20},
-                            headers={"If-None-Match": tag} if tag else None).raise_for_status()
-        if answer.status_code == 200:
-            job, tag = answer.json(), answer.headers["ETag"]
+                            headers={"If-None-Match": tag} if tag else None)
+        if answer.status_code == 304:  # httpx counts a 304 as an error: nothing changed while it waited
+            continue
+        job, tag = answer.raise_for_status().json(), answer.headers["ETag"]
     if job["state"] != "succeeded" or not job["result"]["ok"]:
         raise SystemExit(f"torchyard job did not check out: {job['state']} {job['reason']}")
     finished: dict[str, Any] = job
