@@ -13,7 +13,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, create_engine
 
 from service.ledger import clock as ledger_clock
@@ -36,9 +36,14 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        # psycopg 3, the one driver installed and tested, whatever the URL names (postgresql://, or
+        # +psycopg2 from before): the reader's asyncio engine (service.api.reader) uses it too
+        parsed = parsed.set(drivername="postgresql+psycopg")
     # connect_timeout: an unreachable database host must be a prompt 503, not the OS's TCP timeout
     connect_args = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
+    return create_engine(parsed, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
 
 
 def _ensure_sqlite_folder(url: str) -> None:
