@@ -4,14 +4,17 @@ A poll reads the ledger clock (a list) or one job's stamp (a job) before anythin
 polls end there (304, or a rendering already kept in service.api.fragments). A thread-pool hop for
 such a read costs more than the read. But an event loop must never wait on the shared pool (threads
 that hold its connections may need the loop to finish), so this reader keeps its connections
-outside the pool's contention. Each read sees every commit made before it began (autocommit).
+outside the pool's contention. Only the event-loop thread uses them, and each read sees every commit
+made before it began.
 
 Those first reads are made once per turn of the event loop (TurnReads), for every poll that asked
 during the turn: 50 dashboards polling at once cost one clock read, or one read of the stamps of
 the jobs they poll, instead of 50. Each poll's read still begins after the poll asked, so a commit
 made before a poll began is never missed. On PostgreSQL a read is a round trip to a server that
-shares the cores: the loop serves other requests while it waits, through SQLAlchemy's asyncio
-engine on psycopg 3 (postgres_reads); on SQLite it takes µs, and is made on the loop, blocking.
+shares the cores: the loop serves other requests while it waits (service.api.async_postgres); on
+SQLite it takes µs, blocking. Both run on the driver's own cursor (service.api.driver_read): the
+same statements through SQLAlchemy's execution cost each read twice the CPU on SQLite, and several
+times on PostgreSQL through its asyncio engine (bench.reads).
 
 Admission looks up the job of an Idempotency-Key the same way (`replayed`): in a worker thread on a
 pooled connection, that read cost each keyed POST a thread's handoffs and four round trips to
@@ -31,7 +34,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -39,14 +42,14 @@ import anyio
 import anyio.to_thread
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.sql import Select
 
+from service.api.async_postgres import AsyncPostgresPool
+from service.api.driver_read import DriverRead
 from service.domain import jobs, storing
 from service.domain.auth import Principal
 from service.domain.jobs import JobRow
 from service.ledger.clock import CLOCK_ROW, LedgerVersion, version_of
-from service.ledger.db import POSTGRES_CONNECT_TIMEOUT_S
 from service.ledger.models.jobs import JobPublic
 
 if TYPE_CHECKING:
@@ -61,61 +64,46 @@ ON_LOOP_BUDGET_S = 0.002  # SQLite: how long a page read may hold the loop befor
 BUDGET_CHECK_STEPS = 1000  # SQLite virtual machine steps between looks at the clock (a few µs)
 POSTGRES_CONNECTIONS = 4  # reads in flight from the event loop at once (PostgreSQL)
 
-Rows = Sequence[Sequence[Any]]
-
-
-def postgres_reads(engine: Engine) -> AsyncEngine:
-    """The asyncio engine of the reads made from the event loop: the ledger's database through the
-    engine's psycopg 3 (service.ledger.db), in autocommit (each read its own transaction, one round
-    trip), without the pool's ping (a read that finds its connection broken is made again)."""
-    return create_async_engine(
-        engine.url,  # postgresql+psycopg: its asyncio mode on an asyncio engine
-        pool_size=POSTGRES_CONNECTIONS,
-        max_overflow=0,
-        isolation_level="AUTOCOMMIT",
-        connect_args={"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S},
-    )
-
 
 class LedgerReader:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._on_loop = OwnConnection(engine)
         self._off_loop_idle: list[OwnConnection] = []  # at most READ_THREADS: the limiter's bound
-        self._postgres = postgres_reads(engine) if engine.dialect.name == "postgresql" else None
+        self._postgres = (
+            AsyncPostgresPool(engine, POSTGRES_CONNECTIONS) if engine.dialect.name == "postgresql" else None
+        )
+        self._clock_row = DriverRead(CLOCK_ROW, engine.dialect)
         self._clock = TurnReads[None, LedgerVersion](self._read_clock)
         self._stamps = TurnReads[int, jobs.Stamp](self._read_stamps)
         self._replays = TurnReads[storing.Key, JobPublic](self._read_replays)
         self._threads = anyio.CapacityLimiter(READ_THREADS)
 
-    async def _fetch(self, statement: Select[Unpack[tuple[Any, ...]]], values: dict[str, Any]) -> Rows:
+    async def _fetch(self, read: DriverRead, values: dict[str, Any]) -> list[tuple[Any, ...]]:
         """On PostgreSQL the loop serves on while the server answers; SQLite answers in µs."""
-        if self._postgres is None:
-            return self._run(lambda connection: connection.execute(statement, values).all())
-        for attempt in (1, 2):
-            try:
-                async with self._postgres.connect() as connection:
-                    return (await connection.execute(statement, values)).all()
-            except DBAPIError as error:  # the database restarted: the pool has let its connections go
-                if attempt == 2 or not error.connection_invalidated:
-                    raise
-        raise AssertionError("unreachable")
+        if self._postgres is not None:
+            return await self._postgres(read, values)
+        return self._run(functools.partial(read.all, values=values))
 
     async def _read_clock(self, _: Collection[None]) -> dict[None, LedgerVersion]:
-        rows = await self._fetch(CLOCK_ROW, {})
+        rows = await self._fetch(self._clock_row, {})
         return {None: version_of(rows[0] if rows else None)}
 
     async def _read_stamps(self, job_ids: Collection[int]) -> dict[int, jobs.Stamp]:
         found: dict[int, jobs.Stamp] = {}
         for statement, values in jobs.stamp_reads(job_ids):
-            found.update(jobs.stamps_found(await self._fetch(statement, values)))
+            found.update(jobs.stamps_found(await self._fetch(self._driver_read(statement), values)))
         return found
 
     async def _read_replays(self, keys: Collection[storing.Key]) -> dict[storing.Key, JobPublic]:
         found: dict[storing.Key, JobPublic] = {}
         for statement, values in storing.replay_reads(keys):
-            found.update(storing.replays_found(await self._fetch(statement, values)))
+            found.update(storing.replays_found(await self._fetch(self._driver_read(statement), values)))
         return found
+
+    @functools.cache  # noqa: B019 - one per statement (stamp sizes, page shapes) for the reader's life
+    def _driver_read(self, statement: Select[Unpack[tuple[Any, ...]]]) -> DriverRead:
+        return DriverRead(statement, self._engine.dialect)
 
     async def clock(self) -> LedgerVersion:
         version = await self._clock.read(None)
@@ -143,12 +131,17 @@ class LedgerReader:
         try:
             statement, values = next(reads)
             while True:
-                statement, values = reads.send(await self._fetch(statement, values))
+                statement, values = reads.send(await self._fetch(self._driver_read(statement), values))
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
     def _page_on(self, connection: Connection, query: jobs.PageQuery) -> jobs.PageIndex:
-        return jobs.page_index(connection, query)
+        """A SQLite page's reads on the driver's cursor (half the CPU of SQLAlchemy's execution)."""
+
+        def fetch(statement: jobs.PageStatement, values: dict[str, Any]) -> jobs.PageRows:
+            return self._driver_read(statement).all(connection, values)
+
+        return jobs.drive_page_reads(jobs.page_reads("sqlite", query), fetch)
 
     def _page_within_budget(self, connection: Connection, query: jobs.PageQuery) -> jobs.PageIndex | None:
         """_page_on, or None when SQLite stopped it at ON_LOOP_BUDGET_S."""
@@ -176,7 +169,7 @@ class LedgerReader:
         reads (a page of 500 changed jobs is a few ms on SQLite, and rendering them takes longer)."""
         found: list[JobRow] = []
         for statement, values in jobs.job_reads(job_ids):
-            found.extend(jobs.jobs_found(await self._fetch(statement, values)))
+            found.extend(jobs.jobs_found(await self._fetch(self._driver_read(statement), values)))
         return found
 
     async def _off_loop(self, read: Callable[[Connection], T]) -> T:
@@ -198,7 +191,7 @@ class LedgerReader:
         for own in [self._on_loop, *self._off_loop_idle]:
             own.close()
         if self._postgres is not None:
-            await self._postgres.dispose()
+            await self._postgres.close()
 
 
 class OwnConnection:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import pytest
@@ -17,17 +18,18 @@ from pydantic import BaseModel
 from sqlalchemy import column, insert, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 from starlette.routing import Mount, Route
 
 from service.api.deps import AUTHORIZATION, PolledRoute
+from service.api.driver_read import TIMES_KEPT, DriverRead
 from service.api.fragments import Fragments
 from service.api.reader import LedgerReader
 from service.api.routes import jobs as jobs_routes
 from service.api.routes.jobs import JobParams, ListParams
 from service.app import ROUTERS, create_app
 from service.config import Settings
-from service.ledger.clock import read_version_on
+from service.ledger.clock import CLOCK_ROW, read_version_on
 from service.ledger.db import write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job, JobPublic
@@ -333,6 +335,30 @@ def test_the_polled_routes_read_repeated_parameters_as_fastapi_does(api: TestCli
     assert last.status_code == 200 and len(last.json()["items"]) == 1
 
 
+def test_the_readers_driver_read_answers_as_sqlalchemy_does(api: TestClient) -> None:
+    """The clock, run on the driver's cursor (service.api.reader.DriverRead): the same values,
+    converted the same way (an aware datetime), and a driver error as SQLAlchemy's."""
+    engine = runtime_of(api).engine
+    submit(api)
+    with engine.connect() as connection:
+        # the fake backend moves the job on meanwhile, and each move ticks the clock: compare a
+        # driver read with SQLAlchemy's reads just before and just after it when those two agree
+        for _ in range(100):
+            before = connection.execute(CLOCK_ROW).first()
+            connection.rollback()
+            got = DriverRead(CLOCK_ROW, engine.dialect).first(connection)
+            after = connection.execute(CLOCK_ROW).first()
+            connection.rollback()
+            if before == after:
+                break
+        assert before is not None and before == after and got == tuple(before)
+        assert got[1].tzinfo is not None
+        connection.connection.driver_connection.close()  # type: ignore[union-attr]
+        with pytest.raises(DBAPIError):
+            DriverRead(CLOCK_ROW, engine.dialect).first(connection)
+        connection.invalidate()
+
+
 def test_the_reader_reads_again_on_a_new_connection_when_its_own_broke(engine: Engine) -> None:
     """A database restart drops the reader's connections: its next read is made on a new one. The
     driver's errors are SQLAlchemy's (DBAPIError; an OperationalError is a 503, as everywhere else)."""
@@ -353,7 +379,7 @@ def test_the_reader_reads_again_on_a_new_connection_when_its_own_broke(engine: E
             reader._on_loop._connect().connection.driver_connection.close()  # type: ignore[union-attr]
         assert await reader.clock() == first
         with pytest.raises(DBAPIError):
-            await reader._fetch(select(column("nothing_is_called_this")), {})
+            await reader._fetch(reader._driver_read(select(column("nothing_is_called_this"))), {})
 
     try:
         run_async(scenario())
@@ -391,3 +417,33 @@ def test_a_job_is_rendered_from_its_columns_as_from_its_orm_object(api: TestClie
         if compared == {"job", "list"}:
             return
     raise AssertionError(f"the job never stood still long enough to compare: {compared}")
+
+
+
+def test_a_time_read_again_is_converted_once_and_at_most_so_many_are_kept(engine: Engine) -> None:
+    """DriverRead converts each distinct stored time once (SQLite hands times back as text), while it
+    is among the TIMES_KEPT most recently read: the aware datetime SQLAlchemy makes, and memory
+    bounded whatever the number of distinct times polled."""
+    for n in range(3):  # each commit stamps its job with the ledger clock's time
+        with Session(engine) as session:
+            session.add(Job(name=f"t{n}", backend="local", spec={}))
+            session.commit()
+    statement = select(col(Job.updated_at)).order_by(col(Job.id))
+    read = DriverRead(statement, engine.dialect)
+    with engine.connect() as connection:
+        first = [row[0] for row in read.all(connection, {})]
+        again = [row[0] for row in read.all(connection, {})]
+        expected = [row[0] for row in connection.execute(statement)]
+    assert first == expected and len(set(first)) == 3 and all(stamp.tzinfo is not None for stamp in first)
+    assert all(one is other for one, other in zip(first, again, strict=True))
+
+    def as_stored(stamp: datetime) -> object:
+        """What the driver hands back for this time, a new object each call."""
+        if engine.dialect.name == "sqlite":
+            return stamp.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return stamp + timedelta(0)
+
+    for n in range(TIMES_KEPT):  # as many other times push the first one out
+        read.converted((as_stored(first[0] + timedelta(microseconds=n + 1)),))
+    (converted_again,) = read.converted((as_stored(first[0]),))
+    assert converted_again == first[0] and converted_again is not first[0]

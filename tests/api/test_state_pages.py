@@ -100,7 +100,7 @@ def test_on_sqlite_each_state_is_a_walk_of_its_index(engine: Engine) -> None:
 
 def test_the_readers_pages_are_page_index_pages(engine: Engine) -> None:
     """service.api.reader makes the same reads on its own connections (PostgreSQL: asynchronous,
-    from the event loop, through SQLAlchemy's asyncio engine): the same pages, cursors and stamps."""
+    from the event loop, through the driver's cursor): the same pages, cursors and stamps."""
     rng = random.Random(11)
     with engine.begin() as connection:
         add_jobs(connection, 300, rng)
