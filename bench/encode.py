@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.seed import seed_jobs, sqlite_url
+from service.api.driver_read import DriverRead
 from service.domain import jobs
 from service.ledger.db import make_engine
 from service.ledger.models.jobs import JobPublic
@@ -35,7 +36,7 @@ def rows_of_seeded_jobs(folder: Path) -> list[jobs.JobRow]:
     found: list[jobs.JobRow] = []
     with engine.connect() as connection:
         for statement, values in jobs.job_reads(range(1, JOBS + 1)):
-            found += jobs.jobs_found(connection.execute(statement, values).all())
+            found += jobs.jobs_found(DriverRead(statement, engine.dialect).all(connection, values))
     engine.dispose()
     return found
 

@@ -4,6 +4,7 @@ execution of the same statements (Connection.execute; on PostgreSQL its asyncio 
 in autocommit like the reader's connections). CPU µs per read, best of 5 rounds, in one process.
 
 Run: .venv/bin/python -m bench.reads [--jobs 10000] [--database-url postgresql://...]  (its jobs are emptied)
+     PostgreSQL's comparison needs psycopg 3 beside the service's psycopg2: pip install 'psycopg[binary]'
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ async def compare(database_url: str, count: int) -> None:
     theirs_label = "SQLAlchemy asyncio engine" if postgres else "SQLAlchemy Connection.execute"
     print(f"{'read':18s} {'driver read':>12s} {theirs_label:>30s}   ratio")
     pool = AsyncPostgresPool(engine, 1) if postgres else None
-    sqlalchemy_async = create_async_engine(engine.url, isolation_level="AUTOCOMMIT") if postgres else None
+    psycopg_url = engine.url.set(drivername="postgresql+psycopg_async")
+    sqlalchemy_async = create_async_engine(psycopg_url, isolation_level="AUTOCOMMIT") if postgres else None
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         for label, (statement, values) in statements(count).items():
             read = DriverRead(statement, engine.dialect)
@@ -85,7 +87,7 @@ async def compare(database_url: str, count: int) -> None:
             other = await cpu_us(theirs)
             print(f"{label:18s} {mine:9.1f} µs {other:27.1f} µs   {other / mine:4.1f}x")
     if pool is not None and sqlalchemy_async is not None:
-        await pool.close()
+        pool.close()
         await sqlalchemy_async.dispose()
     engine.dispose()
 

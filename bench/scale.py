@@ -12,7 +12,7 @@ carries a cursor of its own beyond the newest job (the page is still the newest 
 requests a name of their own too. Target: filtered by name or state, 10^6 jobs, p99 < 50 ms.
 
 Run: .venv/bin/python -m bench.scale [--sizes 10000,100000,1000000] [--seconds 5]
-     [--database-url postgresql+psycopg://...]  (a database of its own: its jobs are emptied)
+     [--database-url postgresql+psycopg2://...]  (a database of its own: its jobs are emptied)
 """
 
 from __future__ import annotations

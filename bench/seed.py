@@ -116,6 +116,6 @@ def _copy(connection: Connection, rows: Iterator[dict[str, Any]]) -> None:
             else row[c]
             for c in columns
         )
-    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    with cursor.copy(f"COPY job ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv)") as copy:
-        copy.write(buffer.getvalue())  # psycopg 3's COPY
+    buffer.seek(0)
+    cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    cursor.copy_expert(f"COPY job ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv)", buffer)

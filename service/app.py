@@ -64,7 +64,6 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
         try:
             yield
         finally:
-            await runtime.reader.close()  # its PostgreSQL connections are closed on the loop
             runtime.stop()
 
     app = FastAPI(

@@ -108,6 +108,7 @@ class Runtime:
         self.housekeeper.stop()
         for backend in self.backends.values():
             backend.close()
+        self.reader.close()
         self.engine.dispose()
         if self.switch_interval_before > 0:  # started: the process may go on without a service
             sys.setswitchinterval(self.switch_interval_before)

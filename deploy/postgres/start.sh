@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start a throwaway PostgreSQL 15 server for tests and development, and print its SQLAlchemy URL.
 #
-#   deploy/postgres/start.sh          # prints postgresql+psycopg://postgres@127.0.0.1:PORT/torchyard
+#   deploy/postgres/start.sh          # prints postgresql+psycopg2://postgres@127.0.0.1:PORT/torchyard
 #
 # The server runs as the `postgres` user when started by root (created if missing), else as the
 # caller, on a data folder of its own, listening on 127.0.0.1 and a free port plus a unix socket in
@@ -68,4 +68,4 @@ if [ "$(psql -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$DB'")
   psql -d postgres -c "CREATE DATABASE \"$DB\"" >/dev/null
 fi
 
-echo "postgresql+psycopg://postgres@127.0.0.1:$PORT/$DB"
+echo "postgresql+psycopg2://postgres@127.0.0.1:$PORT/$DB"

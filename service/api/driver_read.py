@@ -85,7 +85,7 @@ class DriverRead:
 
     def converted(self, row: Sequence[Any]) -> tuple[Any, ...]:
         """A driver's row as SQLAlchemy would have returned it. Only the columns that have a
-        conversion are looked at (a generator over all cost a page more than its read)."""
+        conversion are looked at, not every column of every row."""
         values = list(row)
         for index, convert in self._convert:
             values[index] = convert(values[index])

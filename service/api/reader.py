@@ -13,8 +13,8 @@ the jobs they poll, instead of 50. Each poll's read still begins after the poll 
 made before a poll began is never missed. On PostgreSQL a read is a round trip to a server that
 shares the cores: the loop serves other requests while it waits (service.api.async_postgres); on
 SQLite it takes µs, blocking. Both run on the driver's own cursor (service.api.driver_read): the
-same statements through SQLAlchemy's execution cost each read twice the CPU on SQLite, and several
-times on PostgreSQL through its asyncio engine (bench.reads).
+same statements through SQLAlchemy's execution cost each read twice the CPU on SQLite, and through
+its asyncio engine (psycopg 3) several times on PostgreSQL (bench.reads).
 
 Admission looks up the job of an Idempotency-Key the same way (`replayed`): in a worker thread on a
 pooled connection, that read cost each keyed POST a thread's handoffs and four round trips to
@@ -71,7 +71,9 @@ class LedgerReader:
         self._on_loop = OwnConnection(engine)
         self._off_loop_idle: list[OwnConnection] = []  # at most READ_THREADS: the limiter's bound
         self._postgres = (
-            AsyncPostgresPool(engine, POSTGRES_CONNECTIONS) if engine.dialect.name == "postgresql" else None
+            AsyncPostgresPool(engine, POSTGRES_CONNECTIONS)
+            if engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg2"
+            else None
         )
         self._clock_row = DriverRead(CLOCK_ROW, engine.dialect)
         self._clock = TurnReads[None, LedgerVersion](self._read_clock)
@@ -187,11 +189,11 @@ class LedgerReader:
     def _run(self, read: Callable[[Connection], T]) -> T:
         return self._on_loop.run(read)
 
-    async def close(self) -> None:
+    def close(self) -> None:
         for own in [self._on_loop, *self._off_loop_idle]:
             own.close()
         if self._postgres is not None:
-            await self._postgres.close()
+            self._postgres.close()
 
 
 class OwnConnection:

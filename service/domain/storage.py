@@ -106,7 +106,7 @@ def ledger_storage_problem(error: BaseException, settings: Settings | None) -> s
     when `error` is some other database failure (the database down: a 503, not a 507)."""
     original = getattr(error, "orig", None) or error
     text = str(original).strip()
-    if getattr(original, "sqlstate", None) != _PG_DISK_FULL and not any(
+    if getattr(original, "pgcode", None) != _PG_DISK_FULL and not any(
         marker in text.lower() for marker in _NO_ROOM
     ):
         return None

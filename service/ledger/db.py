@@ -37,10 +37,8 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     parsed = make_url(url)
-    if parsed.get_backend_name() == "postgresql":
-        # psycopg 3, the one driver installed and tested, whatever the URL names (postgresql://, or
-        # +psycopg2 from before): the reader's asyncio engine (service.api.reader) uses it too
-        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.drivername == "postgresql":  # SQLAlchemy 2.1 would pick psycopg 3, which is not installed
+        parsed = parsed.set(drivername="postgresql+psycopg2")
     # connect_timeout: an unreachable database host must be a prompt 503, not the OS's TCP timeout
     connect_args = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
     return create_engine(parsed, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)

@@ -384,7 +384,7 @@ def test_the_reader_reads_again_on_a_new_connection_when_its_own_broke(engine: E
     try:
         run_async(scenario())
     finally:
-        run_async(reader.close())
+        reader.close()
 
 
 def test_a_job_is_rendered_from_its_columns_as_from_its_orm_object(api: TestClient) -> None:

@@ -133,4 +133,4 @@ def test_the_readers_pages_are_page_index_pages(engine: Engine) -> None:
             assert got == expected, query
             assert got[0].entries, query
     finally:
-        run_async(reader.close())
+        reader.close()

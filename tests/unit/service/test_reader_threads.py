@@ -102,4 +102,4 @@ def test_a_sqlite_page_is_read_on_the_loop_until_its_budget_runs_out(
         assert quick_page == jobs.page_index(connection, quick) and len(quick_page.entries) == 1
     on_loop = [(name, ident == loop_thread) for name, ident in threads]
     assert on_loop == [("same", True), ("same", False), ("same-59999", True)]
-    run_async(reader.close())
+    reader.close()

@@ -148,7 +148,7 @@ def test_one_stamp_read_answers_each_viewer_by_what_they_may_see(
         return await asyncio.gather(*asks, return_exceptions=True)
 
     answers = run_async(scenario())
-    run_async(reader.close())
+    reader.close()
 
     with Session(engine) as session:
         expected = {job_id: session.get(Job, job_id).updated_at for job_id in (alices, bobs)}  # type: ignore[union-attr]
