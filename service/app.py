@@ -26,13 +26,12 @@ if TYPE_CHECKING:  # FastAPI before its native OpenTelemetry takes the argument 
 log = logging.getLogger(__name__)
 
 
-# Routes are matched in order, each costing a few µs per request: the routes every dashboard polls
-# come first. create_app puts the routers' routes on the app's own router rather than through
-# include_router: since FastAPI 0.137 an included router stays a node that every request resolves
-# twice (to match, then to handle): a fifth of a poll's cost in-process (a job's 304 took 170 µs
-# with the nodes, 134 µs without). Each route already carries its router's prefix, tags and
-# class, and none is included with options of its own, so these are the same routes and the same
-# API schema.
+# Routes are matched in order, each tried on every request that gets that far: the routes every
+# dashboard polls come first. create_app puts the routers' routes on the app's own router rather than
+# through include_router: since FastAPI 0.137 an included router stays a node that every request
+# resolves twice (to match, then to handle), a sizeable share of a poll's cost (bench.poll's 304
+# paths). Each route already carries its router's prefix, tags and class, and none is included with
+# options of its own, so these are the same routes and the same API schema.
 ROUTERS: tuple[APIRouter, ...] = (
     jobs.router,
     checkpoints.router,
@@ -90,8 +89,8 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
 
 def _telemetry(settings: Settings) -> TelemetryConfig:
     """FastAPI's own OpenTelemetry, off unless asked for. When on, FastAPI asks OpenTelemetry's global
-    providers on every request whether one is configured: 15-25 µs of a polled list's ~190 µs
-    (in-process), for spans that only an operator's OTel SDK would collect. The service's own
+    providers on every request whether one is configured, a measurable share of a polled list's
+    time (bench.poll), for spans that only an operator's OTel SDK would collect. The service's own
     figures are at /metrics either way."""
     enabled = settings.opentelemetry
     return {"tracing": enabled, "metrics": enabled, "logs": enabled}

@@ -92,7 +92,8 @@ class Runtime:
     def start(self) -> None:
         # The writing threads (intake, dispatch, reconcile) take the GIL back after every statement;
         # while readers keep the event loop busy, each take waited out the 5 ms default switch
-        # interval, and a POST's group commit took hundreds of ms. Shorter turns keep writers first.
+        # interval, and a POST's group commit waited out many of them (bench.poll --busy: POST
+        # latency). Shorter turns keep writers first.
         self.switch_interval_before = sys.getswitchinterval()
         sys.setswitchinterval(GIL_TURN_S)
         self.intake.start()

@@ -60,12 +60,12 @@ def serve(app: Any, settings: Settings, **options: Any) -> None:
 
 class ServiceProcess(uvicorn.Server):
     """uvicorn's server, for a process that does nothing but serve: once started, what start-up made
-    (modules, the app, the runtime: ~130k objects) is left out of every later garbage collection.
+    (modules, the app, the runtime) is left out of every later garbage collection.
 
-    Each full collection walked all of it: measured serving 10^6 jobs, full collections paused the
-    event loop for up to 54 ms, nine times in 8 s (553 ms in all; frozen, 259 ms), and made much of
-    the reads' p99. Not in the embedded service: the heap there is also its host's (a test process
-    starts hundreds of apps), and nothing there is measured for latency.
+    Each full collection walked all of it and paused the event loop meanwhile: serving a large
+    ledger (bench.scale), those pauses made much of the reads' tail latency (docs/performance.md,
+    Figures behind the design). Not in the embedded service: the heap there is also its host's (a
+    test process starts hundreds of apps), and nothing there is measured for latency.
     """
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:

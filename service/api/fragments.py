@@ -127,8 +127,8 @@ class LastPages:
     ) -> Page:
         """The page kept for this clock, or joined once (`join`) for every poll that asks for it
         meanwhile: a commit moves the clock under 50 pollers at once, and while one poll's page read
-        awaited the database (PostgreSQL, from the event loop), each of the others read it again
-        (bench.poll, R = 20: list 0.47x -> 0.27x hello-world). Event-loop thread only."""
+        awaited the database (PostgreSQL, from the event loop), each of the others read it again,
+        and the list's rate fell far behind (bench.poll --busy 20). Event-loop thread only."""
         page = self.get(query, version)
         if page is not None:
             return page

@@ -10,8 +10,8 @@
    stranger's 10 MB body costs nothing but its transfer. A token not checked lately is looked up
    once however many of its requests arrive meanwhile (a dashboard's 50 polls wait for that one
    lookup): when the check cached for 2 s ran out, each of the polls in flight looked it up in a
-   thread of its own, 50 threads fighting the event loop for the GIL every 2 s. Measured with 50
-   pollers: p99 62 ms, now 15 ms, and 8% more requests a second.
+   thread of its own, 50 threads fighting the event loop for the GIL every 2 s, which set the
+   pollers' tail latency (bench.poll).
 The caller it finds is left in the scope for the routes (service.api.deps.get_current_user).
 """
 
@@ -109,7 +109,8 @@ class RequestGate:
         if principal is not None:
             if tokens.due(raw):
                 # Ahead of time: waited on when the answer ran out, the lookup's thread starved for
-                # the GIL under load and every request of the token waited 1-2 s (bench.scale, PG).
+                # the GIL under load and every request of the token waited behind it (bench.scale,
+                # PostgreSQL).
                 self._lookup(tokens, raw)
             return principal
         # shield: a caller that hangs up must not cancel the lookup the others are waiting for

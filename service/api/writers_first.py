@@ -1,10 +1,10 @@
 """Writers first: while a POST is being admitted, polls wait before they start reading.
 
 One event loop serves every request, and a POST needs several turns of it (policy, room, intake's
-group commit, the answer). With 50 pollers every turn waited behind all their requests: measured,
-a POST took 150 ms (p50) and the writer reached half its rate. Reads that have not started yet wait
-for the writers in flight instead (at most MAX_HOLD_S: a flood of POSTs must not stop every reader),
-so a POST's turns hold only its own work and the reads already under way.
+group commit, the answer). With 50 pollers every turn waited behind all their requests: a POST was
+slow and the writer fell far short of its rate (bench.poll --busy 20 reports both). Reads that have
+not started yet wait for the writers in flight instead (at most MAX_HOLD_S: a flood of POSTs must
+not stop every reader), so a POST's turns hold only its own work and the reads already under way.
 """
 
 from __future__ import annotations

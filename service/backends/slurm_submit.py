@@ -95,9 +95,8 @@ def submit_group(
     folder, which only the service writes.
 
     An array's links are made on a helper thread while this one writes the pickles, and sbatch waits
-    for them: both are file creations, whose cost is the kernel's (0.02-0.6 ms each on one disk),
-    not the interpreter's, and in different folders. Measured for 200 trials with slow creates, a
-    sweep went from 160-530 ms to 114-411 ms, POST to accepted.
+    for them: both are file creations, whose cost is the kernel's, not the interpreter's, and in
+    different folders. On a disk whose creates are slow, a sweep is accepted sooner (bench.sweep).
     """
     folders = [spec.files.submitit for spec in specs]
     if len(specs) == 1:

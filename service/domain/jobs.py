@@ -115,7 +115,7 @@ _JOB_FIELDS = [column.key for column in JOB_TABLE.c]
 
 def jobs_found(rows: Iterable[Sequence[Any]]) -> list[JobRow]:
     """The jobs whose rows job_reads read (each column in the table's order). Not Job objects:
-    building one cost 110 µs, ten times its share of the read (a page of 50 changed jobs)."""
+    building one cost many times its share of reading a page of changed jobs."""
     return [dict(zip(_JOB_FIELDS, row, strict=True)) for row in rows]
 
 
@@ -229,10 +229,10 @@ def _postgres_name_rows(
     3. "older": the rest through the trigram index, its matches sorted (few, or old ones).
 
     Its planner walks the primary key back for a substring its statistics call common, which reads
-    every newer job when the matches are all old ones (a name used last year, 5% of 10^6 jobs: half
-    a second): hence the bounded parts first. A rare substring goes from the near ids to the index:
-    the planner's pick for the recent ids read the trigram index too, so a rare name read it twice
-    (1.4 ms of the server's time against 0.8 ms, 10^6 jobs).
+    every newer job when the matches are all old ones (a name used only last year): hence the
+    bounded parts first. A rare substring goes from the near ids to the index: the planner's pick for
+    the recent ids read the trigram index too, so a rare name read it twice (bench.scale's rare
+    name, PostgreSQL).
     """
     # Below the newest id too: a cursor beyond it (a page read just before jobs were deleted, or
     # bench.scale's) left the windows empty, and every such page sorted all the older matches.
@@ -309,11 +309,11 @@ def _state_page(
     of their walks (`state IN (...)` read and sorted every match of the states, on both databases).
 
     Each walk is ordered as its index is, by (state, id), so that no planner walks the id index
-    instead. PostgreSQL did for a state 99% of jobs hold, and filtered its way back past the 10,000
-    newest (running) jobs to find 50: 1 ms, against 0.05 ms down the state's index (bench.scale,
-    10^6 jobs). An equality on the state makes PostgreSQL drop it from the order (it is one value),
-    so there the state is bounded by a range and the cursor by a row comparison, which its index
-    walks just the same.
+    instead. PostgreSQL did for a state nearly every job holds, and filtered its way back past every
+    newer (running) job to find a page, where the state's index leads straight to it (bench.scale's
+    ?state=succeeded, 10^6 jobs). An equality on the state makes PostgreSQL drop it from the order
+    (it is one value), so there the state is bounded by a range and the cursor by a row comparison,
+    which its index walks just the same.
     """
     job_state, job_id = col(Job.state), col(Job.id)
 

@@ -1,7 +1,8 @@
 """Long metric series at any zoom: at most N points per series, each bucket's first, lowest, highest
 and last point (M4), so a spike survives every zoom level, read in bounded time however long the run.
 
-A GROUP BY over a million raw rows takes 0.4 s on SQLite, so the buckets are kept ready in
+A GROUP BY over a long run's raw rows reads every one of them at every zoom (docs/performance.md,
+Figures behind the design), so the buckets are kept ready in
 `JobMetricRollup`: level k (1..LEVELS) holds buckets of 8**k steps, each made from the eight buckets
 below it (level 0: the raw `JobMetric` rows). `refresh` recomputes the buckets over the steps that
 just arrived; `read_series` picks the finest level that has at most N buckets over the asked range

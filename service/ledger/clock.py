@@ -175,7 +175,7 @@ def _tick(session: Session) -> datetime:
 
     Core statements on the session's connection: through the ORM, the RETURNING row went through
     its object loading, which under a burst of POSTs dominated the intake's time. Built once (_BUMP,
-    _SET_STAMP): every write transaction ticks, and building them was 40% of a stamp's CPU."""
+    _SET_STAMP): every write transaction ticks, and building them was much of a stamp's CPU."""
     connection = session.connection()
     bumped = connection.execute(_BUMP).first()
     now = utcnow()

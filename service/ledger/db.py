@@ -60,8 +60,8 @@ def _ensure_sqlite_folder(url: str) -> None:
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # WAL lets readers run beside the single writer. NORMAL: a commit does not wait for the disk, so
     # the file is never corrupted and a process crash loses nothing, but a power cut or an OS crash
-    # can undo the last commits (0.01 ms a commit against FULL's 0.3 ms here); docs/operations.md
-    # says so, and production ledgers are PostgreSQL.
+    # can undo the last commits, for a commit many times cheaper than FULL's (docs/performance.md,
+    # Figures behind the design); docs/operations.md says so, and production ledgers are PostgreSQL.
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")

@@ -13,9 +13,8 @@ compared case-insensitively and every other character exactly (what SQLite's LIK
 
 On SQLite the index is kept in one piece (merge_segments, from every housekeeping pass): FTS5
 adds a segment per write transaction and merges them only in fours, and a page walked backwards
-through every segment of its trigrams. Measured at 10^6 jobs (the index grown 50 names a
-transaction: 8 large segments), a common substring's page took 0.23 ms against 0.10 merged, a rare
-one's 0.40 against 0.35; through the service, 836-958 against 1,318-1,411 pages/s.
+through every segment of its trigrams: merged, every name page is read faster, a common
+substring's most (docs/performance.md, Figures behind the design).
 
 Migration 0010 built it from a frozen copy of the DDL below (a change to the index is a revision of
 its own); bench.seed builds it again from this one. The models do not know it (SQLModel has no
@@ -68,7 +67,7 @@ POSTGRES_CREATE: Sequence[str] = (
 POSTGRES_DROP: Sequence[str] = (f"DROP INDEX IF EXISTS {PG_INDEX}",)
 
 # FTS5's incremental 'optimize': a negative page count merges every segment toward one, about that
-# many pages a step. A step of 100 wrote for 7-56 ms (10^6 names: 64 steps, 1.0 s in all).
+# many pages a step. A step of 100 is a short write transaction, even on a ledger of 10^6 names.
 MERGE_STEP_PAGES = 100
 SQLITE_MERGE_STEP = f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rank) VALUES ('merge', -{MERGE_STEP_PAGES})"
 MERGE_BUDGET_S = 60.0  # one call's merging; the next call goes on from where it stopped
@@ -131,8 +130,8 @@ def merge_segments(
 
 def rewrite_steps(engine: Engine) -> int:
     """The steps one rewrite of the whole index takes: its pages (rows of FTS5's data table), a step's
-    worth at a time, and one more for the step that finds nothing left (a merge to one piece
-    measured 19 steps for 2,430 rows)."""
+    worth at a time, and one more for the step that finds nothing left (a generous count: a merge to
+    one piece took fewer)."""
     with engine.connect() as connection:
         pages = int(connection.exec_driver_sql(f"SELECT count(*) FROM {FTS_TABLE}_data").scalar_one())
     return -(-pages // MERGE_STEP_PAGES) + 1
@@ -149,12 +148,13 @@ def candidates(substring: str) -> str:
 
     Any trigrams of the substring find every name that holds it, and the LIKE keeps the exact rule,
     so FTS5 need not be given them all; it reads the list of names of every trigram it is given. A
-    7-digit substring's five trigrams are each in ~5,000 of 10^6 names: the whole phrase took
-    0.98 ms a page, two of them 0.60 (a substring of half the names, newest 51: 0.64 -> 0.41 ms).
-    The last trigram unlike the first: "0659065" asked for "065" alone, in ~15,000 names, each of
-    them then tested (8 ms). The price: a substring whose ends are common and whose middle is rare
-    reads the ends' long lists, where the phrase would have been led by its rare trigram; such a
-    page passes the reader's budget on the event loop and is read in a thread (service.api.reader).
+    7-digit substring's five trigrams are each in thousands of names at 10^6 jobs: two of them read
+    a page faster than the whole phrase, for a rare substring and for one half the names hold
+    (bench.scale's name pages). The last trigram unlike the first: "0659065" asked for "065" alone,
+    a longer list still, each of its names then tested. The price: a substring whose ends are
+    common and whose middle is rare reads the ends' long lists, where the phrase would have been led
+    by its rare trigram; such a page passes the reader's budget on the event loop and is read in a
+    thread (service.api.reader).
     PostgreSQL's trigram index gained nothing from the same (its false candidates are heap reads).
     """
     trigrams = [substring[start : start + 3] for start in range(len(substring) - 2)]
