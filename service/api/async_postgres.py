@@ -1,10 +1,11 @@
 """PostgreSQL reads that the event loop waits for without blocking: psycopg2's asynchronous mode.
 
 A poll's first read (service.api.reader) is made on the event loop. On PostgreSQL a blocking read
-held the loop for the whole round trip, and the server shares the machine's cores with the service:
-profiled under 8 concurrent filtered list pages (10^6 jobs, 2 cores), the loop spent a quarter of
-its time blocked in the clock read, about 0.5 ms a read. Here the query is sent, and the loop
-serves other requests until the server's answer is readable on the connection's socket.
+holds the loop for the whole round trip to a server that shares the machine's cores (profiled, the
+loop spent a large share of its time blocked in the clock read: bench.scale, PostgreSQL). Here the
+query is sent, and the loop serves other requests until the server's answer is readable on the
+connection's socket. Not SQLAlchemy's asyncio engine (psycopg 3): its layers cost each read several
+times the CPU of this one, on the loop (bench.reads).
 
 The driver is the engine's own (`dialect.loaded_dbapi`, psycopg2, typed Any: it ships no types), with
 the engine's connection arguments; its asynchronous connections are always in autocommit, so each

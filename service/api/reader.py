@@ -12,8 +12,9 @@ during the turn: 50 dashboards polling at once cost one clock read, or one read 
 the jobs they poll, instead of 50. Each poll's read still begins after the poll asked, so a commit
 made before a poll began is never missed. On PostgreSQL a read is a round trip to a server that
 shares the cores: the loop serves other requests while it waits (service.api.async_postgres); on
-SQLite it is a few µs, blocking. Both run on the driver's own cursor (service.api.driver_read):
-SQLAlchemy's execution around the clock read took ~20 µs (profiled).
+SQLite it takes µs, blocking. Both run on the driver's own cursor (service.api.driver_read): the
+same statements through SQLAlchemy's execution cost each read twice the CPU on SQLite, and through
+its asyncio engine (psycopg 3) several times on PostgreSQL (bench.reads).
 
 Admission looks up the job of an Idempotency-Key the same way (`replayed`): in a worker thread on a
 pooled connection, that read cost each keyed POST a thread's handoffs and four round trips to
@@ -22,13 +23,9 @@ PostgreSQL (the ping, BEGIN, the query, ROLLBACK) where this costs a share of on
 On SQLite a page is read on the loop too, but within a budget (ON_LOOP_BUDGET_S): a filter may
 read many rows to find a page's few (a name with a state its matches seldom hold), and SQLite stops
 such a read when the budget is spent (its progress handler); the page is then read in a worker
-thread. Reads that may take long (a page past its budget) go to worker
-threads, at most READ_THREADS at once, each on a connection the reader keeps (OwnConnection). With
-one thread per waiting poll (up to 40), the threads and the event loop fought for the GIL: sampled
-under 32 polling connections, the loop spent a fifth of its time waiting to get the GIL back after
-its own clock read, and filtered pages had a p99 of 130-150 ms; with two threads 55-65 ms
-(bench.scale, 10^5 jobs, SQLite). Even two threads cost a name page 0.6-1 ms of CPU more than
-the same read on the loop (10^6 jobs, in-process).
+thread, at most READ_THREADS at once, each on a connection the reader keeps (OwnConnection): with a
+thread per waiting poll the threads and the event loop fought for the GIL, and the loop's own reads
+waited for it.
 """
 
 from __future__ import annotations
@@ -141,8 +138,7 @@ class LedgerReader:
             return done.value  # type: ignore[no-any-return]
 
     def _page_on(self, connection: Connection, query: jobs.PageQuery) -> jobs.PageIndex:
-        """A SQLite page's reads on the driver's cursor (SQLAlchemy's execution and row conversion
-        cost a name page a tenth of its time)."""
+        """A SQLite page's reads on the driver's cursor (half the CPU of SQLAlchemy's execution)."""
 
         def fetch(statement: jobs.PageStatement, values: dict[str, Any]) -> jobs.PageRows:
             return self._driver_read(statement).all(connection, values)

@@ -13,7 +13,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, create_engine
 
 from service.ledger import clock as ledger_clock
@@ -36,9 +36,12 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+    parsed = make_url(url)
+    if parsed.drivername == "postgresql":  # SQLAlchemy 2.1 would pick psycopg 3, which is not installed
+        parsed = parsed.set(drivername="postgresql+psycopg2")
     # connect_timeout: an unreachable database host must be a prompt 503, not the OS's TCP timeout
     connect_args = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
+    return create_engine(parsed, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
 
 
 def _ensure_sqlite_folder(url: str) -> None:

@@ -15,7 +15,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from httpx import Response
 from pydantic import BaseModel
-from sqlalchemy import insert
+from sqlalchemy import column, insert, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, col, select
@@ -24,6 +24,7 @@ from starlette.routing import Mount, Route
 from service.api.deps import AUTHORIZATION, PolledRoute
 from service.api.driver_read import TIMES_KEPT, DriverRead
 from service.api.fragments import Fragments
+from service.api.reader import LedgerReader
 from service.api.routes import jobs as jobs_routes
 from service.api.routes.jobs import JobParams, ListParams
 from service.app import ROUTERS, create_app
@@ -33,7 +34,7 @@ from service.ledger.db import write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job, JobPublic
 from tests.conftest import Login
-from tests.support import get_job, runtime_of, submit
+from tests.support import get_job, run_async, runtime_of, submit
 
 JOBS = "/api/v1/jobs"
 
@@ -356,6 +357,34 @@ def test_the_readers_driver_read_answers_as_sqlalchemy_does(api: TestClient) -> 
         with pytest.raises(DBAPIError):
             DriverRead(CLOCK_ROW, engine.dialect).first(connection)
         connection.invalidate()
+
+
+def test_the_reader_reads_again_on_a_new_connection_when_its_own_broke(engine: Engine) -> None:
+    """A database restart drops the reader's connections: its next read is made on a new one. The
+    driver's errors are SQLAlchemy's (DBAPIError; an OperationalError is a 503, as everywhere else)."""
+    reader = LedgerReader(engine)
+
+    async def scenario() -> None:
+        first = await reader.clock()
+        assert first.stamped_at.tzinfo is not None
+        if engine.dialect.name == "postgresql":
+            with engine.connect() as connection:  # every other connection of this database, ended
+                connection.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+        else:
+            reader._on_loop._connect().connection.driver_connection.close()  # type: ignore[union-attr]
+        assert await reader.clock() == first
+        with pytest.raises(DBAPIError):
+            await reader._fetch(reader._driver_read(select(column("nothing_is_called_this"))), {})
+
+    try:
+        run_async(scenario())
+    finally:
+        reader.close()
 
 
 def test_a_job_is_rendered_from_its_columns_as_from_its_orm_object(api: TestClient) -> None:
