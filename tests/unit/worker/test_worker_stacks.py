@@ -28,6 +28,8 @@ from worker.stacks import (
     where_in,
 )
 
+Children = list[subprocess.Popen[str]]
+
 INSTALL = """\
 import os, re, sys, time
 from pathlib import Path
@@ -48,8 +50,8 @@ def run_child(tmp_path: Path, body: str) -> subprocess.Popen[str]:
 
 
 @pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
+def children() -> Iterator[Children]:
+    started: Children = []
     yield started
     for child in started:
         if child.poll() is None:
@@ -71,7 +73,7 @@ def line_of(script: Path, text: str) -> int:
 
 
 def test_a_rank_stuck_in_a_regex_holding_the_gil_still_gives_its_stack(tmp_path: Path,
-                                                                       children: list) -> None:
+                                                                       children: Children) -> None:
     child = run_child(tmp_path, """\
         def stuck():
             print("go", flush=True)
@@ -100,7 +102,8 @@ def test_a_rank_stuck_in_a_regex_holding_the_gil_still_gives_its_stack(tmp_path:
     assert child.poll() is None, "SIGURG did not hurt the rank"
 
 
-def test_activity_moves_with_a_busy_loop_and_stands_still_in_a_sleep(tmp_path: Path, children: list) -> None:
+def test_activity_moves_with_a_busy_loop_and_stands_still_in_a_sleep(tmp_path: Path,
+                                                                     children: Children) -> None:
     child = run_child(tmp_path, """\
         def one(): return sum(range(1000))
         def two(): return sum(range(2000))
@@ -134,7 +137,7 @@ def test_activity_moves_with_a_busy_loop_and_stands_still_in_a_sleep(tmp_path: P
     assert (later.attempt, later.rank, later.host, later.pid) == (1, 0, "h1", child.pid)
 
 
-def test_a_forked_child_ignores_sigurg_and_writes_no_stack(tmp_path: Path, children: list) -> None:
+def test_a_forked_child_ignores_sigurg_and_writes_no_stack(tmp_path: Path, children: Children) -> None:
     child = run_child(tmp_path, """\
         pid = os.fork()
         if pid == 0:
