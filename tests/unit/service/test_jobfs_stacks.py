@@ -46,10 +46,21 @@ def test_a_huge_binary_file_costs_a_bounded_read(tmp_path: Path) -> None:
     with open(files.stacks(0), "wb") as out:
         out.truncate(1024**3)  # a sparse GiB
     with open(files.stacks(0), "r+b") as out:
+        out.seek(1024**3 - 4000)
         out.write(b"\x00\xff\xfe" * 1000 + "\ud800".encode("utf-8", "surrogatepass"))
     (read,) = read_stack_texts(files.folder, {0: 0}).values()
     assert read.cut and not read.restarted and len(read.text) <= STACKS_LIMIT_BYTES
     assert "\x00" not in read.text and "\ud800" not in read.text and "\ufffd" in read.text
+
+
+def test_of_a_long_dump_the_end_is_read_where_the_main_thread_is(tmp_path: Path) -> None:
+    files = job(tmp_path)
+    helper = 'Thread 0x0000000000000002 (most recent call first):\n' + '  File "lib.py", line 1 in g\n' * 99
+    main = 'Current thread 0x0000000000000001 (most recent call first):\n  File "train.py", line 41 in step\n'
+    files.stacks(0).write_text("before\n" + (helper + "\n") * 40 + main)  # > 100 KiB
+    read = read_stack_texts(files.folder, {0: len("before\n")})[0]
+    assert read.cut and read.text.endswith(main) and len(read.text) <= STACKS_LIMIT_BYTES
+    assert read.text.startswith(("  File", "Thread"))  # from a whole line
 
 
 def test_a_file_shorter_than_noted_is_read_from_its_start(tmp_path: Path) -> None:
