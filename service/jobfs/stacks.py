@@ -114,10 +114,12 @@ def read_activity(folder: Path, world: int, attempt: int | None = None) -> list[
     return found
 
 
-def read_flight_records(folder: Path, world: int) -> dict[int, bytes]:
-    """The NCCL flight recorder dumps of ranks below `world`, as bytes to parse with
-    service.domain.stacks.parse_flight_recorder: regular files of at most MAX_DUMP_BYTES (a larger
-    one would be cut, and a cut pickle is no dump), MAX_DUMPS_BYTES in all."""
+def read_flight_records(folder: Path, world: int, since: float | None = None) -> dict[int, bytes]:
+    """The NCCL flight recorder dumps of ranks below `world` (written at or after `since`, seconds
+    since the epoch, when given: an NCCL rank dumps within a second of each capture of its stacks,
+    and on a collective's timeout), as bytes to parse with service.domain.stacks.parse_flight_recorder:
+    regular files of at most MAX_DUMP_BYTES (a larger one would be cut, and a cut pickle is no dump),
+    MAX_DUMPS_BYTES in all."""
     files = JobFiles(folder)
     found: dict[int, bytes] = {}
     total = 0
@@ -125,7 +127,10 @@ def read_flight_records(folder: Path, world: int) -> dict[int, bytes]:
         if handle is None:
             return found
         for rank in range(min(world, MAX_RANKS)):
-            data = _read_all(open_file(files.flight_recorder(rank).name, dir_fd=handle), MAX_DUMP_BYTES)
+            name = files.flight_recorder(rank).name
+            if since is not None and ((info := entry(name, handle)) is None or info.st_mtime < since):
+                continue
+            data = _read_all(open_file(name, dir_fd=handle), MAX_DUMP_BYTES)
             if data is None or not data or total + len(data) > MAX_DUMPS_BYTES:
                 continue
             found[rank] = data

@@ -128,3 +128,6 @@ def test_flight_recorder_dumps_are_read_whole_or_not_at_all(tmp_path: Path) -> N
     files.flight_recorder(2).symlink_to(files.flight_recorder(0))
     files.flight_recorder(3).write_bytes(b"")
     assert read_flight_records(files.folder, 5) == {0: b"\x80\x02}q\x00."}
+    os.utime(files.flight_recorder(0), (1000.0, 1000.0))
+    assert read_flight_records(files.folder, 5, since=1000.0) == {0: b"\x80\x02}q\x00."}
+    assert read_flight_records(files.folder, 5, since=1001.0) == {}  # an earlier capture's, or timeout's
