@@ -64,8 +64,12 @@ def install_stack_dumps(files: JobFiles, rank: int, attempt: int, host: str, *,
         sampler.stop()
     sampler = ActivitySampler(files.activity(rank), attempt=attempt, rank=rank, host=host,
                               interval_s=interval_s)  # fmt: skip
+    try:
+        sampler.start()
+    except (OSError, RuntimeError):  # no activity folder, or no thread to be had
+        log.warning("the activity file is off for this rank", exc_info=True)
+        return
     _installed["sampler"] = sampler
-    sampler.start()
 
 
 def register_stack_dump(path: Path) -> None:

@@ -24,8 +24,10 @@ from worker.stacks import (
     ActivitySampler,
     dump_flight_recorder,
     flight_recorder_env,
+    install_stack_dumps,
     is_own_code,
     library_folders,
+    uninstall_stack_dumps,
     where_in,
 )
 
@@ -235,3 +237,12 @@ def test_a_capture_is_followed_by_the_capture_hook(tmp_path: Path) -> None:
 def test_no_flight_recorder_dump_without_nccl(tmp_path: Path) -> None:
     assert not dump_flight_recorder(tmp_path / "nccl-rank0")  # torch.distributed is not up here
     assert not (tmp_path / "nccl-rank0").exists()
+
+
+def test_a_rank_that_cannot_be_watched_still_runs(tmp_path: Path) -> None:
+    (tmp_path / "stacks").write_text("a file where the folder goes")
+    (tmp_path / "activity").write_text("and another")
+    try:
+        install_stack_dumps(JobFiles(tmp_path), 0, 1, "n1")  # logs, does not raise
+    finally:
+        uninstall_stack_dumps()
