@@ -181,7 +181,7 @@ def test_own_code_and_collectives() -> None:
     assert not is_own_code("/usr/lib/python3.11/threading.py") and not is_own_code("<frozen runpy>")
     assert not is_own_code("/srv/ty/runtime/worker-0123456789abcdef/worker/runner.py")
     assert is_own_code("/srv/ty/runtime/worker-0123456789abcdef/worker/tasks/train.py")
-    assert is_own_code("/home/u/project/train.py")
+    assert is_own_code("/home/u/project/train.py") and is_own_code("/home/u/project/worker/loader.py")
     frames = [Frame(file=f, line=n, function=fn) for f, n, fn in ALL_REDUCE]
     assert collective_of(frames) == ("all_reduce", frames[2])
     assert collective_of(frames[2:]) is None
