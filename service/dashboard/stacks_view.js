@@ -66,14 +66,14 @@ export class StacksCard {
     });
     const notes = capture.ranks.filter((r) => r.note).map((r) =>
       el("li", { dataset: { rank: r.rank } }, `rank ${r.rank}: ${r.note}`));
-    this.body.replaceChildren(
+    this.body.replaceChildren(...[
       el("p", { class: "stacks-summary" }, capture.summary || "no stacks"),
       el("p", { class: "muted", title: localTime(capture.captured_at) },
         `${capture.fresh ? "captured" : "last capture"} ${shortTime(capture.captured_at)} · attempt ${capture.attempt} · `
         + `${capture.trigger} · ${capture.took_s.toFixed(2)} s`),
       ...groups,
       notes.length ? el("ul", { class: "stack-notes" }, ...notes) : null,
-    );
+    ].filter(Boolean));
   }
 }
 

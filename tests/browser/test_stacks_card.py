@@ -79,6 +79,7 @@ def test_capture_shows_the_stacks_grouped_as_text_and_an_ended_job_its_last(
             expect(card.locator(".stack-group summary").nth(1)).to_have_text("ranks 0, 2")
             expect(card.locator(".stack-group").nth(0)).to_contain_text(f"loader.py:41 {HOSTILE}")
             expect(card.locator("img")).to_have_count(0)  # the name stayed text
+            expect(card.locator(".stacks-body")).not_to_contain_text("null")
             assert page.evaluate("window.pwned") is None
             shot(page, tmp_path, "job-stacks")
 

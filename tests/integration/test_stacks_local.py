@@ -63,3 +63,17 @@ def test_a_rank_flooding_its_stacks_file_costs_a_bounded_read_and_a_note(shared_
     assert notes[0] and "bytes" in notes[0] and "KiB" in notes[0]
     assert notes[1] is None
     assert "\x00" not in str(capture)
+
+
+def test_eight_ranks_are_captured_within_seconds(shared_root: Path) -> None:
+    script = place_script(shared_root)
+    with live_service(isolated_settings(shared_root, "local")) as server, server.client("alice") as alice:
+        job_id = submit_hang(alice, script, tasks_per_node=8)
+        capture = hung_capture(alice, job_id, world=8, timeout=400)
+        measured = timed_captures(alice, job_id)
+        alice.post(f"/api/v1/jobs/{job_id}/cancel")
+        ended(alice, job_id)
+
+    assert [group["ranks"] for group in capture["groups"]] == [[1], [0, *range(2, 8)]]
+    assert "ranks 0, 2-7" in capture["summary"]
+    assert all(took < 3.5 for _, took in measured)
