@@ -31,7 +31,7 @@ from service.domain import stacks
 from service.domain.auth import Principal
 from service.domain.jobs import get_job, require_backend
 from service.errors import Conflict
-from service.jobfs import StackText, read_flight_records, read_stack_texts, stack_sizes
+from service.jobfs import StackText, read_activity, read_flight_records, read_stack_texts, stack_sizes
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
@@ -168,7 +168,7 @@ def _capture(
     after = _wait_for_ranks(target, before, started + wait_s)
     took = time.monotonic() - started
     texts = read_stack_texts(target.folder, before, STACK_BYTES)
-    row = _parsed(target, before, after, texts, trigger, took)
+    row = _parsed(target, _hosts(target), before, after, texts, trigger, took)
     _store(engine, row)
     log.info("job %d: stacks of %d rank(s) captured in %.2f s (%s)", job_id, target.world, took, trigger)
     return _public(row, fresh=True)
@@ -203,8 +203,19 @@ def _wait_for_ranks(target: _Target, before: dict[int, int], deadline: float) ->
         sizes = now
 
 
+def _hosts(target: _Target) -> dict[int, str]:
+    """Each rank's host: its placement in the ledger, else what its activity file says (a rank whose
+    placement the reconciler has not read yet)."""
+    if len(target.hosts) >= target.world:
+        return target.hosts
+    activity = read_activity(target.folder, target.world, target.attempt)
+    found = {one.rank: one.host for one in activity if one.host}
+    return {**found, **target.hosts}
+
+
 def _parsed(
     target: _Target,
+    hosts: dict[int, str],
     before: dict[int, int],
     after: dict[int, int],
     texts: dict[int, StackText],
@@ -220,10 +231,10 @@ def _parsed(
             note: str | None = "its stacks file is not a regular file: not read"
         else:
             note = _note(after.get(rank, 0) - before.get(rank, 0), read, bool(threads))
-        host, at = target.hosts.get(rank), captured_at.timestamp()
+        host, at = hosts.get(rank), captured_at.timestamp()
         ranks.append(stacks.RankStacks(rank=rank, host=host, captured_at=at, threads=threads, note=note))
     groups = stacks.group_ranks(ranks)
-    summary = stacks.summarize(groups, target.hosts)
+    summary = stacks.summarize(groups, hosts)
     behind = _behind(target)
     if behind:
         summary = f"{summary}; {behind}"
