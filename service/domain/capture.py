@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend, StackRequest
-from service.domain import stacks
+from service.domain import audit, stacks
 from service.domain.auth import Principal
 from service.domain.jobs import get_job, require_backend
 from service.errors import Conflict
@@ -115,8 +115,11 @@ def job_stacks(
     may hold data from the job's memory: its owner and admins only); Conflict when there is none."""
     with session_scope(engine) as session:
         job = get_job(session, job_id, viewer)
-        state = JobState(job.state)
+        state, owner = JobState(job.state), job.owner
         last = last_capture(session, job_id)
+    if owner != viewer.user:  # an admin reading what may be another user's memory: on the record
+        with write_scope(engine) as session:
+            audit.record(session, viewer.user, "job.stacks", f"job {job_id}", f"owner={owner}")
     if capture is None:
         capture = state is JobState.running
     if capture:

@@ -119,6 +119,10 @@ def test_only_the_owner_and_admins_see_a_jobs_stacks(
     assert detail(other) == detail(missing).replace("999999", str(job_id))
     assert admin.status_code == 200 and admin.json()["groups"][0]["ranks"] == [1]
     assert len(fake.stack_calls) == 1  # bob's request signalled nothing
+    entries = api.get("/api/v1/audit", headers=login("root", admin=True)).json()
+    read = [entry for entry in entries if entry["action"] == "job.stacks"]
+    said = [(one["actor"], one["target"], one["detail"]) for one in read]
+    assert said == [("root", f"job {job_id}", "owner=alice")]  # an admin's read is on the record
 
 
 def test_a_finished_job_shows_its_last_capture_and_captures_nothing(
