@@ -260,7 +260,7 @@ def _note(grew_by: int, read: StackText | None, parsed: bool) -> str | None:
     notes = []
     if read is not None and read.cut:
         size = f"{grew_by} bytes" if grew_by > 0 else "more"
-        notes.append(f"wrote {size}; only the first {STACK_BYTES // 1024} KiB were read")
+        notes.append(f"wrote {size}; only its last {STACK_BYTES // 1024} KiB were read")
     if read is not None and read.restarted:
         notes.append("its stacks file was replaced: read from its start")
     if not parsed:
