@@ -4,9 +4,8 @@ The parts, one concept a module: the request and its script (slurm_request, plai
 function), the commands and their backoff (slurm_commands), status (slurm_status), what a killed
 dispatcher leaves and how it is found again (slurm_recovery), the files of a submission and the array
 folders (slurm_submit), and submitit's names (submitit_adapter). This module holds them together:
-which jobs share an sbatch, and how a refusal is kept to the jobs it is about.
-
-Nothing talks to the scheduler before the first call: building the backend is free.
+which jobs share an sbatch, and how a refusal is kept to the jobs it is about. Building it is free:
+nothing talks to the scheduler before the first call.
 """
 
 from __future__ import annotations
@@ -181,10 +180,8 @@ class SlurmBackend:
             raise BackendError(f"scancel failed: {parse.sbatch_error(result.stderr)}")
 
     def signal_stacks(self, job: StackRequest) -> bool:
-        """One `scancel --signal=URG -- ID` as the job's account: slurmd signals every task of the job's
-        steps (submitit's srun step holds the ranks), on every node, and not the batch shell (that
-        would need --full, which the ranks do not need). The job's account may signal its own jobs
-        only, whatever id it is handed."""
+        """One `scancel --signal=URG -- ID` as the job's account (which may signal only its own jobs):
+        every task of the job's steps on every node, the ranks of submitit's srun step; not the shell."""
         ids = status.job_ids([job.external_id])
         if not ids:
             return False
