@@ -56,6 +56,7 @@ from worker.spec.run_spec import (
     KeepBest,
     Resources,
     RunSpec,
+    Watchdog,
     check_entrypoint,
     check_one_target,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "RankPlacement",
     "Resources",
     "RunSpec",
+    "Watchdog",
     "ascii_int",
     "check_entrypoint",
     "check_one_target",
