@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -64,6 +65,7 @@ class RankLauncher:
                  env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.device,
                  env.master_addr)
         apply_env(spec)
+        watch_stacks(spec, env.rank, has_gpu=env.gpu is not None)
         take_cancel_signal()
         preempted = watch_preemption()
 
@@ -145,6 +147,16 @@ def apply_env(spec: RunSpec) -> None:
     os.environ[CHECKPOINT_DIR_ENV] = str(files.checkpoints)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.resources.cpus_per_task))
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+def watch_stacks(spec: RunSpec, rank: int, *, has_gpu: bool) -> None:
+    """Stacks on SIGURG and the activity file (worker.stacks), for a function and a script alike,
+    before the entrypoint runs; an NCCL rank's flight recorder on, where the job did not set it."""
+    from worker.stacks import flight_recorder_env, install_stack_dumps
+
+    install_stack_dumps(spec.files, rank, spec.attempt, socket.gethostname())
+    if has_gpu:  # NCCL is its backend (worker.distributed.choose_backend)
+        flight_recorder_env(spec.files, os.environ)
 
 
 def take_cancel_signal() -> None:

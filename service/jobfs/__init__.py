@@ -11,6 +11,8 @@ a FIFO to hang a thread, or more names and bytes than any reader should take. So
   submitit's logs and pickles, the service's `attempts/` and trash;
 - reads.py: what the service reads (result, error files, placement, progress, logs, the id submitit
   gave a job), bounded and cleaned before it nears the ledger;
+- stacks.py: the ranks' stacks files (read after a noted size), activity files and NCCL flight
+  recorder dumps, bounded;
 - checkpoints.py: a bounded page of rank 0's checkpoints, and one opened for download;
 - writes.py: the job folder made, an attempt's files moved aside, the backends' pickles and scripts,
   the job's copy of its code snapshot moved in whole;
@@ -49,6 +51,14 @@ from service.jobfs.reads import (
     result_written,
     submitted_external_id,
 )
+from service.jobfs.stacks import (
+    StackText,
+    read_activity,
+    read_flight_records,
+    read_stack_texts,
+    read_stacks_after,
+    stack_sizes,
+)
 from service.jobfs.writes import (
     archive_attempt,
     make_job_folder,
@@ -68,6 +78,7 @@ __all__ = [
     "Key",
     "NotAFile",
     "RankError",
+    "StackText",
     "archive_attempt",
     "checkpoint_key",
     "empty_trash",
@@ -88,13 +99,18 @@ __all__ = [
     "open_log",
     "place_code",
     "rank_errors",
+    "read_activity",
+    "read_flight_records",
     "read_new_progress",
     "read_placement",
     "read_result",
+    "read_stack_texts",
+    "read_stacks_after",
     "remove_from",
     "rename_in",
     "result_written",
     "scan_checkpoints",
+    "stack_sizes",
     "submitted_external_id",
     "usage",
     "write_new_file",

@@ -9,7 +9,7 @@ nothing else of the worker but `worker.launch`). Its modules, one concept each:
   and code snapshot id checks);
 - job_files.py: JobFiles, the names of the files in a job's folder, and the rank's folder variables;
 - records.py: what the ranks write there and the one parser of each (progress lines, placement files,
-  error files' attempt line, checkpoint notes), with the metric limits;
+  error files' attempt line, checkpoint notes, activity files), with the metric limits;
 - cleaning.py: text and numbers a job wrote made fit for every reader (clean_text, storable,
   json_problem, ascii_int).
 
@@ -26,6 +26,7 @@ from worker.spec.job_files import (
     JobFiles,
 )
 from worker.spec.records import (
+    ACTIVITY_INTERVAL_S,
     ERROR_ATTEMPT_PREFIX,
     MAX_COUNT,
     MAX_HOST_CHARS,
@@ -33,13 +34,16 @@ from worker.spec.records import (
     MAX_METRIC_NAMES,
     MAX_METRICS_PER_LINE,
     MAX_PATH_CHARS,
+    MAX_WHERE_CHARS,
     PROGRESS_KEYS,
     PROTECTED_HARDLINKS,
     CheckpointRecord,
     ProgressRecord,
+    RankActivity,
     RankPlacement,
     metrics_problem,
     node_hardlinks_protected,
+    parse_activity,
     parse_checkpoint_note,
     parse_error_text,
     parse_placement,
@@ -62,6 +66,7 @@ from worker.spec.run_spec import (
 )
 
 __all__ = [
+    "ACTIVITY_INTERVAL_S",
     "CHECKPOINT_DIR_ENV",
     "CHECKPOINT_NOTE_SUFFIX",
     "CHECKPOINT_PATTERN",
@@ -78,6 +83,7 @@ __all__ = [
     "MAX_METRIC_NAMES",
     "MAX_METRIC_NAME_CHARS",
     "MAX_PATH_CHARS",
+    "MAX_WHERE_CHARS",
     "PROGRESS_KEYS",
     "PROTECTED_HARDLINKS",
     "SLURM_CONSTRAINT_PATTERN",
@@ -88,6 +94,7 @@ __all__ = [
     "JobFiles",
     "KeepBest",
     "ProgressRecord",
+    "RankActivity",
     "RankPlacement",
     "Resources",
     "RunSpec",
@@ -99,6 +106,7 @@ __all__ = [
     "json_problem",
     "metrics_problem",
     "node_hardlinks_protected",
+    "parse_activity",
     "parse_checkpoint_note",
     "parse_error_text",
     "parse_placement",

@@ -54,6 +54,28 @@ class JobFiles:
         """
         return self.folder / "rendezvous" / f"{key}.json"
 
+    def stacks(self, rank: int) -> Path:
+        """Appended to by the rank's faulthandler on every SIGURG (worker.stacks): the text of every
+        thread's Python stack ("Thread 0x... (most recent call first):" blocks). A reader notes its
+        size before signalling and reads only what was appended after."""
+        return self.folder / "stacks" / f"rank{rank}.txt"
+
+    def activity(self, rank: int) -> Path:
+        """Rewritten atomically by a thread of every rank each ACTIVITY_INTERVAL_S: {"attempt", "rank",
+        "host", "pid", "time", "changed_at", "where"} (parse_activity). A rank whose Python cannot run
+        (C code holding the GIL) stops rewriting it: its `time` goes stale."""
+        return self.folder / "activity" / f"rank{rank}.json"
+
+    @property
+    def flight_recorder_prefix(self) -> Path:
+        """TORCH_NCCL_DEBUG_INFO_TEMP_FILE of an NCCL job's ranks: PyTorch appends the rank number."""
+        return self.folder / "stacks" / "nccl-rank"
+
+    def flight_recorder(self, rank: int) -> Path:
+        """The NCCL flight recorder's dump of `rank` (PyTorch's pickle of plain containers), written by
+        PyTorch on a collective's timeout or on request."""
+        return self.flight_recorder_prefix.with_name(f"{self.flight_recorder_prefix.name}{rank}")
+
     @property
     def code(self) -> Path:
         """The job's code snapshot, unpacked read-only by the service: the ranks' working directory."""

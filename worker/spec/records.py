@@ -1,6 +1,7 @@
 """What the ranks write into the job's folder, and the one parser of each: progress lines
 (ProgressRecord, CheckpointRecord), placement files (RankPlacement), error files' attempt line,
-checkpoint notes. A job is untrusted: whatever a file holds costs that file or line at most."""
+checkpoint notes, activity files (RankActivity). A job is untrusted: whatever a file holds costs
+that file or line at most."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from worker.spec.cleaning import ascii_int, storable, unservable_text
+from worker.spec.cleaning import ascii_int, clean_text, storable, unservable_text
 
 ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt: <n>`
 MAX_COUNT = 2**31 - 1  # steps and attempts: the ledger keeps them in 32-bit INTEGER columns
@@ -199,3 +200,45 @@ def _metric_name_problem(name: str) -> str | None:
         return f"is longer than {MAX_METRIC_NAME_CHARS} characters"
     problem = unservable_text(name)
     return None if problem is None else f"holds {problem}"
+
+
+ACTIVITY_INTERVAL_S = 5.0  # how often a rank's activity thread rewrites its activity file
+MAX_WHERE_CHARS = 600  # of an activity file's `where`: "file:line function"
+
+
+class RankActivity(BaseModel):
+    """What one rank's main thread was doing, as its activity thread last saw it (JobFiles.activity).
+
+    `time` is when the thread last wrote (it stops when the rank's Python cannot run: C code holding
+    the GIL), `changed_at` when the main thread's stack last differed from the sample before, `where`
+    the main thread's innermost frame of the job's own code, "file:line function" (None: not known).
+    Times are seconds since the epoch on the rank's host's clock."""
+
+    attempt: int
+    rank: int
+    host: str
+    pid: int
+    time: float
+    changed_at: float
+    where: str | None = None
+
+
+def parse_activity(text: str) -> RankActivity | None:
+    """An activity file's record, or None: torn or unusable (a job wrote it). Text is cleaned and
+    bounded, numbers must be usable (whole numbers within MAX_COUNT, finite times)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    attempt, rank, pid = _count(data.get("attempt")), _count(data.get("rank")), _count(data.get("pid"))
+    time, changed_at, host = _number(data.get("time")), _number(data.get("changed_at")), data.get("host")
+    if attempt is None or rank is None or pid is None or time is None or changed_at is None:
+        return None
+    if not _short_text(host, MAX_HOST_CHARS):
+        return None
+    where = data.get("where")
+    where = clean_text(where, MAX_WHERE_CHARS) if isinstance(where, str) and where else None
+    return RankActivity(attempt=attempt, rank=rank, host=host, pid=pid, time=time,
+                        changed_at=min(changed_at, time), where=where)  # fmt: skip
