@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
-from service.backends.base import BackendStatus, SubmitOutcome
+from service.backends.base import BackendStatus, StackRequest, SubmitOutcome
 from service.errors import BackendError, InvalidRequest
 from service.states import EndingKind, JobState
 from worker.spec import RunSpec
@@ -63,6 +63,10 @@ class FakeBackend:
         self._lock = threading.Lock()
         self._wakeup: Callable[[], None] = lambda: None
         self.closed = False
+        self.stack_calls: list[StackRequest] = []
+        # What signal_stacks does besides recording the call (write the ranks' stacks files, say);
+        # its answer is signal_stacks' answer. None: answer True.
+        self.on_stacks: Callable[[StackRequest], bool] | None = None
 
     # ---------------------------------------------------------------- scripting
 
@@ -166,6 +170,12 @@ class FakeBackend:
                 current = self._statuses.get(external_id)
                 if current is None or current.state not in (JobState.succeeded, JobState.failed):
                     self._statuses[external_id] = BackendStatus(JobState.cancelled, "cancelled")
+
+    def signal_stacks(self, job: StackRequest) -> bool:
+        with self._lock:
+            self.stack_calls.append(job)
+            action = self.on_stacks
+        return True if action is None else action(job)
 
     def log_path(self, folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
         return folder / "submitit" / f"{external_id}_{rank}_log.{stream}"

@@ -47,6 +47,17 @@ class BackendStatus:
     expected_start: datetime | None = None  # while it waits: when the scheduler expects to start it
 
 
+@dataclass(frozen=True)
+class StackRequest:
+    """What a backend needs to have one job's ranks write their stacks (service.domain.capture): the
+    job's run, the Unix account it runs as (the signal is sent as that account, never as the service),
+    and its interpreter (what a local signaller runs: the one program the account surely may)."""
+
+    external_id: str
+    run_as: str | None = None
+    python: str | None = None
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What differs between backends is declared here (interval, node limit, how quick validation is),
@@ -111,6 +122,13 @@ class Backend(Protocol):
 
     def cancel(self, external_ids: Sequence[str]) -> None:
         """Stop these jobs. Idempotent: cancelling a finished or unknown job is not an error."""
+
+    def signal_stacks(self, job: StackRequest) -> bool:
+        """SIGURG to every rank of this running job, sent as the job's own account (each rank dumps its
+        threads' stacks into its stacks file on it: worker.stacks). One call per job, however many
+        ranks. True when the signal went out; False when the job is not (or no longer) running here or
+        the scheduler refused. Never raises for a job that ended meanwhile."""
+        ...
 
     def log_path(self, folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
         """Where submitit writes this rank's stdout ("out") or stderr ("err")."""

@@ -29,10 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from service.accounts import Account
-from service.backends.base import BackendStatus, SubmitOutcome
+from service.backends.base import BackendStatus, StackRequest, SubmitOutcome
 from service.backends.job_env import JobEnvironment
 from service.backends.submitit_adapter import CONTROLLER_MARK, local_controller, pickled_call
 from service.jobfs import SUBMITTED_SUFFIX, log_file, remove_from, rename_in, write_new_file
+from service.programs import run_bounded
 from service.states import JobState
 from worker.launch import RankLauncher
 from worker.spec import JobFiles, RunSpec, ascii_int
@@ -40,6 +41,10 @@ from worker.spec import JobFiles, RunSpec, ascii_int
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 3.0
+SIGNALLER_TIMEOUT_S = 10.0
+# What the signaller runs, as the job's account, in the job's own interpreter (-I -S: no site, no
+# environment, nothing of the job's packages): one killpg of the group it is given, and nothing else.
+_KILLPG = "import os, signal, sys; os.killpg(int(sys.argv[1]), signal.SIGURG)"
 HOST = socket.gethostname()  # where every local job runs
 
 
@@ -118,6 +123,46 @@ class LocalBackend:
             timer = threading.Timer(CANCEL_GRACE_S, stop, (signal.SIGKILL,))
             timer.daemon = True
             timer.start()
+
+    def signal_stacks(self, job: StackRequest) -> bool:
+        """SIGURG to the job's process group (its controller and every rank: each rank dumps its stacks,
+        the controller ignores it), sent by a child that runs as the job's account: whatever the group
+        holds by then, the signal reaches only what that account may signal. The group is checked as
+        cancel checks it, and a controller this backend started is not reaped until the child is done."""
+        try:
+            account = Account.of_job(job.run_as)
+        except KeyError:  # the account is gone from this host: nobody to signal as
+            return False
+        with self._lock:
+            process = self._processes.get(job.external_id)
+            if process is not None:
+                return process.poll() is None and self._signal_as(account, job, process.pid)
+        pid = ascii_int(job.external_id)
+        if pid is None or not self._is_our_controller(pid):
+            return False
+        return self._signal_as(account, job, pid)
+
+    def _signal_as(self, account: Account, job: StackRequest, pgid: int) -> bool:
+        if pgid <= 1 or pgid in (os.getpid(), os.getpgrp()):
+            log.error("refused to signal process group %d: it is not a local job's", pgid)
+            return False
+        if account.is_current:  # the service's own account: a child would be the service again
+            try:
+                os.killpg(pgid, signal.SIGURG)
+            except (ProcessLookupError, PermissionError) as error:
+                log.info("could not signal local job %s: %s", pgid, error)
+                return False
+            return True
+        python = self._environment.with_python(job.python).python
+        argv = [*account.command_prefix(), python, "-I", "-S", "-c", _KILLPG, str(pgid)]
+        try:
+            done = run_bounded(argv, timeout_s=SIGNALLER_TIMEOUT_S, most_bytes=4096, env={}, cwd="/")
+        except Exception as error:  # no setpriv, an interpreter that hangs or floods: this job only
+            log.warning("could not signal local job %s as %s: %s", pgid, account.name, error)
+            return False
+        if done.returncode != 0:
+            log.info("signalling local job %s as %s failed: %s", pgid, account.name, done.stderr[-300:])
+        return done.returncode == 0
 
     def log_path(self, folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
         return log_file(folder, external_id, rank, stream)

@@ -25,7 +25,7 @@ from cachetools import TTLCache
 from service.accounts import Account
 from service.backends import slurm_parse as parse
 from service.backends import slurm_status as status
-from service.backends.base import BackendStatus, SubmitOutcome
+from service.backends.base import BackendStatus, StackRequest, SubmitOutcome
 from service.backends.job_env import JobEnvironment
 from service.backends.slurm_commands import (
     COMMAND_TIMEOUT_S,
@@ -179,6 +179,24 @@ class SlurmBackend:
             if lines and all(any(word in line.lower() for word in _GONE) for line in lines):
                 continue
             raise BackendError(f"scancel failed: {parse.sbatch_error(result.stderr)}")
+
+    def signal_stacks(self, job: StackRequest) -> bool:
+        """One `scancel --signal=URG -- ID` as the job's account: slurmd signals every task of the job's
+        steps (submitit's srun step holds the ranks), on every node, and not the batch shell (that
+        would need --full, which the ranks do not need). The job's account may signal its own jobs
+        only, whatever id it is handed."""
+        ids = status.job_ids([job.external_id])
+        if not ids:
+            return False
+        try:
+            argv = [*Account.of_job(job.run_as).command_prefix(), self._commands.program("scancel")]
+            result = self._commands.call([*argv, "--signal=URG", "--", *ids], COMMAND_TIMEOUT_S)
+        except (OSError, KeyError, BackendError) as error:  # setpriv/scancel missing, account gone, timeout
+            log.warning("could not signal SLURM job %s for its stacks: %s", job.external_id, error)
+            return False
+        if result.returncode != 0:
+            log.info("scancel --signal=URG %s: %s", job.external_id, parse.sbatch_error(result.stderr))
+        return result.returncode == 0
 
     def log_path(self, folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
         """submitit's `<id>_<rank>_log.out|err`; an array element's id is `<array>_<index>`, and its

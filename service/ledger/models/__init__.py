@@ -6,7 +6,8 @@
 - history.py: the ledger clock, each state change (JobEvent) and how each attempt ended (JobAttempt);
 - metrics.py: reported values (JobMetric), their rollup (JobMetricRollup), the series readers get;
 - access.py: API tokens, the audit log, per-user quotas;
-- code_snapshots.py: each user's claim on a stored code snapshot, and the answers to an upload.
+- code_snapshots.py: each user's claim on a stored code snapshot, and the answers to an upload;
+- stacks.py: the last capture of every rank's stacks, per job and attempt.
 
 Each table registers itself on SQLModel.metadata when its module is imported. Importing any of these
 modules runs this one first, which imports them all: Alembic (migrations/env.py), the comparison of
@@ -21,5 +22,6 @@ from service.ledger.models import (  # noqa: F401  (registers every table)
     history,
     jobs,
     metrics,
+    stacks,
     sweeps,
 )

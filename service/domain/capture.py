@@ -1,0 +1,297 @@
+"""Stacks on demand: every rank of a running job writes the stacks of all its threads, and the service
+reads, groups and keeps them (the last capture of each attempt).
+
+The ranks write them themselves (worker.stacks: faulthandler on SIGURG, a C handler that needs neither
+the GIL nor the rank's Python thread, so a rank stuck in C code or in a collective answers too). The
+service notes each rank's stacks file size, has the backend send the signal as the job's account (one
+call per job), waits until every rank's file grew (or WAIT_S passed), and reads only the new bytes,
+bounded (service.jobfs), parsed and grouped by the pure service.domain.stacks.
+
+No transaction is open while the ranks are waited for: the job is read in one short transaction, the
+capture stored in another. One capture at a time per job in this process: a caller that comes while
+one is under way waits for it and shares its answer. Call it with no write scope held on the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from service.backends.base import Backend, StackRequest
+from service.domain import stacks
+from service.domain.auth import Principal
+from service.domain.jobs import get_job, require_backend
+from service.errors import Conflict
+from service.jobfs import read_stacks_after, stack_sizes
+from service.ledger.db import session_scope, write_scope
+from service.ledger.models.columns import utcnow
+from service.ledger.models.jobs import Job
+from service.ledger.models.stacks import StackCapture, StackCapturePublic, Trigger
+from service.states import JobState
+
+log = logging.getLogger(__name__)
+
+WAIT_S = 3.0  # the most a capture waits for the ranks to write
+POLL_S = 0.05  # how often the stacks files' sizes are looked at meanwhile
+STACK_BYTES = 64 * 1024  # the most read of one rank's capture
+SHARED_WAIT_S = 60.0  # a caller that shares another's capture gives up after this long
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What a capture needs of the job, read in one short transaction."""
+
+    job_id: int
+    attempt: int
+    backend: str
+    request: StackRequest
+    folder: Path
+    world: int
+    hosts: dict[int, str]
+
+
+@dataclass
+class _Flight:
+    """One capture under way for one job: the callers that come meanwhile wait on `done`."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    result: StackCapturePublic | None = None
+    error: BaseException | None = None
+
+
+_flights: dict[tuple[int, int], _Flight] = {}  # (id of the engine, job id) -> the capture under way
+_flights_lock = threading.Lock()
+
+
+def capture_stacks(
+    engine: Engine,
+    backends: Mapping[str, Backend],
+    job_id: int,
+    trigger: Trigger = "request",
+    *,
+    wait_s: float = WAIT_S,
+) -> StackCapturePublic | None:
+    """Capture the stacks of every rank of this job now, store them as its attempt's last capture and
+    return them; None when the job is not running (or its ranks could not be signalled: it ended
+    meanwhile). No visibility check: the caller has made it (the route through job_stacks)."""
+    key = (id(engine), job_id)
+    with _flights_lock:
+        flight = _flights.get(key)
+        leading = flight is None
+        if flight is None:
+            flight = _flights[key] = _Flight()
+    if not leading:
+        if not flight.done.wait(SHARED_WAIT_S):
+            raise Conflict(f"a capture of job {job_id}'s stacks is still under way", field="job_id")
+        if flight.error is not None:
+            raise flight.error
+        return flight.result
+    try:
+        flight.result = _capture(engine, backends, job_id, trigger, wait_s)
+        return flight.result
+    except BaseException as error:
+        flight.error = error
+        raise
+    finally:
+        with _flights_lock:
+            _flights.pop(key, None)
+        flight.done.set()
+
+
+def job_stacks(
+    engine: Engine, backends: Mapping[str, Backend], job_id: int, viewer: Principal, capture: bool | None
+) -> StackCapturePublic:
+    """What GET /api/v1/jobs/{id}/stacks answers: for a running job a capture made now (unless
+    `capture` is False), else the last capture kept. NotFound for a job `viewer` may not see (stacks
+    may hold data from the job's memory: its owner and admins only); Conflict when there is none."""
+    with session_scope(engine) as session:
+        job = get_job(session, job_id, viewer)
+        state = JobState(job.state)
+        last = last_capture(session, job_id)
+    if capture is None:
+        capture = state is JobState.running
+    if capture:
+        if state is not JobState.running:
+            raise Conflict(
+                f"job {job_id} is {state.value}: stacks are captured from a running job only"
+                + ("; its last capture is shown without ?capture=1" if last else ""),
+                field="capture",
+            )
+        fresh = capture_stacks(engine, backends, job_id, "request")
+        if fresh is not None:
+            return fresh
+        with session_scope(engine) as session:
+            last = last_capture(session, job_id)
+    if last is None:
+        why = "it is not running" if state is not JobState.running else "its ranks could not be signalled"
+        raise Conflict(f"job {job_id} has no stacks captured, and {why} ({state.value})", field="job_id")
+    return last
+
+
+def last_capture(session: Session, job_id: int) -> StackCapturePublic | None:
+    """The job's latest attempt's last capture, or None."""
+    query = (
+        select(StackCapture)
+        .where(StackCapture.job_id == job_id)
+        .order_by(col(StackCapture.attempt).desc())
+        .limit(1)
+    )
+    row = session.exec(query).first()
+    return None if row is None else _public(row, fresh=False)
+
+
+# ---------------------------------------------------------------- one capture
+
+
+def _capture(
+    engine: Engine, backends: Mapping[str, Backend], job_id: int, trigger: Trigger, wait_s: float
+) -> StackCapturePublic | None:
+    with session_scope(engine) as session:  # read, and the transaction closed before the signal
+        target = _target(session, job_id)
+    if target is None:
+        return None
+    backend = require_backend(backends, target.backend)
+    before = stack_sizes(target.folder, target.world)
+    started = time.monotonic()
+    if not backend.signal_stacks(target.request):
+        log.info("job %d: its ranks could not be signalled for their stacks", job_id)
+        return None
+    after = _wait_for_ranks(target, before, started + wait_s)
+    took = time.monotonic() - started
+    texts = read_stacks_after(target.folder, before, STACK_BYTES)
+    row = _parsed(target, before, after, texts, trigger, took)
+    _store(engine, row)
+    log.info("job %d: stacks of %d rank(s) captured in %.2f s (%s)", job_id, target.world, took, trigger)
+    return _public(row, fresh=True)
+
+
+def _target(session: Session, job_id: int) -> _Target | None:
+    job = session.get(Job, job_id)
+    if job is None or JobState(job.state) is not JobState.running:
+        return None
+    if job.external_id is None or job.folder is None:
+        return None
+    python = job.spec.get("python")
+    request = StackRequest(job.external_id, job.run_as, python if isinstance(python, str) else None)
+    hosts = {}
+    for placed in job.placement or []:
+        if isinstance(placed, dict) and isinstance(placed.get("rank"), int):
+            hosts[placed["rank"]] = str(placed.get("host") or "")
+    attempt = job.run_attempt or job.attempt
+    return _Target(job_id, attempt, job.backend, request, Path(job.folder), job.resources.world_size, hosts)
+
+
+def _wait_for_ranks(target: _Target, before: dict[int, int], deadline: float) -> dict[int, int]:
+    """The sizes once every rank's file grew and stood still for a poll (faulthandler writes a dump in
+    many small writes), or as they are at the deadline."""
+    sizes = before
+    while True:
+        time.sleep(POLL_S)
+        now = stack_sizes(target.folder, target.world)
+        grew = all(now.get(rank, 0) > before.get(rank, 0) for rank in range(target.world))
+        if (grew and now == sizes) or time.monotonic() >= deadline:
+            return now
+        sizes = now
+
+
+def _parsed(
+    target: _Target,
+    before: dict[int, int],
+    after: dict[int, int],
+    texts: dict[int, str],
+    trigger: Trigger,
+    took: float,
+) -> StackCapture:
+    captured_at = utcnow()
+    ranks = []
+    for rank in range(target.world):
+        text = texts.get(rank, "")
+        threads = stacks.parse_faulthandler(text) if text else []
+        note = _note(after.get(rank, 0) - before.get(rank, 0), bool(text), bool(threads))
+        ranks.append(stacks.RankStacks(rank, target.hosts.get(rank), captured_at, threads, note))
+    groups = stacks.group_ranks(ranks)
+    summary = stacks.summarize(groups, target.hosts)
+    return StackCapture(
+        job_id=target.job_id,
+        attempt=target.attempt,
+        captured_at=captured_at,
+        trigger=trigger,
+        took_s=round(took, 3),
+        summary=summary,
+        ranks=[_rank_json(one) for one in ranks],
+        groups=[_group_json(group) for group in groups],
+    )
+
+
+def _note(grew_by: int, read: bool, parsed: bool) -> str | None:
+    """What to tell about one rank's capture besides its stacks."""
+    if grew_by <= 0 and not read:
+        return f"wrote no stacks within {WAIT_S:.0f} s (not started yet, ended, or signals blocked)"
+    notes = []
+    if grew_by > STACK_BYTES:
+        notes.append(f"wrote {grew_by} bytes; only the first {STACK_BYTES // 1024} KiB were read")
+    if not parsed:
+        notes.append("what it wrote holds no stack Python's faulthandler prints")
+    return "; ".join(notes) or None
+
+
+def _thread_json(thread: stacks.ThreadStack) -> dict[str, Any]:
+    frames = [{"file": f.file, "line": f.line, "function": f.function} for f in thread.frames]
+    return {"name": thread.name, "current": thread.current, "frames": frames}
+
+
+def _rank_json(one: stacks.RankStacks) -> dict[str, Any]:
+    threads = [_thread_json(thread) for thread in one.threads]
+    return {"rank": one.rank, "host": one.host, "threads": threads, "note": one.note}
+
+
+def _group_json(group: stacks.StackGroup) -> dict[str, Any]:
+    threads = [_thread_json(thread) for thread in group.threads]
+    return {"ranks": list(group.ranks), "label": stacks.format_ranks(group.ranks), "threads": threads}
+
+
+def _store(engine: Engine, row: StackCapture, attempts: int = 2) -> None:
+    """The attempt's last capture: the row replaced (another replica may insert it meanwhile)."""
+    values = row.model_dump(exclude={"id"})
+    for _ in range(attempts):
+        try:
+            with write_scope(engine) as session:
+                query = select(StackCapture).where(
+                    StackCapture.job_id == row.job_id, StackCapture.attempt == row.attempt
+                )
+                kept = session.exec(query).first()
+                session.add(StackCapture(**values) if kept is None else _updated(kept, values))
+            return
+        except IntegrityError:
+            continue
+
+
+def _updated(kept: StackCapture, values: dict[str, Any]) -> StackCapture:
+    for name, value in values.items():
+        setattr(kept, name, value)
+    return kept
+
+
+def _public(row: StackCapture, fresh: bool) -> StackCapturePublic:
+    return StackCapturePublic.model_validate(
+        {
+            "job_id": row.job_id,
+            "attempt": row.attempt,
+            "captured_at": row.captured_at,
+            "trigger": row.trigger,
+            "took_s": row.took_s,
+            "summary": row.summary,
+            "groups": row.groups,
+            "ranks": row.ranks,
+            "fresh": fresh,
+        }
+    )
