@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from worker.spec import Watchdog
+from service.domain.stacks import format_ranks
+from worker.spec import ACTIVITY_INTERVAL_S, Watchdog
 
 MIN_ADAPTIVE_S = 120.0
 PACE_FACTOR = 10.0
 NO_PACE_S = 300.0  # a job with fewer than two reports: its ranks' activity decides
 KEPT_REPORT_TIMES = 16  # the report times kept per attempt (Job.report_times): its pace's window
-ACTIVITY_INTERVAL_S = 5.0  # how often a rank rewrites its activity file (worker.stacks)
 STALE_AFTER_S = 3 * ACTIVITY_INTERVAL_S  # an activity file older than this: its rank's Python is stuck
 MAX_WHERE_CHARS = 200
 
@@ -59,6 +59,7 @@ class Verdict:
     basis: str  # how the threshold was chosen, for the reason
     idle_s: float | None  # seconds since the attempt last moved (None: nothing to go by)
     reason: str | None  # for a stalled attempt: how long, and which rank is where (from activity)
+    idle: str | None = None  # the reason's first part alone: how long, and the threshold
 
 
 def threshold(watchdog: Watchdog | None, report_times: Sequence[float]) -> tuple[float, str]:
@@ -116,9 +117,9 @@ def decide(
     idle = max(0.0, now - moved)
     if idle < limit:
         return Verdict(False, limit, basis, idle, None)
-    reason = f"no progress for {_duration(idle)} (threshold {limit:g} s: {basis})"
+    said = f"no progress for {_duration(idle)} (threshold {limit:g} s: {basis})"
     where = _where(activity, attempt, world, changes or {}, now)
-    return Verdict(True, limit, basis, idle, f"{reason}; {where}" if where else reason)
+    return Verdict(True, limit, basis, idle, f"{said}; {where}" if where else said, said)
 
 
 def _where(
@@ -156,17 +157,6 @@ def _has_been(place: str) -> str:
 
 def _place(where: str | None) -> str:
     return (where or "an unknown place")[:MAX_WHERE_CHARS]
-
-
-def format_ranks(ranks: Sequence[int]) -> str:
-    """[0, 2, 3, 4, 5] -> "0, 2-5"."""
-    runs: list[list[int]] = []
-    for rank in sorted(set(ranks)):
-        if runs and rank == runs[-1][-1] + 1:
-            runs[-1].append(rank)
-        else:
-            runs.append([rank])
-    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 def _duration(seconds: float) -> str:

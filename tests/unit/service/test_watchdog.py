@@ -151,11 +151,6 @@ def test_the_kept_report_times_are_the_last_sixteen() -> None:
     assert kept == [float(n) for n in range(4, 20)]
 
 
-def test_ranks_are_written_as_runs() -> None:
-    assert watchdog.format_ranks([0, 2, 3, 4, 5, 6, 7]) == "0, 2-7"
-    assert watchdog.format_ranks([3]) == "3"
-
-
 # ---------------------------------------------------------------- the spec field
 
 

@@ -1,7 +1,7 @@
 """watchdog: a job's pace (when its last report was read, its reports' times) and its stall flag
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 """
 
 import sqlalchemy as sa
@@ -11,7 +11,7 @@ from service.ledger import name_index
 from service.ledger.models.columns import UTCDateTime
 
 revision = "0013"
-down_revision = "0011"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
