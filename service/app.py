@@ -14,7 +14,7 @@ from service.api.errors import install_error_handlers
 from service.api.gate import RequestGate
 from service.api.loopback import is_loopback
 from service.api.metrics import LatencyMiddleware, ServiceMetrics
-from service.api.routes import access, checkpoints, code, dashboard, health, jobs, sweeps
+from service.api.routes import access, checkpoints, code, dashboard, health, jobs, stacks, sweeps
 from service.api.routes import metrics as metrics_routes
 from service.backends.base import Backend
 from service.config import Settings, get_settings
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 ROUTERS: tuple[APIRouter, ...] = (
     jobs.router,
     checkpoints.router,
+    stacks.router,
     health.router,
     sweeps.router,
     access.router,

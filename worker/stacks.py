@@ -84,6 +84,18 @@ def register_stack_dump(path: Path) -> None:
         _installed["fork_hook"] = True
 
 
+def uninstall_stack_dumps() -> None:
+    """Undo install_stack_dumps in this process (tests that run a launcher in their own process)."""
+    sampler = _installed.pop("sampler", None)
+    if isinstance(sampler, ActivitySampler):
+        sampler.stop()
+    with contextlib.suppress(RuntimeError, ValueError):
+        faulthandler.unregister(STACK_SIGNAL)
+    out = _installed.pop("stacks_file", None)
+    if hasattr(out, "close"):
+        out.close()
+
+
 def _forget_in_child() -> None:
     """In a forked child (a DataLoader worker): no stacks on SIGURG (its default, ignore, returns),
     so the rank's file holds the rank's stacks alone."""
@@ -172,6 +184,7 @@ class ActivitySampler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.sample()  # the file stands from the rank's start
         self._thread = threading.Thread(target=self._run, name="torchyard-activity", daemon=True)
         self._thread.start()
@@ -191,7 +204,9 @@ class ActivitySampler:
                   "where": where_in(stack, self.library)}  # fmt: skip
         try:
             _replace_text(self.path, json.dumps(record) + "\n")
-        except OSError:  # a full or vanished disk must not stop training; the next sample retries
+        except FileNotFoundError:  # the job's folder went (the job is over): nothing more to say
+            self.stop()
+        except OSError:  # a full disk must not stop training; the next sample retries
             log.debug("could not write %s", self.path, exc_info=True)
         return record
 
@@ -204,12 +219,6 @@ def _replace_text(path: Path, text: str) -> None:
     """Replace `path` with `text` in one step (a reader sees the old file or the new one whole); no
     fsync: the file only matters while the rank lives, and a sync every few seconds costs on NFS."""
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temp, path)
-    except FileNotFoundError:  # the folder is not there yet (or went): make it, try once more
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temp, path)
+    with open(temp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(temp, path)

@@ -20,6 +20,7 @@ from service.cli.access import audit, whoami
 from service.cli.admin import code_app, folders, gc, quota_app, token_app
 from service.cli.context import EXIT_REQUEST, Connection, fail, make_console
 from service.cli.jobs import cancel, list_jobs, logs, show, submit
+from service.cli.stacks import stacks
 from service.cli.sweeps import sweep, sweeps
 
 app = typer.Typer(
@@ -119,6 +120,7 @@ app.command("list")(list_jobs)
 app.command()(show)
 app.command()(cancel)
 app.command()(logs)
+app.command()(stacks)
 app.command()(sweep)
 app.command()(sweeps)
 app.command()(whoami)

@@ -218,6 +218,12 @@ class TorchyardClient:
             params["tail"] = tail
         return self._request("GET", f"/api/v1/jobs/{job_id}/logs", params=params).text
 
+    def stacks(self, job_id: int, capture: bool | None = None) -> dict[str, Any]:
+        """Every rank's stacks: captured now from a running job (a few seconds), or the last capture
+        kept (`capture=False`, and any job that is not running)."""
+        params = {} if capture is None else {"capture": "true" if capture else "false"}
+        return self._object("GET", f"/api/v1/jobs/{job_id}/stacks", params=params)
+
     def cancel(self, job_id: int) -> Job:
         """Idempotent: cancelling a finished job returns it unchanged."""
         return self._object("POST", f"/api/v1/jobs/{job_id}/cancel")

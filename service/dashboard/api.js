@@ -105,6 +105,7 @@ export const api = {
   logs: (id, rank, stream, tail) =>
     request(`/jobs/${id}/logs?rank=${rank}&stream=${stream}${tail ? `&tail=${tail}` : ""}`, { text: true }),
   cancel: (id) => request(`/jobs/${id}/cancel`, { method: "POST" }),
+  stacks: (id, capture) => request(`/jobs/${id}/stacks?capture=${capture ? "true" : "false"}`),
   trialMetric: (id, name, afterStep) =>
     request(`/jobs/${id}/metrics?name=${encodeURIComponent(name)}${afterStep == null ? "" : `&after_step=${afterStep}`}`),
   sweeps: () => request("/sweeps?limit=100"),

@@ -2,6 +2,7 @@
 
 import { api } from "./api.js";
 import { MetricChart } from "./chart.js";
+import { StacksCard } from "./stacks_view.js";
 import {
   TERMINAL, badge, duration, el, formatNumber, localTime, progressBar, resources, runTime, shortTime, startEstimate,
   worldSize,
@@ -35,6 +36,7 @@ export class JobView {
     this.logText = el("pre", { class: "log", tabindex: "0", "aria-label": "log" });
     this.logControls = el("div", { class: "log-controls" });
     this.dialog = this.cancelDialog();
+    this.stacks = new StacksCard(this.id, this.showError);
     root.replaceChildren(
       el("a", { href: "#/", class: "back" }, "← All jobs"),
       this.head,
@@ -51,6 +53,7 @@ export class JobView {
             this.events)),
         el("section", { class: "card" }, el("h2", {}, "Result"), this.result,
           el("details", { class: "spec" }, el("summary", {}, "Spec"), this.spec))),
+      this.stacks.element(),
       el("section", { class: "card logs" }, el("div", { class: "logs-head" }, el("h2", {}, "Logs"), this.logControls),
         this.logText),
       this.dialog,
@@ -77,6 +80,7 @@ export class JobView {
       this.result.textContent = job.result == null ? (TERMINAL.has(job.state) ? "no result" : "not finished yet") : pretty(job.result);
       this.spec.textContent = pretty(job.spec);
       if (first) this.renderLogControls(job);
+      this.stacks.update(job);
       // Events and metrics restamp the job, so they can only have changed when the job did.
       await Promise.all([this.refreshEvents(), this.refreshMetrics(), this.refreshAttempts(job)]);
     }

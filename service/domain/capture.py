@@ -31,7 +31,7 @@ from service.domain import stacks
 from service.domain.auth import Principal
 from service.domain.jobs import get_job, require_backend
 from service.errors import Conflict
-from service.jobfs import read_stacks_after, stack_sizes
+from service.jobfs import StackText, read_flight_records, read_stack_texts, stack_sizes
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
@@ -167,7 +167,7 @@ def _capture(
         return None
     after = _wait_for_ranks(target, before, started + wait_s)
     took = time.monotonic() - started
-    texts = read_stacks_after(target.folder, before, STACK_BYTES)
+    texts = read_stack_texts(target.folder, before, STACK_BYTES)
     row = _parsed(target, before, after, texts, trigger, took)
     _store(engine, row)
     log.info("job %d: stacks of %d rank(s) captured in %.2f s (%s)", job_id, target.world, took, trigger)
@@ -184,8 +184,8 @@ def _target(session: Session, job_id: int) -> _Target | None:
     request = StackRequest(job.external_id, job.run_as, python if isinstance(python, str) else None)
     hosts = {}
     for placed in job.placement or []:
-        if isinstance(placed, dict) and isinstance(placed.get("rank"), int):
-            hosts[placed["rank"]] = str(placed.get("host") or "")
+        if isinstance(placed, dict) and isinstance(placed.get("rank"), int) and placed.get("host"):
+            hosts[placed["rank"]] = str(placed["host"])
     attempt = job.run_attempt or job.attempt
     return _Target(job_id, attempt, job.backend, request, Path(job.folder), job.resources.world_size, hosts)
 
@@ -207,19 +207,26 @@ def _parsed(
     target: _Target,
     before: dict[int, int],
     after: dict[int, int],
-    texts: dict[int, str],
+    texts: dict[int, StackText],
     trigger: Trigger,
     took: float,
 ) -> StackCapture:
     captured_at = utcnow()
     ranks = []
     for rank in range(target.world):
-        text = texts.get(rank, "")
-        threads = stacks.parse_faulthandler(text) if text else []
-        note = _note(after.get(rank, 0) - before.get(rank, 0), bool(text), bool(threads))
-        ranks.append(stacks.RankStacks(rank, target.hosts.get(rank), captured_at, threads, note))
+        read = texts.get(rank)
+        threads = stacks.parse_faulthandler(read.text) if read is not None and read.text else []
+        if rank not in before:
+            note: str | None = "its stacks file is not a regular file: not read"
+        else:
+            note = _note(after.get(rank, 0) - before.get(rank, 0), read, bool(threads))
+        host, at = target.hosts.get(rank), captured_at.timestamp()
+        ranks.append(stacks.RankStacks(rank=rank, host=host, captured_at=at, threads=threads, note=note))
     groups = stacks.group_ranks(ranks)
     summary = stacks.summarize(groups, target.hosts)
+    behind = _behind(target)
+    if behind:
+        summary = f"{summary}; {behind}"
     return StackCapture(
         job_id=target.job_id,
         attempt=target.attempt,
@@ -227,36 +234,35 @@ def _parsed(
         trigger=trigger,
         took_s=round(took, 3),
         summary=summary,
-        ranks=[_rank_json(one) for one in ranks],
-        groups=[_group_json(group) for group in groups],
+        ranks=[one.model_dump(exclude={"captured_at"}) for one in ranks],
+        groups=[{**group.model_dump(), "label": stacks.format_ranks(group.ranks)} for group in groups],
     )
 
 
-def _note(grew_by: int, read: bool, parsed: bool) -> str | None:
+def _note(grew_by: int, read: StackText | None, parsed: bool) -> str | None:
     """What to tell about one rank's capture besides its stacks."""
-    if grew_by <= 0 and not read:
-        return f"wrote no stacks within {WAIT_S:.0f} s (not started yet, ended, or signals blocked)"
+    if grew_by <= 0 and (read is None or not read.text):
+        return f"wrote no stacks within {WAIT_S:.0f} s (not started yet, ended, or not answering signals)"
     notes = []
-    if grew_by > STACK_BYTES:
-        notes.append(f"wrote {grew_by} bytes; only the first {STACK_BYTES // 1024} KiB were read")
+    if read is not None and read.cut:
+        size = f"{grew_by} bytes" if grew_by > 0 else "more"
+        notes.append(f"wrote {size}; only the first {STACK_BYTES // 1024} KiB were read")
+    if read is not None and read.restarted:
+        notes.append("its stacks file was replaced: read from its start")
     if not parsed:
-        notes.append("what it wrote holds no stack Python's faulthandler prints")
+        notes.append("what it wrote holds no stack as Python's faulthandler writes one")
     return "; ".join(notes) or None
 
 
-def _thread_json(thread: stacks.ThreadStack) -> dict[str, Any]:
-    frames = [{"file": f.file, "line": f.line, "function": f.function} for f in thread.frames]
-    return {"name": thread.name, "current": thread.current, "frames": frames}
-
-
-def _rank_json(one: stacks.RankStacks) -> dict[str, Any]:
-    threads = [_thread_json(thread) for thread in one.threads]
-    return {"rank": one.rank, "host": one.host, "threads": threads, "note": one.note}
-
-
-def _group_json(group: stacks.StackGroup) -> dict[str, Any]:
-    threads = [_thread_json(thread) for thread in group.threads]
-    return {"ranks": list(group.ranks), "label": stacks.format_ranks(group.ranks), "threads": threads}
+def _behind(target: _Target) -> str | None:
+    """Which rank the NCCL flight recorder dumps say is behind (a GPU job's), or None."""
+    dumps = read_flight_records(target.folder, target.world)
+    records = {}
+    for rank, data in dumps.items():
+        record = stacks.parse_flight_recorder(data)
+        if record is not None:
+            records[rank] = record
+    return stacks.behind_ranks(records) if len(records) > 1 else None
 
 
 def _store(engine: Engine, row: StackCapture, attempts: int = 2) -> None:

@@ -30,6 +30,7 @@ Two more passes, each a test of its own, printing its figures too:
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -57,6 +58,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from service.app import create_app
+from service.backends.base import StackRequest
 from service.config import Settings
 from tests.fakes import FakeBackend
 from tests.support import bearer, issue_token, submit, wait_for
@@ -80,6 +82,7 @@ JOB_ID_OPERATIONS = [
     (f"{JOBS}/{{job_id}}/events", "GET"),
     (f"{JOBS}/{{job_id}}/metrics", "GET"),
     (f"{JOBS}/{{job_id}}/logs", "GET"),
+    (f"{JOBS}/{{job_id}}/stacks", "GET"),
     (f"{JOBS}/{{job_id}}/cancel", "POST"),
 ]
 OPERATIONS = [
@@ -247,9 +250,21 @@ def service(settings: Settings) -> Iterator[Service]:
         update={"max_active_jobs_per_user": 100_000, "max_submissions_per_minute": 100_000}
     )
     fake = FakeBackend("local")
+    fake.on_stacks = functools.partial(ranks_dump, fake)  # a capture answers at once, not after 3 s
     app = create_app(roomy, backends={"local": fake, "slurm": FakeBackend("slurm")})
     with TestClient(app) as client:
         yield Service(client, fake)
+
+
+def ranks_dump(fake: FakeBackend, job: StackRequest) -> bool:
+    """Every rank of the signalled job appends a stack to its stacks file, as faulthandler does."""
+    spec = next(spec for spec in fake.specs.values() if fake.external_id(spec.job_id) == job.external_id)
+    for rank in range(spec.resources.world_size):
+        path = spec.files.stacks(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as out:
+            out.write('Current thread 0x1 (most recent call first):\n  File "t.py", line 1 in f\n')
+    return True
 
 
 def seed_jobs(service: Service, alice: str, bob: str) -> list[int]:

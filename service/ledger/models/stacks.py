@@ -45,6 +45,7 @@ class StackThreadPublic(BaseModel):
     name: str = Field(description="The thread's id as faulthandler prints it.")
     current: bool = Field(description="The thread the signal interrupted (the main thread, mostly).")
     frames: list[StackFramePublic] = Field(description="Innermost first, as Python prints them.")
+    truncated: bool = Field(False, description="More frames than were kept.")
 
 
 class StackRankPublic(BaseModel):
@@ -58,6 +59,7 @@ class StackGroupPublic(BaseModel):
     ranks: list[int] = Field(description="Ranks whose main thread had the same stack.")
     label: str = Field(description='The ranks as people read them: "0, 2-7".')
     threads: list[StackThreadPublic] = Field(description="The stacks of the group's first rank.")
+    note: str | None = Field(None, description="The first rank's note.")
 
 
 class StackCapturePublic(BaseModel):

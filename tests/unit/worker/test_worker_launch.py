@@ -21,7 +21,8 @@ from submitit.helpers import DelayedSubmission
 from tests.support import ROOT
 from worker import distributed
 from worker.launch import RankLauncher, apply_env, setup_logging, watch_preemption
-from worker.spec import RunSpec, parse_error_text
+from worker.spec import RunSpec, parse_activity, parse_error_text
+from worker.stacks import uninstall_stack_dumps
 
 
 def make_spec(tmp_path: Path, **fields: Any) -> RunSpec:
@@ -39,6 +40,7 @@ def bare_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     handlers = list(logging.getLogger().handlers)
     environ = dict(os.environ)  # apply_env writes os.environ directly (OMP_NUM_THREADS, the job's env)
     yield
+    uninstall_stack_dumps()  # a launcher run here left SIGURG's dump and its activity thread
     signal.signal(signal.SIGUSR2, previous)
     logging.getLogger().handlers[:] = handlers
     os.environ.clear()
@@ -82,6 +84,9 @@ def test_function_mode_writes_rank0_result(tmp_path: Path, bare_process: None) -
     value = RankLauncher(spec)()
     assert value["ok"] and value["world_size"] == 1
     assert json.loads(spec.files.result.read_text()) == {"attempt": 3, "value": value}
+    assert spec.files.stacks(0).is_file()  # SIGURG's dump was in place before the entrypoint ran
+    activity = parse_activity(spec.files.activity(0).read_text())
+    assert activity is not None and (activity.attempt, activity.rank, activity.pid) == (3, 0, os.getpid())
     (published,) = (spec.files.folder / "rendezvous").iterdir()
     assert published.name == f"{spec.job_id}-a3-r0.json"  # no scheduler: the service's id stands in
     import torch.distributed as dist
