@@ -174,8 +174,9 @@ def run_job(client: httpx.Client, body: dict[str, object]) -> dict[str, Any]:
     job, tag = created.json(), ""
     while job["state"] not in TERMINAL_STATE_NAMES:
         answer = client.get(f"/api/v1/jobs/{job['id']}", params={"wait_s": 20},
-                            headers={"If-None-Match": tag} if tag else None).raise_for_status()
-        if answer.status_code == 200:
+                            headers={"If-None-Match": tag} if tag else None)
+        if answer.status_code != 304:  # 304: nothing changed in the long poll's 20 s (httpx raises on it)
+            answer.raise_for_status()
             job, tag = answer.json(), answer.headers["ETag"]
     if job["state"] != "succeeded" or not job["result"]["ok"]:
         raise SystemExit(f"torchyard job did not check out: {job['state']} {job['reason']}")

@@ -73,6 +73,7 @@ class Watch:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(CAPTURE_WORKERS, thread_name_prefix="torchyard-watchdog")
         self.stalls_total = 0  # since start, for /metrics
+        self.clock: Callable[[], float] = time.time  # epoch seconds (tests move it on)
 
     def stop(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -87,7 +88,7 @@ class Watch:
         if len(self._checked) > MAX_CHECKED:  # jobs long gone: forgotten
             self._checked = {key: at for key, at in self._checked.items() if moment - at < 600}
         self._checked[job.id] = moment
-        verdict = judge(job, time.time())
+        verdict = judge(job, self.clock())
         if not verdict.stalled:
             if job.stalled_at is not None:
                 clear_stall(session, job)
@@ -185,7 +186,7 @@ def spec_watchdog(job: Job) -> Watchdog:
 def stacks_summary(session: Session, job: Job) -> str | None:
     """The summary of the current attempt's last stacks capture (None: none was made)."""
     last = last_capture(session, job.id or 0)
-    if last is None or last.attempt != job.attempt or not last.summary:
+    if last is None or last.attempt != (job.run_attempt or job.attempt) or not last.summary:
         return None
     before = max(0.0, (utcnow() - last.captured_at).total_seconds())
     return f"{last.summary} (captured {before:.0f} s before, at a {last.trigger})"

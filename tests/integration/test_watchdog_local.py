@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,9 +29,10 @@ from service.app import create_app
 from service.config import Settings
 from service.domain.capture import last_capture
 from service.ledger.db import make_engine, session_scope
+from service.states import TERMINAL_STATE_NAMES
 from tests.integration.test_faults_local import assert_nothing_left, ended
 from tests.serving import LiveServer, serve
-from tests.support import ROOT, wait_for
+from tests.support import ROOT, rank_pid, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -84,32 +88,61 @@ def seconds(stamp: str) -> float:
 
 
 def cancel(client: httpx.Client, job_id: int) -> dict[str, Any]:
-    client.post(f"{JOBS}/{job_id}/cancel").raise_for_status()
+    if job(client, job_id)["state"] not in TERMINAL_STATE_NAMES:
+        client.post(f"{JOBS}/{job_id}/cancel").raise_for_status()
     return ended(client, job_id, 60)
 
 
-def test_one_rank_stuck_in_the_jobs_own_code_is_flagged_naming_it(live: tuple[httpx.Client, str]) -> None:
+@contextmanager
+def cancelled_after(client: httpx.Client, job_id: int) -> Iterator[int]:
+    """The job, cancelled whatever the test found (a stuck rank must not outlive its test), and
+    nothing of it left."""
+    try:
+        yield job_id
+    finally:
+        assert_nothing_left(cancel(client, job_id))
+
+
+def stall_events(client: httpx.Client, job_id: int) -> list[str]:
+    events = client.get(f"{JOBS}/{job_id}/events").raise_for_status().json()
+    return [e["reason"] for e in events if (e["reason"] or "").startswith("stalled: ")]
+
+
+def test_one_rank_stuck_in_the_jobs_own_code_is_flagged_naming_it_and_its_end_says_where_it_was(
+    live: tuple[httpx.Client, str],
+) -> None:
     client, _ = live
     job_id = submit(
-        client, "stuck", entrypoint="worker.tasks.stalls:hang_on_rank",
+        client, "stuck", entrypoint="worker.tasks.stalls:hang_on_rank", retries={"max": 0},
         resources={"tasks_per_node": 3}, watchdog={"stall_after_s": STALL_AFTER_S},
     )  # fmt: skip
-    last = wait_for(lambda: (j := job(client, job_id))["progress"] and j["progress"]["step"] == 3 and j, 120,
-                    "the last report")  # fmt: skip
+    with cancelled_after(client, job_id):
+        last = wait_for(lambda: (j := job(client, job_id))["progress"] and j["progress"]["step"] == 3 and j,
+                        120, "the last report")  # fmt: skip
 
-    flagged = stalled(client, job_id, 90)
+        flagged = stalled(client, job_id, 90)
 
-    late = seconds(flagged["stalled_at"]) - last["progress"]["time"]
-    print(f"\nflagged {late:.1f} s after the last report (threshold {STALL_AFTER_S:g} s): {flagged['stall_reason']}")
-    assert STALL_AFTER_S <= late <= STALL_AFTER_S + FLAG_SLACK_S
-    assert flagged["state"] == "running"
-    reason = flagged["stall_reason"]
-    line = line_of(STALLS, "time.sleep(3600)", "def sleep_forever")
-    assert re.search(rf"^no progress for .*; rank 1 on \S+ in \S*stalls\.py:{line} sleep_forever", reason), reason
-    assert "ranks 0, 2" in reason and "all_reduce" in reason, reason
-    events = client.get(f"{JOBS}/{job_id}/events").raise_for_status().json()
-    assert [e["reason"] for e in events if (e["reason"] or "").startswith("stalled: ")] == [f"stalled: {reason}"]
-    assert_nothing_left(cancel(client, job_id))
+        late = seconds(flagged["stalled_at"]) - last["progress"]["time"]
+        reason = flagged["stall_reason"]
+        print(f"\nflagged {late:.1f} s after the last report (threshold {STALL_AFTER_S:g} s): {reason}")
+        assert STALL_AFTER_S <= late <= STALL_AFTER_S + FLAG_SLACK_S
+        assert flagged["state"] == "running"
+        line = line_of(STALLS, "time.sleep(3600)", "def sleep_forever")
+        assert re.search(
+            rf"^no progress for [^;]*; rank 1 on \S+ in \S*stalls\.py:{line} sleep_forever", reason
+        )
+        assert re.search(r"ranks 0, 2 (on \S+ )?wait in all_reduce", reason), reason
+        assert stall_events(client, job_id) == [f"stalled: {reason}"]
+
+        # The stuck rank dies: its peers lose it, and the end says where it was before.
+        os.kill(rank_pid(flagged["folder"], 1, "SUBMITIT_LOCAL_GLOBALID"), signal.SIGKILL)
+        done = ended(client, job_id, 60)
+        first = client.get(f"{JOBS}/{job_id}/attempts").raise_for_status().json()[0]
+        assert (done["state"], first["kind"]) == ("failed", "node_failure"), first
+        assert re.search(
+            rf"\nbefore the end: rank 1 on \S+ in \S*stalls\.py:{line} sleep_forever", done["reason"]
+        )
+        assert done["stalled_at"] is None
 
 
 def test_every_rank_deadlocked_is_flagged_with_every_ranks_stack(live: tuple[httpx.Client, str]) -> None:
@@ -119,20 +152,20 @@ def test_every_rank_deadlocked_is_flagged_with_every_ranks_stack(live: tuple[htt
         resources={"tasks_per_node": 3}, watchdog={"stall_after_s": STALL_AFTER_S},
     )  # fmt: skip
 
-    flagged = stalled(client, job_id, 150)
+    with cancelled_after(client, job_id):
+        flagged = stalled(client, job_id, 150)
 
-    print(f"\n{flagged['stall_reason']}")
-    assert "ranks 0-2" in flagged["stall_reason"] and "deadlock" in flagged["stall_reason"]
-    engine = make_engine(database_url)
-    try:
-        with session_scope(engine) as session:
-            capture = last_capture(session, job_id)
-    finally:
-        engine.dispose()
-    assert capture is not None and capture.trigger == "stall"
-    assert sorted(rank.rank for rank in capture.ranks) == [0, 1, 2]
-    assert all(rank.threads for rank in capture.ranks), capture
-    assert_nothing_left(cancel(client, job_id))
+        print(f"\n{flagged['stall_reason']}")
+        assert re.search(r"ranks 0-2 .*stalls\.py:\d+ deadlock", flagged["stall_reason"])
+        engine = make_engine(database_url)
+        try:
+            with session_scope(engine) as session:
+                capture = last_capture(session, job_id)
+        finally:
+            engine.dispose()
+        assert capture is not None and capture.trigger == "stall"
+        assert sorted(rank.rank for rank in capture.ranks) == [0, 1, 2]
+        assert all(rank.threads for rank in capture.ranks), capture
 
 
 def test_a_hang_fails_the_attempt_and_the_retry_resumes_to_an_uninterrupted_result(
@@ -189,9 +222,9 @@ def test_a_torchrun_style_script_that_reports_nothing_is_watched(live: tuple[htt
         watchdog={"stall_after_s": STALL_AFTER_S},
     )  # fmt: skip
 
-    flagged = stalled(client, job_id, 150)
+    with cancelled_after(client, job_id):
+        flagged = stalled(client, job_id, 150)
 
-    assert flagged["progress"] is None
-    line = line_of(SCRIPT, "time.sleep(3600)", "def stuck_here")
-    assert re.search(rf"rank 1 on \S+ in \S*stall_script\.py:{line} stuck_here", flagged["stall_reason"])
-    assert_nothing_left(cancel(client, job_id))
+        assert flagged["progress"] is None
+        line = line_of(SCRIPT, "time.sleep(3600)", "def stuck_here")
+        assert re.search(rf"rank 1 on \S+ in \S*stall_script\.py:{line} stuck_here", flagged["stall_reason"])
