@@ -39,7 +39,7 @@ from worker.spec import Watchdog
 
 log = logging.getLogger(__name__)
 
-CHECK_EVERY_S = 1.0  # a job's activity files are read at most this often (they change every 5 s)
+CHECK_EVERY_S = 2.0  # a job is judged at most this often (its ranks' activity files change every 5 s)
 CAPTURE_WORKERS = 2
 MAX_CHECKED = 10_000
 MAX_REASON_CHARS = 4000
@@ -166,6 +166,10 @@ def judge(job: Job, now: float) -> watchdog.Verdict:
     world = job.resources.world_size
     started = job.attempt_started_at.timestamp() if job.attempt_started_at else None
     attempt = job.run_attempt or job.attempt
+    reported = job.progress_at.timestamp() if job.progress_at else None
+    limit, basis = watchdog.threshold(spec_watchdog(job), job.report_times or [])
+    if reported is not None and now - reported < limit and job.stalled_at is None:
+        return watchdog.Verdict(False, limit, basis, now - reported, None)  # its reports say enough
     activity = read_activity(Path(job.folder), world, attempt) if job.folder else []
     return watchdog.decide(
         now=now,
@@ -173,7 +177,7 @@ def judge(job: Job, now: float) -> watchdog.Verdict:
         attempt=attempt,
         world=world,
         started_at=started,
-        progress_at=job.progress_at.timestamp() if job.progress_at else None,
+        progress_at=reported,
         report_times=job.report_times or [],
         activity=activity,
     )

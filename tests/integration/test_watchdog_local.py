@@ -41,8 +41,8 @@ STALLS = ROOT / "worker/tasks/stalls.py"
 SCRIPT = ROOT / "tests/data/stall_script.py"
 STALL_AFTER_S = 15.0
 # What a stall may take past its threshold to be flagged: the stuck rank's last activity sample (5 s
-# apart), the capture (at most 3 s), the watchdog's check (every second), and two cores' slack.
-FLAG_SLACK_S = 5 + 3 + 1 + 3
+# apart), the capture (at most 3 s), the watchdog's check (every 2 s), and two cores' slack.
+FLAG_SLACK_S = 5 + 3 + 2 + 3
 
 
 @pytest.fixture

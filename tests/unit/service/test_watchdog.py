@@ -3,8 +3,11 @@ transitions door, the `hang` ending and its retry, and endings that carry the la
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,9 @@ from service.domain.transitions import clear_stall, end_attempt, record_stall, r
 from service.ledger.db import make_engine, migrate
 from service.ledger.models.history import JobAttempt, JobEvent
 from service.ledger.models.jobs import Job, JobCreate, RetryPolicy
+from service.loops.watch import judge
 from service.states import JobState
-from worker.spec import Watchdog
+from worker.spec import JobFiles, Watchdog
 
 NOW = 1_000_000.0
 
@@ -242,3 +246,32 @@ def test_a_lost_peer_or_a_timeout_carries_the_stacks_summary_and_nothing_else_do
     own = Ending(JobState.failed, "failure", "rank 0 raised")
     assert with_stacks(own, "anything") is own
     assert "before the end" in with_stacks(Ending(JobState.timeout, "timeout", "limit"), "x").reason
+
+
+def test_a_job_that_reported_within_its_threshold_is_judged_without_reading_its_folder(
+    tmp_path: Path,
+) -> None:
+    files = JobFiles(tmp_path)
+    files.activity(0).parent.mkdir(parents=True)
+    now = time.time()
+    still = {
+        "attempt": 1,
+        "rank": 0,
+        "host": "n1",
+        "pid": 1,
+        "time": now,
+        "changed_at": now - 500,
+        "where": "a:1 f",
+    }
+    files.activity(0).write_text(json.dumps(still))
+    job = Job(name="j", backend="local", spec={"watchdog": {"stall_after_s": 60}}, folder=str(tmp_path),
+              progress_at=datetime.fromtimestamp(now - 30, timezone.utc), report_times=[1.0])  # fmt: skip
+    verdict = judge(job, now)
+    assert not verdict.stalled and verdict.idle_s == pytest.approx(30)
+    job.progress_at = datetime.fromtimestamp(now - 90, timezone.utc)  # its last report is too old
+    assert judge(job, now).stalled
+    job.progress_at, job.stalled_at = (
+        datetime.fromtimestamp(now - 30, timezone.utc),
+        datetime.now(timezone.utc),
+    )
+    assert not judge(job, now).stalled  # a flagged job is judged whole: its report clears it
