@@ -152,11 +152,12 @@ def apply_env(spec: RunSpec) -> None:
 def watch_stacks(spec: RunSpec, rank: int, *, has_gpu: bool) -> None:
     """Stacks on SIGURG and the activity file (worker.stacks), for a function and a script alike,
     before the entrypoint runs; an NCCL rank's flight recorder on, where the job did not set it."""
-    from worker.stacks import flight_recorder_env, install_stack_dumps
+    from worker.stacks import dump_flight_recorder_on_capture, flight_recorder_env, install_stack_dumps
 
     install_stack_dumps(spec.files, rank, spec.attempt, socket.gethostname())
     if has_gpu:  # NCCL is its backend (worker.distributed.choose_backend)
         flight_recorder_env(spec.files, os.environ)
+        dump_flight_recorder_on_capture(spec.files, rank)
 
 
 def take_cancel_signal() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import io
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
@@ -38,6 +39,7 @@ from worker.spec import ACTIVITY_INTERVAL_S, JobFiles
 log = logging.getLogger(__name__)
 
 STACK_SIGNAL = signal.SIGURG  # the service's signal for "append your stacks"
+CAPTURE_POLL_S = 0.5  # how soon after a capture an NCCL rank's flight recorder is dumped
 MAX_SAMPLED_FRAMES = 256  # of the main thread's stack, innermost first, compared between samples
 NCCL_TRACE_ENTRIES = "2000"  # the flight recorder's ring buffer: collectives kept per rank
 # (variable, its newer alias in PyTorch): a rank's user setting of either one is kept as it is.
@@ -62,8 +64,12 @@ def install_stack_dumps(files: JobFiles, rank: int, attempt: int, host: str, *,
         sampler.stop()
     sampler = ActivitySampler(files.activity(rank), attempt=attempt, rank=rank, host=host,
                               interval_s=interval_s)  # fmt: skip
+    try:
+        sampler.start()
+    except (OSError, RuntimeError):  # no activity folder, or no thread to be had
+        log.warning("the activity file is off for this rank", exc_info=True)
+        return
     _installed["sampler"] = sampler
-    sampler.start()
 
 
 def register_stack_dump(path: Path) -> None:
@@ -120,6 +126,38 @@ def flight_recorder_env(files: JobFiles, environ: MutableMapping[str, str]) -> d
     if set_now:
         files.flight_recorder_prefix.parent.mkdir(parents=True, exist_ok=True)
     return set_now
+
+
+def dump_flight_recorder_on_capture(files: JobFiles, rank: int) -> None:
+    """An NCCL rank's flight recorder dumped to JobFiles.flight_recorder(rank) after each capture
+    of its stacks (soon after SIGURG, by the activity thread), so the service reads it with them."""
+    sampler, stacks = _installed.get("sampler"), _installed.get("stacks_file")
+    if isinstance(sampler, ActivitySampler) and isinstance(stacks, io.FileIO):
+        path = files.flight_recorder(rank)
+        sampler.watch_captures(stacks, lambda: dump_flight_recorder(path))
+
+
+def dump_flight_recorder(path: Path) -> bool:
+    """NCCL's flight recorder of this process, written to `path` whole (PyTorch's pickle); False when
+    there is none to dump (torch.distributed not up, or not NCCL). Never imports torch: a rank that
+    did not import it has none. Safe from any thread (PyTorch's own watchdog dumps from one)."""
+    dist = sys.modules.get("torch.distributed")
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    if dist is None or c10d is None or not dist.is_available() or not dist.is_initialized():
+        return False
+    dump = getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None or str(dist.get_backend()) != "nccl":
+        return False
+    try:
+        data = dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    except TypeError:  # an older PyTorch: positional, or none
+        data = dump()
+    if not isinstance(data, bytes):
+        return False
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temp.write_bytes(data)
+    os.replace(temp, path)
+    return True
 
 
 # ------------------------------------------------------------------------------------ activity
@@ -182,6 +220,11 @@ class ActivitySampler:
         self._changed_at = time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # After a capture (the stacks file grew): on_capture() (NCCL's flight recorder dumped), looked
+        # for every CAPTURE_POLL_S; none by default, and then the thread wakes only to sample.
+        self.on_capture: Callable[[], object] | None = None
+        self.watched: BinaryIO | None = None
+        self._watched_size = -1
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -210,9 +253,41 @@ class ActivitySampler:
             log.debug("could not write %s", self.path, exc_info=True)
         return record
 
+    def watch_captures(self, stacks: BinaryIO, on_capture: Callable[[], object]) -> None:
+        """Call `on_capture` (in this thread) soon after `stacks` (faulthandler's file) grows."""
+        self._watched_size = _size(stacks)
+        self.watched, self.on_capture = stacks, on_capture
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
+        next_sample = time.monotonic() + self.interval_s
+        while True:
+            wait = next_sample - time.monotonic()
+            if self.on_capture is not None:
+                wait = min(wait, CAPTURE_POLL_S)
+            if self._stop.wait(max(wait, 0.0)):
+                return
+            self._after_capture()
+            if time.monotonic() >= next_sample:
+                self.sample()
+                next_sample = time.monotonic() + self.interval_s
+
+    def _after_capture(self) -> None:
+        if self.on_capture is None or self.watched is None:
+            return
+        size = _size(self.watched)
+        if size > self._watched_size >= 0:
+            try:
+                self.on_capture()
+            except Exception:  # a failed dump costs the dump, never the rank
+                log.warning("after a stacks capture", exc_info=True)
+        self._watched_size = size
+
+
+def _size(out: BinaryIO) -> int:
+    try:
+        return os.fstat(out.fileno()).st_size
+    except (OSError, ValueError):  # closed
+        return -1
 
 
 def _replace_text(path: Path, text: str) -> None:

@@ -40,7 +40,8 @@ _HEADER = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]{1,32})(?: \[([^\]\
 _SINGLE = "Stack (most recent call first):"  # all_threads=False, or a Python without threads
 _FRAME = re.compile(r'  File "(.*)", line (\d{1,18}|\?\?\?) in (.*)')
 # torchyard's own modules, which stand between the job's code and the scheduler: not the job's code.
-_TORCHYARD = re.compile(r"/worker/(spec/)?[a-z_]+\.py$")
+_TORCHYARD = re.compile(r"/worker/(launch|runner|distributed|context|files|stacks|rendezvous|gpu_stats"
+                        r"|hostlist|spec/(__init__|run_spec|job_files|records|cleaning))\.py$")
 _STDLIB = re.compile(r"/lib(64)?/python\d+(\.\d+)?t?/")
 _WRAPPERS = frozenset({"wrapper", "_wrapper", "inner", "_fn", "decorate_context", "wrapped"})
 

@@ -31,7 +31,7 @@ class StackText:
     """What one rank appended to its stacks file since the size noted."""
 
     text: str  # cleaned; "" when nothing was appended
-    cut: bool = False  # more was appended than was read (limit_bytes)
+    cut: bool = False  # more was appended than was read (limit_bytes): the text is the end of it
     restarted: bool = False  # the file was shorter than noted (replaced): read from its start
 
 
@@ -57,8 +57,8 @@ def stack_sizes(folder: Path, world: int) -> dict[int, int]:
 def read_stack_texts(folder: Path, sizes: dict[int, int],
                      limit_bytes: int = STACKS_LIMIT_BYTES) -> dict[int, StackText]:
     """What each rank of `sizes` appended to its stacks file after its noted size: at most
-    `limit_bytes`, from regular files only (a rank whose file is missing, a link or a FIFO is left
-    out), decoded leniently and cleaned."""
+    `limit_bytes` (the last ones, when more was appended), from regular files only (a rank whose
+    file is missing, a link or a FIFO is left out), decoded leniently and cleaned."""
     files = JobFiles(folder)
     found: dict[int, StackText] = {}
     with folder_below(folder, files.stacks(0).parent) as handle:
@@ -78,6 +78,8 @@ def read_stacks_after(folder: Path, sizes: dict[int, int],
 
 
 def _read_after(handle: BinaryIO | None, size: int, limit_bytes: int) -> StackText | None:
+    """The bytes after `size` when they are at most `limit_bytes`; else their last `limit_bytes`
+    from a line's start: faulthandler writes the main thread last, and it is the one that matters."""
     if handle is None:
         return None
     try:
@@ -85,12 +87,15 @@ def _read_after(handle: BinaryIO | None, size: int, limit_bytes: int) -> StackTe
             now = os.fstat(handle.fileno()).st_size
             restarted = now < size
             start = 0 if restarted else size
-            handle.seek(start)
+            cut = now - start > limit_bytes
+            handle.seek(now - limit_bytes if cut else start)
             raw = handle.read(limit_bytes)
     except OSError:
         return None
+    if cut:
+        raw = raw[raw.find(b"\n") + 1 :]  # from the first whole line (all of it when there is none)
     text = clean_text(raw.decode("utf-8", errors="replace"))
-    return StackText(text=text, cut=now - start > len(raw), restarted=restarted)
+    return StackText(text=text, cut=cut, restarted=restarted)
 
 
 def read_activity(folder: Path, world: int, attempt: int | None = None) -> list[RankActivity]:
@@ -109,10 +114,12 @@ def read_activity(folder: Path, world: int, attempt: int | None = None) -> list[
     return found
 
 
-def read_flight_records(folder: Path, world: int) -> dict[int, bytes]:
-    """The NCCL flight recorder dumps of ranks below `world`, as bytes to parse with
-    service.domain.stacks.parse_flight_recorder: regular files of at most MAX_DUMP_BYTES (a larger
-    one would be cut, and a cut pickle is no dump), MAX_DUMPS_BYTES in all."""
+def read_flight_records(folder: Path, world: int, since: float | None = None) -> dict[int, bytes]:
+    """The NCCL flight recorder dumps of ranks below `world` (written at or after `since`, seconds
+    since the epoch, when given: an NCCL rank dumps within a second of each capture of its stacks,
+    and on a collective's timeout), as bytes to parse with service.domain.stacks.parse_flight_recorder:
+    regular files of at most MAX_DUMP_BYTES (a larger one would be cut, and a cut pickle is no dump),
+    MAX_DUMPS_BYTES in all."""
     files = JobFiles(folder)
     found: dict[int, bytes] = {}
     total = 0
@@ -120,7 +127,10 @@ def read_flight_records(folder: Path, world: int) -> dict[int, bytes]:
         if handle is None:
             return found
         for rank in range(min(world, MAX_RANKS)):
-            data = _read_all(open_file(files.flight_recorder(rank).name, dir_fd=handle), MAX_DUMP_BYTES)
+            name = files.flight_recorder(rank).name
+            if since is not None and ((info := entry(name, handle)) is None or info.st_mtime < since):
+                continue
+            data = _read_all(open_file(name, dir_fd=handle), MAX_DUMP_BYTES)
             if data is None or not data or total + len(data) > MAX_DUMPS_BYTES:
                 continue
             found[rank] = data

@@ -19,7 +19,7 @@ import pytest
 import submitit
 
 from worker.launch import RankLauncher
-from worker.spec import CheckpointRecord, ProgressRecord, RunSpec, parse_progress_line
+from worker.spec import CheckpointRecord, ProgressRecord, RunSpec, parse_activity, parse_progress_line
 
 pytestmark = pytest.mark.integration
 
@@ -186,6 +186,9 @@ def test_script_mode_runs_an_unmodified_torchrun_script(tmp_path: Path) -> None:
     (published,) = published_ports(spec)  # rank 0 picked a free port and told the other rank
     assert report["master"] == f"127.0.0.1:{published}"
     assert result_of(spec) is None
+    for rank in (0, 1):  # a script is watched as a function is: stacks on SIGURG, an activity file
+        activity = parse_activity(spec.files.activity(rank).read_text())
+        assert spec.files.stacks(rank).is_file() and activity is not None and activity.rank == rank
 
 
 def published_ports(spec: RunSpec) -> list[int]:

@@ -18,13 +18,16 @@ import pytest
 
 from service.domain.stacks import main_thread, parse_faulthandler, place_of
 from tests.support import ROOT
-from worker.spec import JobFiles, parse_activity
+from worker.spec import JobFiles, RankActivity, parse_activity
 from worker.stacks import (
     NCCL_TRACE_ENTRIES,
     ActivitySampler,
+    dump_flight_recorder,
     flight_recorder_env,
+    install_stack_dumps,
     is_own_code,
     library_folders,
+    uninstall_stack_dumps,
     where_in,
 )
 
@@ -110,8 +113,8 @@ def test_activity_moves_with_a_busy_loop_and_stands_still_in_a_sleep(tmp_path: P
         def nap():
             time.sleep(3600)
         print("go", flush=True)
-        end = time.time() + 2.0
-        while time.time() < end:
+        stop = Path(sys.argv[1]).parent / "stop"
+        while not stop.exists():
             one(); two()
         print("napping", flush=True)
         nap()
@@ -119,20 +122,27 @@ def test_activity_moves_with_a_busy_loop_and_stands_still_in_a_sleep(tmp_path: P
     children.append(child)
     assert child.stdout is not None and child.stdout.readline().strip() == "go"
     files = JobFiles(tmp_path / "job")
-    seen = []
-    for _ in range(6):
-        time.sleep(0.25)
-        seen.append(parse_activity(files.activity(0).read_text()))
-    busy = [record for record in seen if record is not None]
-    assert len({record.changed_at for record in busy}) >= 3, busy  # a busy loop changes its frames
+    busy: list[RankActivity] = []
+
+    def three_changes() -> bool:  # however loaded the machine, the busy loop's samples differ
+        record = parse_activity(files.activity(0).read_text())
+        if record is not None and record not in busy:
+            busy.append(record)
+        return len({record.changed_at for record in busy}) >= 3
+
+    wait_for(three_changes, timeout_s=30)
     assert all(record.where and record.where.startswith(str(tmp_path / "child.py")) for record in busy)
+    (tmp_path / "stop").touch()
     assert child.stdout.readline().strip() == "napping"
-    time.sleep(0.5)
-    first = parse_activity(files.activity(0).read_text())
-    time.sleep(1.0)
-    later = parse_activity(files.activity(0).read_text())
-    assert first is not None and later is not None
-    assert later.time > first.time and later.changed_at == first.changed_at  # alive, not moving
+
+    def napping() -> RankActivity | None:
+        record = parse_activity(files.activity(0).read_text())
+        return record if record is not None and str(record.where).endswith(" nap") else None
+
+    first = wait_for(napping)
+    assert isinstance(first, RankActivity)
+    later = wait_for(lambda: (found := napping()) is not None and found.time > first.time and found)
+    assert isinstance(later, RankActivity) and later.changed_at == first.changed_at  # alive, not moving
     assert later.where == f"{tmp_path / 'child.py'}:{line_of(tmp_path / 'child.py', 'time.sleep(3600)')} nap"
     assert (later.attempt, later.rank, later.host, later.pid) == (1, 0, "h1", child.pid)
 
@@ -203,3 +213,36 @@ def test_nccl_ranks_get_the_flight_recorder_unless_the_job_set_it(tmp_path: Path
     set_now = flight_recorder_env(files, mine)
     assert set_now == {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(files.flight_recorder_prefix)}
     assert mine["TORCH_FR_BUFFER_SIZE"] == "0" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in mine
+
+
+def test_a_capture_is_followed_by_the_capture_hook(tmp_path: Path) -> None:
+    sampler = ActivitySampler(tmp_path / "activity" / "rank0.json", attempt=1, rank=0, host="n1",
+                              interval_s=60)
+    captured: list[float] = []
+    with open(tmp_path / "rank0.txt", "ab", buffering=0) as stacks:
+        stacks.write(b"an earlier capture\n")
+        sampler.watch_captures(stacks, lambda: captured.append(time.monotonic()))
+        sampler.start()
+        try:
+            time.sleep(0.7)
+            assert captured == []  # nothing new since it began watching
+            stacks.write(b"Thread 0x1 (most recent call first):\n")  # as faulthandler appends on SIGURG
+            wait_for(lambda: captured, timeout_s=3)
+            time.sleep(0.7)
+            assert len(captured) == 1
+        finally:
+            sampler.stop()
+
+
+def test_no_flight_recorder_dump_without_nccl(tmp_path: Path) -> None:
+    assert not dump_flight_recorder(tmp_path / "nccl-rank0")  # torch.distributed is not up here
+    assert not (tmp_path / "nccl-rank0").exists()
+
+
+def test_a_rank_that_cannot_be_watched_still_runs(tmp_path: Path) -> None:
+    (tmp_path / "stacks").write_text("a file where the folder goes")
+    (tmp_path / "activity").write_text("and another")
+    try:
+        install_stack_dumps(JobFiles(tmp_path), 0, 1, "n1")  # logs, does not raise
+    finally:
+        uninstall_stack_dumps()
