@@ -21,7 +21,7 @@ export class StacksCard {
     this.body = el("div", { class: "stacks-body" },
       el("p", { class: "muted" }, "Capture shows where every rank of the running job is, each thread's stack."));
     return el("section", { class: "card stacks", dataset: { card: "stacks" } },
-      el("div", { class: "logs-head" }, el("h2", {}, "Stacks"), this.status, this.button), this.body);
+      el("div", { class: "stacks-head" }, el("h2", {}, "Stacks"), this.status, this.button), this.body);
   }
 
   // The job changed: Capture only while it runs; an ended job shows its last capture, read once.
@@ -62,7 +62,7 @@ export class StacksCard {
       const title = `${group.ranks.length === 1 ? "rank" : "ranks"} ${group.label}${where ? ` on ${where}` : ""}`;
       return el("details", { class: "stack-group", open: index === 0, dataset: { ranks: group.label } },
         el("summary", {}, title),
-        el("pre", { class: "log stack-text" }, group.threads.map(threadText).join("\n\n")));
+        el("pre", { class: "stack-text" }, group.threads.map(threadText).join("\n\n")));
     });
     const notes = capture.ranks.filter((r) => r.note).map((r) =>
       el("li", { dataset: { rank: r.rank } }, `rank ${r.rank}: ${r.note}`));

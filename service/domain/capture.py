@@ -27,11 +27,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from service.backends.base import Backend, StackRequest
-from service.domain import stacks
+from service.domain import audit, stacks
 from service.domain.auth import Principal
 from service.domain.jobs import get_job, require_backend
 from service.errors import Conflict
-from service.jobfs import StackText, read_flight_records, read_stack_texts, stack_sizes
+from service.jobfs import StackText, read_activity, read_flight_records, read_stack_texts, stack_sizes
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
@@ -115,8 +115,11 @@ def job_stacks(
     may hold data from the job's memory: its owner and admins only); Conflict when there is none."""
     with session_scope(engine) as session:
         job = get_job(session, job_id, viewer)
-        state = JobState(job.state)
+        state, owner = JobState(job.state), job.owner
         last = last_capture(session, job_id)
+    if owner != viewer.user:  # an admin reading what may be another user's memory: on the record
+        with write_scope(engine) as session:
+            audit.record(session, viewer.user, "job.stacks", f"job {job_id}", f"owner={owner}")
     if capture is None:
         capture = state is JobState.running
     if capture:
@@ -168,7 +171,7 @@ def _capture(
     after = _wait_for_ranks(target, before, started + wait_s)
     took = time.monotonic() - started
     texts = read_stack_texts(target.folder, before, STACK_BYTES)
-    row = _parsed(target, before, after, texts, trigger, took)
+    row = _parsed(target, _hosts(target), before, after, texts, trigger, took)
     _store(engine, row)
     log.info("job %d: stacks of %d rank(s) captured in %.2f s (%s)", job_id, target.world, took, trigger)
     return _public(row, fresh=True)
@@ -203,8 +206,19 @@ def _wait_for_ranks(target: _Target, before: dict[int, int], deadline: float) ->
         sizes = now
 
 
+def _hosts(target: _Target) -> dict[int, str]:
+    """Each rank's host: its placement in the ledger, else what its activity file says (a rank whose
+    placement the reconciler has not read yet)."""
+    if len(target.hosts) >= target.world:
+        return target.hosts
+    activity = read_activity(target.folder, target.world, target.attempt)
+    found = {one.rank: one.host for one in activity if one.host}
+    return {**found, **target.hosts}
+
+
 def _parsed(
     target: _Target,
+    hosts: dict[int, str],
     before: dict[int, int],
     after: dict[int, int],
     texts: dict[int, StackText],
@@ -220,10 +234,10 @@ def _parsed(
             note: str | None = "its stacks file is not a regular file: not read"
         else:
             note = _note(after.get(rank, 0) - before.get(rank, 0), read, bool(threads))
-        host, at = target.hosts.get(rank), captured_at.timestamp()
+        host, at = hosts.get(rank), captured_at.timestamp()
         ranks.append(stacks.RankStacks(rank=rank, host=host, captured_at=at, threads=threads, note=note))
     groups = stacks.group_ranks(ranks)
-    summary = stacks.summarize(groups, target.hosts)
+    summary = stacks.summarize(groups, hosts)
     behind = _behind(target)
     if behind:
         summary = f"{summary}; {behind}"
@@ -246,7 +260,7 @@ def _note(grew_by: int, read: StackText | None, parsed: bool) -> str | None:
     notes = []
     if read is not None and read.cut:
         size = f"{grew_by} bytes" if grew_by > 0 else "more"
-        notes.append(f"wrote {size}; only the first {STACK_BYTES // 1024} KiB were read")
+        notes.append(f"wrote {size}; only its last {STACK_BYTES // 1024} KiB were read")
     if read is not None and read.restarted:
         notes.append("its stacks file was replaced: read from its start")
     if not parsed:

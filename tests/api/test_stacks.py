@@ -6,6 +6,7 @@ ranks: tests/integration/test_stacks_local.py."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import tracemalloc
@@ -118,6 +119,10 @@ def test_only_the_owner_and_admins_see_a_jobs_stacks(
     assert detail(other) == detail(missing).replace("999999", str(job_id))
     assert admin.status_code == 200 and admin.json()["groups"][0]["ranks"] == [1]
     assert len(fake.stack_calls) == 1  # bob's request signalled nothing
+    entries = api.get("/api/v1/audit", headers=login("root", admin=True)).json()
+    read = [entry for entry in entries if entry["action"] == "job.stacks"]
+    said = [(one["actor"], one["target"], one["detail"]) for one in read]
+    assert said == [("root", f"job {job_id}", "owner=alice")]  # an admin's read is on the record
 
 
 def test_a_finished_job_shows_its_last_capture_and_captures_nothing(
@@ -237,3 +242,21 @@ def test_no_row_lock_or_write_is_held_while_the_ranks_are_waited_for(
     stacks(api, job_id)
 
     assert seen == [False]
+
+
+def test_a_ranks_host_comes_from_its_activity_file_until_its_placement_is_read(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    job_id = hung_job(api, fake)
+    files = fake.specs[job_id].files
+    for rank in range(3):
+        files.activity(rank).parent.mkdir(parents=True, exist_ok=True)
+        record = {"attempt": 1, "rank": rank, "host": f"n{rank % 2 + 1}", "pid": 100 + rank,
+                  "time": time.time(), "changed_at": time.time(), "where": None}  # fmt: skip
+        files.activity(rank).write_text(json.dumps(record))
+
+    capture = stacks(api, job_id)
+
+    assert [rank["host"] for rank in capture["ranks"]] == ["n1", "n2", "n1"]
+    assert capture["summary"].startswith("rank 1 on n2 ")
+    assert "ranks 0, 2 on n1 wait in all_reduce" in capture["summary"]

@@ -18,7 +18,9 @@ from tests.support import ROOT, wait_for
 log = logging.getLogger(__name__)
 
 HANG = ROOT / "tests" / "data" / "hang_rank.py"
-STUCK_LINE = next(n for n, line in enumerate(HANG.read_text().splitlines(), 1) if "# the stuck line" in line)
+LINES = HANG.read_text().splitlines()
+STUCK_LINE = next(n for n, line in enumerate(LINES, 1) if "# the stuck line" in line)
+REGEX_LINE = next(n for n, line in enumerate(LINES, 1) if "# the regex line" in line)
 
 
 def place_script(root: Path) -> Path:
@@ -37,14 +39,14 @@ def submit_hang(client: httpx.Client, script: Path, *args: str, **resources: int
     return int(response.json()["id"])
 
 
-def stuck_frame(capture: dict[str, Any], rank: int) -> dict[str, Any] | None:
-    """The innermost frame of `rank`'s current thread when it is in hang_rank.py's `stuck`."""
+def stuck_frame(capture: dict[str, Any], rank: int, function: str = "stuck") -> dict[str, Any] | None:
+    """`rank`'s frame in hang_rank.py's `function` (`stuck`), if its stacks hold one."""
     for one in capture["ranks"]:
         if one["rank"] != rank:
             continue
         for thread in one["threads"]:
             for frame in thread["frames"]:
-                if frame["function"] == "stuck" and frame["file"].endswith(HANG.name):
+                if frame["function"] == function and frame["file"].endswith(HANG.name):
                     return dict(frame)
     return None
 
@@ -60,6 +62,7 @@ def hung_capture(
     world: int,
     timeout: float = 240,
     waiting: Callable[[dict[str, Any], int], bool] | None = None,
+    function: str = "stuck",
 ) -> dict[str, Any]:
     """Ask for the stacks until rank 1 is in `stuck` and every other rank waits in all_reduce (the
     ranks start torch first: a capture before that finds them importing); `waiting` tells what the
@@ -76,7 +79,7 @@ def hung_capture(
         assert response.status_code == 200, response.text
         capture: dict[str, Any] = response.json()
         others = [rank for rank in range(world) if rank != 1]
-        if stuck_frame(capture, 1) and all(waiting(capture, rank) for rank in others):
+        if stuck_frame(capture, 1, function) and all(waiting(capture, rank) for rank in others):
             return capture
         time.sleep(1)
         return None

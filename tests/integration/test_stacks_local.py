@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.hung_job import (
+    REGEX_LINE,
     STUCK_LINE,
     ended,
     hung_capture,
@@ -77,3 +78,16 @@ def test_eight_ranks_are_captured_within_seconds(shared_root: Path) -> None:
     assert [group["ranks"] for group in capture["groups"]] == [[1], [0, *range(2, 8)]]
     assert "ranks 0, 2-7" in capture["summary"]
     assert all(took < 3.5 for _, took in measured)
+
+
+def test_a_rank_stuck_in_c_code_holding_the_gil_still_gets_its_stack(shared_root: Path) -> None:
+    """faulthandler's handler is C and needs no GIL: rank 1 in a catastrophic regex answers as well."""
+    script = place_script(shared_root)
+    with live_service(isolated_settings(shared_root, "local")) as server, server.client("alice") as alice:
+        job_id = submit_hang(alice, script, "--regex", tasks_per_node=2)
+        capture = hung_capture(alice, job_id, world=2, function="stuck_in_regex")
+        alice.post(f"/api/v1/jobs/{job_id}/cancel")
+        ended(alice, job_id)
+
+    assert sorted(group["ranks"] for group in capture["groups"]) == [[0], [1]]
+    assert f"hang_rank.py:{REGEX_LINE} stuck_in_regex" in capture["summary"]
