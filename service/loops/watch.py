@@ -131,7 +131,7 @@ class Watch:
                 self._in_flight.discard(suspect.job_id)
 
     def _capture(self, suspect: Suspect) -> str | None:
-        """The stacks summary of a capture made now (helper C's capture_stacks), or None."""
+        """The stacks summary of a capture made now (service.domain.capture), or None."""
         try:
             captured = capture_stacks(self._engine, self._backends, suspect.job_id, "stall")
         except Exception as error:
