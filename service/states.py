@@ -79,4 +79,5 @@ def starts_new_attempt(target: JobState) -> bool:
 
 
 # Why an attempt ended, in the words retry policies use (service.domain.endings decides which).
-EndingKind = Literal["failure", "node_failure", "preemption", "timeout", "oom", "cancel"]
+# hang: the watchdog found the attempt stalled and its spec says `on_stall: "fail"`.
+EndingKind = Literal["failure", "node_failure", "preemption", "timeout", "oom", "cancel", "hang"]

@@ -142,9 +142,16 @@ class LedgerCollector:
             "why; after a few in a row it fails), never the pass.",
             labels=["step"],
         )
-        for guard in (runtime.dispatcher.bulkhead, runtime.reconciler.bulkhead, runtime.housekeeper.bulkhead):
+        reconciler = runtime.reconciler
+        for guard in (runtime.dispatcher.bulkhead, reconciler.bulkhead, reconciler.watch_bulkhead,
+                      runtime.housekeeper.bulkhead):  # fmt: skip
             faults.add_metric([guard.step], guard.faults_total)
         yield faults
+        yield CounterMetricFamily(
+            "torchyard_job_stalls",
+            "Running jobs the watchdog flagged stalled (service.loops.watch), since the service started.",
+            value=reconciler.watch.stalls_total,
+        )
 
     @staticmethod
     def _disk(runtime: Runtime) -> Iterable[Metric]:

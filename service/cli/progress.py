@@ -21,7 +21,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from service.cli.render import STATE_STYLE, Job, progress_text
+from service.cli.render import STALLED_STYLE, STATE_STYLE, Job, first_line, progress_text
 from service.client import TorchyardClient
 from service.states import TERMINAL_STATE_NAMES
 
@@ -67,11 +67,14 @@ class _BarView:
         completed, total = bar_position(job)
         state = str(job["state"])
         style = STATE_STYLE.get(state, "")
+        shown = f"[{style}]{state}[/]" if style else state
+        if job.get("stalled_at"):  # the watchdog's flag (service.loops.watch)
+            shown += f", [{STALLED_STYLE}]stalled[/]"
         self._progress.update(
             self._tasks[job["id"]],
             completed=completed,
             total=total,
-            state=f"[{style}]{state}[/]" if style else state,
+            state=shown,
             detail=progress_text(job),
         )
         if state in TERMINAL_STATE_NAMES:
@@ -92,6 +95,8 @@ class _LineView:
 
     def update(self, job: Job) -> None:
         state, detail, now = str(job["state"]), progress_text(job), time.monotonic()
+        if job.get("stalled_at"):
+            state += f", stalled: {first_line(job.get('stall_reason'), 200)}"
         before = self._last.get(job["id"])
         if before is not None:
             changed_state = before[0] != state

@@ -27,6 +27,7 @@ STATE_STYLE = {
     "requeued": "yellow",
     "retrying": "yellow",
 }
+STALLED_STYLE = "bold red"
 
 
 def owner(job: dict[str, Any]) -> str:
@@ -35,8 +36,21 @@ def owner(job: dict[str, Any]) -> str:
     return user if not account or account == user else f"{user} (runs as {account})"
 
 
-def state_text(state: str) -> Text:
-    return Text(state, style=STATE_STYLE.get(state, ""))
+def state_text(state: str, stalled: bool = False) -> Text:
+    """The state in its colour; a running job the watchdog flagged says so ("running, stalled")."""
+    text = Text(state, style=STATE_STYLE.get(state, ""))
+    if stalled:
+        text.append(", stalled", style=STALLED_STYLE)
+    return text
+
+
+def stalled_text(job: Job, now: datetime | None = None) -> str:
+    """"since 2026-... (4 min)" for a job flagged stalled, else ""."""
+    since = parse_time(job.get("stalled_at"))
+    if since is None:
+        return ""
+    lasted = ((now or datetime.now(timezone.utc)) - since).total_seconds()
+    return f"since {job['stalled_at']} ({human_seconds(lasted)})"
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -148,7 +162,10 @@ def jobs_table(jobs: list[Job], width: int = 80) -> Table:
     for job, row in zip(jobs, rows, strict=True):
         # A succeeded job's reason ("completed") says nothing the state does not.
         reason = "" if row[2] == "succeeded" else start_estimate(job) or first_line(job.get("reason"))
-        table.add_row(*(escape(cell) for cell in row[:2]), state_text(row[2]), *row[3:], escape(reason))
+        if job.get("stalled_at"):
+            reason = first_line(job.get("stall_reason"))
+        state = state_text(row[2], stalled=bool(job.get("stalled_at")))
+        table.add_row(*(escape(cell) for cell in row[:2]), state, *row[3:], escape(reason))
     return table
 
 
@@ -163,7 +180,7 @@ def job_details(
     target = (job.get("spec") or {}).get("entrypoint") or (job.get("spec") or {}).get("script")
     rows: list[tuple[str, RenderableType]] = [
         ("job", Text(f"{job['id']}  {job.get('name', '')}")),
-        ("state", state_text(str(job.get("state")))),
+        ("state", state_text(str(job.get("state")), stalled=bool(job.get("stalled_at")))),
         ("runs", Text(f"{target}  on {ranks(job)} ranks, backend {job.get('backend')}")),
         ("owner", Text(owner(job))),
         ("attempt", Text(attempt_text(job))),
@@ -177,6 +194,8 @@ def job_details(
     ]
     if estimate := start_estimate(job):
         rows.append(("queue", Text(estimate)))
+    if stalled := stalled_text(job):
+        rows.append(("stalled", Text(stalled, style=STALLED_STYLE)))
     if job.get("exit_code") is not None:
         rows.append(("exit code", Text(str(job["exit_code"]))))
     if job.get("latest_checkpoint"):
@@ -185,6 +204,8 @@ def job_details(
         facts.add_row(label, value)
     parts: list[RenderableType] = [facts]
     # Long text below the facts, unwrapped into a column: a traceback reads best at full width.
+    if job.get("stall_reason"):  # which rank is where: read before the reason
+        parts += [Text("\nstalled", style=STALLED_STYLE), Text(str(job["stall_reason"]).strip())]
     if job.get("reason"):
         parts += [Text("\nreason", style="bold"), Text(str(job["reason"]).strip())]
     if job.get("result") is not None:

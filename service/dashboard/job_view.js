@@ -131,6 +131,7 @@ export class JobView {
     this.head.replaceChildren(...[
       el("div", { class: "title" },
         el("h1", {}, job.name), el("span", { class: "muted id" }, `#${job.id}`), badge(job.state),
+        job.stalled_at ? el("span", { class: "stalled-flag", title: `stalled since ${localTime(job.stalled_at)}` }, "stalled") : null,
         job.cancel_requested && cancellable ? el("span", { class: "muted" }, "cancelling…") : null),
       cancellable
         ? el("button", { type: "button", class: "button danger", dataset: { action: "cancel" }, onclick: () => this.confirmCancel() },
@@ -138,8 +139,12 @@ export class JobView {
         : null,
     ].filter(Boolean));
     const loud = job.reason && !["running", "succeeded"].includes(job.state);
-    this.reason.hidden = !loud;
-    if (loud) {
+    this.reason.hidden = !loud && !job.stalled_at;
+    if (job.stalled_at) { // the watchdog's flag: which rank is where (text only, never markup)
+      this.reason.className = "reason-box reason-stalled";
+      this.reason.replaceChildren(el("strong", {}, `Stalled since ${localTime(job.stalled_at)}`),
+        el("pre", {}, job.stall_reason || ""));
+    } else if (loud) {
       this.reason.className = `reason-box reason-${job.state}`;
       this.reason.replaceChildren(el("strong", {}, headline(job)), el("pre", {}, job.reason));
     }

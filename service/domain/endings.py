@@ -7,7 +7,8 @@ The kinds (service.states.EndingKind):
   all lost a peer, and the ranks that wrote none are the ones that were lost;
 - timeout: the time limit (or a deadline);
 - oom: the scheduler's OUT_OF_MEMORY, or every rank killed (exit 137) without a word;
-- cancel: cancelled, by the user or an operator.
+- cancel: cancelled, by the user or an operator;
+- hang: the watchdog found the attempt stalled and its spec says `on_stall: "fail"` (service.loops.watch).
 - preemption: preempted and not requeued (SLURM cancelled it, PreemptMode=CANCEL). A preempted
   job that SLURM requeues is no ending: it comes back as a new attempt (service.states `requeued`).
 """
@@ -45,6 +46,17 @@ class Ending:
     kind: EndingKind | None  # None for a success
     reason: str
     result: Any = None
+
+
+STACKS_TOLD: frozenset[EndingKind | None] = frozenset({"node_failure", "timeout"})
+
+
+def with_stacks(ending: Ending, summary: str | None) -> Ending:
+    """`ending` with the attempt's last stacks summary (which rank was where before the ranks went
+    away) when it is a lost peer or a collective timeout, or ran out of time, and one was captured."""
+    if summary is None or ending.kind not in STACKS_TOLD:
+        return ending
+    return Ending(ending.state, ending.kind, f"{ending.reason}\nbefore the end: {summary}", ending.result)
 
 
 def from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:

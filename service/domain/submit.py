@@ -300,7 +300,8 @@ def new_job_row(
     run_as: str | None = None,
 ) -> NewJob:
     spec = payload.model_dump(exclude={"name", "backend", "retries"}, mode="json")  # what the ranks get
-    for optional in ("code", "python"):  # absent rather than null: a job without them reads as before
+    # Absent rather than null: a job without them reads as before.
+    for optional in ("code", "python", "watchdog"):
         if spec[optional] is None:
             del spec[optional]
     return NewJob(

@@ -119,6 +119,8 @@ def record_transition(
     if starts_new_attempt(target):
         job.attempt += 1
         job.attempt_started_at = job.placement = job.nodes = None  # the next attempt's, once known
+    if starts_new_attempt(target) or is_terminal(target):  # the watchdog's reading of the attempt
+        job.progress_at = job.report_times = job.stalled_at = job.stall_reason = None
     for name, value in _columns(target, reason, now).items():
         setattr(job, name, value)
     if target is JobState.running:
@@ -127,6 +129,34 @@ def record_transition(
     session.add(job)
     session.add(JobEvent(**_event(job.id, current, target, reason, job.attempt, now)))
     return target
+
+
+STALLED = "stalled: "
+RESUMED = "progress resumed after a stall of "
+
+
+def record_stall(session: Session, job: Job, reason: str) -> None:
+    """Flag the running `job` stalled (service.domain.watchdog decided), with its event. Not a state:
+    the job still runs, and its state machine does not change."""
+    assert job.id is not None, "flag a stored job"
+    now = utcnow()
+    job.stalled_at, job.stall_reason = now, reason
+    session.add(job)
+    state = JobState(job.state)
+    session.add(JobEvent(**_event(job.id, state, state, STALLED + reason, job.attempt, now)))
+
+
+def clear_stall(session: Session, job: Job) -> None:
+    """The stalled `job` makes progress again: the flag goes, with an event saying how long it stood."""
+    if job.stalled_at is None:
+        return
+    assert job.id is not None, "flag a stored job"
+    now = utcnow()
+    lasted = max(0.0, (now - job.stalled_at).total_seconds())
+    job.stalled_at = job.stall_reason = None
+    session.add(job)
+    state = JobState(job.state)
+    session.add(JobEvent(**_event(job.id, state, state, f"{RESUMED}{lasted:.0f} s", job.attempt, now)))
 
 
 def _columns(target: JobState, reason: str | None, now: datetime) -> dict[str, Any]:

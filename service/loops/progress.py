@@ -24,6 +24,7 @@ from sqlmodel import Session, col
 
 from service.domain import metric_series
 from service.domain.transitions import record_transition
+from service.domain.watchdog import recent_report_times
 from service.jobfs import read_new_progress
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
@@ -47,14 +48,21 @@ def ingest_progress(session: Session, job: Job, path: Path) -> bool:
     records, job.progress_offset = read
     latest: ProgressRecord | None = None
     added: list[JobMetric] = []
+    reported: list[float] = []  # the reports' own times (rank 0's clock): the job's pace
     for record in records:
         if isinstance(record, CheckpointRecord):  # a checkpoint note, not a progress report
             job.latest_checkpoint = record.checkpoint
         else:
             latest = record
             added.extend(_metrics(job, record))
+            if record.time is not None:
+                reported.append(record.time)
     if latest is not None:
         job.progress = latest.shown
+    if records:  # progress, for the watchdog (service.domain.watchdog): a report or a checkpoint
+        job.progress_at = utcnow()
+        if reported:
+            job.report_times = recent_report_times(job.report_times, reported)
     session.add(job)  # stamped by the ledger clock at commit, like every change to a job
     added = _within_limits(session, job, _last_of_each_step(added))
     if added:

@@ -26,7 +26,7 @@ from sqlmodel import Session, col
 from service.accounts import NodeHardlinks
 from service.backends.base import Backend, BackendStatus
 from service.bulkhead import Bulkhead, Fault
-from service.domain.endings import Ending, from_rank_errors, settle
+from service.domain.endings import Ending, from_rank_errors, settle, with_stacks
 from service.domain.transitions import end_attempt, record_transition, record_waiting
 from service.errors import BackendError
 from service.jobfs import rank_errors, read_placement, read_result, result_written
@@ -35,6 +35,7 @@ from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
 from service.ledger.sql import id_conditions
 from service.loops.progress import ingest_progress
+from service.loops.watch import Watch, stacks_summary
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
 from worker.spec import JobFiles
 
@@ -78,6 +79,8 @@ class Reconciler:
         self._cancels: dict[str, set[str]] = {name: set() for name in backends}
         self.last_duration_s: dict[str, float] = dict.fromkeys(backends, 0.0)
         self.bulkhead = Bulkhead("reconciling")
+        self.watch = Watch(engine, backends, self._cancel_later)  # stalls (service.loops.watch)
+        self.watch_bulkhead = Bulkhead("watching")  # its faults are counted, never fail a job
         self.hardlinks = NodeHardlinks()  # what the ranks' placement files say of their nodes
         for name, backend in backends.items():
             backend.set_wakeup(self._wakes[name].set)
@@ -92,6 +95,7 @@ class Reconciler:
             wake.set()
         for thread in self._threads:
             thread.join(timeout=10)
+        self.watch.stop()
 
     def wake(self, backend_name: str) -> None:
         if backend_name in self._wakes:
@@ -195,8 +199,13 @@ class Reconciler:
         (a previous attempt left running would share its folder with the next one)."""
         pending = self._cancels[backend_name]
         if pending:
-            self._backends[backend_name].cancel(sorted(pending))
-            pending.clear()
+            runs = sorted(pending)  # the watchdog's threads add to it too (_cancel_later)
+            self._backends[backend_name].cancel(runs)
+            pending.difference_update(runs)
+
+    def _cancel_later(self, backend_name: str, external_id: str) -> None:
+        self._cancels[backend_name].add(external_id)
+        self.wake(backend_name)
 
     # ---------------------------------------------------------------- one tick
 
@@ -246,6 +255,7 @@ class Reconciler:
             changed.append((job_id, str(external_id), status))
         if changed or newly_queued:
             self._write_changes(backend_name, changed, newly_queued, polled_at)
+        self.watch.after_tick(backend_name)  # committed: the stalls it found are captured and flagged
         self._cancel_pending(backend_name)
         self.last_duration_s[backend_name] = time.perf_counter() - started
         return len(watched)
@@ -309,16 +319,21 @@ class Reconciler:
                 # the survivors wait out the rendezvous timeout. Rank 0 may have written progress
                 # since this tick read it, and no tick reads an ended attempt's progress again.
                 ingest_progress(session, job, files.progress)
-                end_attempt(session, job, from_rank_errors(job, errors), status.exit_code)
+                ending = with_stacks(from_rank_errors(job, errors), stacks_summary(session, job))
+                end_attempt(session, job, ending, status.exit_code)
                 return True
             result = read_result(files, job.run_attempt)
             if result is not None:
                 self._succeed(session, job, files, result["value"], backend_name)
                 return False
+            if JobState(job.state) is JobState.running:
+                watch = functools.partial(self.watch.check, session, job, backend_name)
+                self.watch_bulkhead.guarded(job.id or 0, watch, session)
         if not is_terminal(target):
             self._move(session, job, target, status.reason)
             return False
-        end_attempt(session, job, settle(job, files, status, self._backends[backend_name]), status.exit_code)
+        ending = settle(job, files, status, self._backends[backend_name])
+        end_attempt(session, job, with_stacks(ending, stacks_summary(session, job)), status.exit_code)
         return False
 
     @staticmethod

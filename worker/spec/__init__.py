@@ -60,6 +60,7 @@ from worker.spec.run_spec import (
     KeepBest,
     Resources,
     RunSpec,
+    Watchdog,
     check_entrypoint,
     check_one_target,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "RankPlacement",
     "Resources",
     "RunSpec",
+    "Watchdog",
     "ascii_int",
     "check_entrypoint",
     "check_one_target",

@@ -94,6 +94,32 @@ class CheckpointPolicy(BaseModel):
     keep_best: KeepBest | None = Field(None, description="Also keep the best one by a reported metric.")
 
 
+MIN_STALL_AFTER_S = 15.0  # three of a rank's activity samples (worker.stacks samples every 5 s)
+MAX_STALL_AFTER_S = 30 * 24 * 3600.0
+
+
+class Watchdog(BaseModel):
+    """When a running job counts as stalled, and what then: the service's concern (its reconcile loop
+    decides from the job's reports and its ranks' activity files); the ranks carry it unread."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stall_after_s: float | None = Field(
+        None,
+        ge=MIN_STALL_AFTER_S,
+        le=MAX_STALL_AFTER_S,
+        allow_inf_nan=False,
+        description="Seconds without progress (a report, or a change in what the ranks run) before the "
+        "job is stalled; none: adapted to the job's pace (at least 120 s, 10x its usual gap between "
+        "reports; 300 s for a job that reports nothing).",
+    )
+    on_stall: Literal["report", "fail"] = Field(
+        "report",
+        description="`report`: flag the job stalled (with every rank's stack) and let it run; `fail`: also "
+        "end the attempt as `hang` (retried when `retries.on` holds it).",
+    )
+
+
 class RunSpec(BaseModel):
     """Everything a rank needs to run one attempt of a job."""
 
@@ -116,6 +142,7 @@ class RunSpec(BaseModel):
     checkpoints: CheckpointPolicy | None = None  # None: every checkpoint is kept
     code: str | None = Field(None, pattern=CODE_ID_PATTERN)  # unpacked in JobFiles.code by the service
     python: str | None = None  # the interpreter the ranks run; None: the service's job Python
+    watchdog: Watchdog | None = None  # the service's stall rules; the ranks ignore it
 
     @field_validator("entrypoint")
     @classmethod

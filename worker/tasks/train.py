@@ -33,11 +33,14 @@ FEATURES = 8
 
 def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int = 32, lr: float = 0.05,
           seed: int = 0, report_every: int = 5, sleep_per_step: float = 0.0,
-          fail_on_attempts: Sequence[int] = (), width: int = 16, depth: int = 1) -> dict[str, Any]:
+          fail_on_attempts: Sequence[int] = (), width: int = 16, depth: int = 1,
+          hang_on_attempts: Sequence[int] = ()) -> dict[str, Any]:
     """Train for `epochs` (resuming after the last checkpointed epoch); checked result on every rank.
 
     `fail_on_attempts`: raise on every rank right after this attempt's first checkpoint, as a job
-    that breaks mid-run does (what retry policies are tested with). `width` and `depth`: the hidden
+    that breaks mid-run does (what retry policies are tested with). `hang_on_attempts`: there, rank 1
+    sleeps forever instead (in hang_forever) while the others wait for it in the next epoch's
+    all_reduce: a hang, for the watchdog's `on_stall: "fail"`. `width` and `depth`: the hidden
     layers (bench.train makes the step dominate with a bigger model). The result's `timing` says
     where this attempt's epochs spent their time: all of it, report() and checkpointing."""
     dataset = make_dataset(samples, seed)
@@ -74,6 +77,8 @@ def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int 
                                  "epoch": epoch, "step": step, "first_loss": first_loss}, step)
         if ctx.attempt in fail_on_attempts:
             raise RuntimeError(f"failing on purpose after epoch {epoch}'s checkpoint (attempt {ctx.attempt})")
+        if ctx.attempt in hang_on_attempts and ctx.rank == min(1, ctx.world_size - 1):
+            hang_forever()
     if start_epoch >= epochs:  # nothing left to train: the loss of the checkpointed model
         final_loss = evaluate(model, dataset, ctx.device)
     return {
@@ -88,6 +93,13 @@ def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int 
         "timing": {"epochs_s": time.perf_counter() - began, "steps": step - first_step,
                    "samples": (step - first_step) * batch_size * ctx.world_size, **timing.seconds},
     }
+
+
+def hang_forever() -> None:
+    """Where hang_on_attempts leaves rank 1 (a data loader that never returns, say)."""
+    log.warning("hanging on purpose")
+    while True:
+        time.sleep(3600)
 
 
 class Timing:

@@ -22,6 +22,7 @@ from worker.spec import (
     CheckpointPolicy,
     RankPlacement,
     Resources,
+    Watchdog,
     check_entrypoint,
     check_one_target,
     json_problem,
@@ -45,7 +46,7 @@ class JobBase(SQLModel):
     name: str = Field(min_length=1, max_length=200, description="A name to find the job by.")
 
 
-RetryOn = Literal["failure", "node_failure", "preemption", "timeout", "oom"]
+RetryOn = Literal["failure", "node_failure", "preemption", "timeout", "oom", "hang"]
 MAX_RETRY_WAIT_S = 24 * 3600.0
 DEFAULT_RETRY_ON: tuple[RetryOn, ...] = ("node_failure", "preemption")  # not the user's own failures
 
@@ -61,7 +62,8 @@ class RetryPolicy(BaseModel):
     on: list[RetryOn] = pydantic.Field(
         default_factory=lambda: list(DEFAULT_RETRY_ON),
         description="How an attempt must have ended to be retried: node_failure (a node or a rank "
-        "lost), preemption, timeout, oom, failure (the job's own exception: only when asked).",
+        'lost), preemption, timeout, oom, hang (stalled with `watchdog.on_stall` "fail"), failure (the '
+        "job's own exception: only when asked).",
     )
 
     def wait_s(self, ended_attempt: int) -> float:
@@ -107,6 +109,11 @@ class JobCreate(JobBase):
         default=None,
         max_length=4096,
         description="The interpreter the ranks run (absolute; from TORCHYARD_ALLOWED_PYTHONS).",
+    )
+    watchdog: Watchdog | None = Field(
+        default=None,
+        description='When the running job counts as stalled and what then, e.g. {"stall_after_s": 600, '
+        '"on_stall": "fail"}; none: stalls are reported at a threshold adapted to the job\'s pace.',
     )
 
     @field_validator("entrypoint")
@@ -187,6 +194,13 @@ class Job(JobBase, table=True):
     folder_measured_at: datetime | None = time_column()
     files_removed_at: datetime | None = time_column()
     folder_removed_at: datetime | None = time_column()
+    # The watchdog (service.domain.watchdog): when the service last read a new report of the current
+    # attempt (its own clock), the times of the attempt's last reports (rank 0's clock: their gaps
+    # are the job's pace), and, while the attempt is stalled, since when and why.
+    progress_at: datetime | None = time_column()
+    report_times: list[float] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    stalled_at: datetime | None = time_column()
+    stall_reason: str | None = None
 
     @property
     def resources(self) -> Resources:
@@ -254,6 +268,14 @@ class JobPublic(JobBase):
         default=None, description="When retention removed the folder's checkpoints and files (not its logs)."
     )
     folder_removed_at: datetime | None = Field(default=None, description="When retention removed the folder.")
+    stalled_at: datetime | None = Field(
+        default=None,
+        description="While the running attempt makes no progress (no report, its ranks' stacks unchanged) "
+        "past its watchdog's threshold: since when it is stalled. Cleared when progress resumes.",
+    )
+    stall_reason: str | None = Field(
+        default=None, description="Why it is stalled: which rank is where (from its ranks' stacks)."
+    )
 
 
 class JobPage(SQLModel):

@@ -1,0 +1,123 @@
+"""The watchdog inside the reconcile loop (service.loops.watch), on a scripted backend: a job whose
+ranks' activity stands still past its threshold is flagged (after the tick, with a capture), cleared
+when it reports again; on_stall "fail" ends the attempt as hang and stops the run; a fault of the
+watchdog's own costs no job anything."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.config import Settings
+from tests.fakes import FakeBackend
+from tests.support import JOBS, authorize, get_job, runtime_of, submit, wait_for, wait_state
+from worker.spec import JobFiles
+
+LATER_S = 100.0  # how far the watchdog's clock is moved on: past the threshold below
+WATCH = {"stall_after_s": 30}
+
+
+@pytest.fixture
+def quiet_api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) -> Iterator[TestClient]:
+    """The service with reconcile loops that never tick on their own: the test drives each tick."""
+    fake.poll_interval_s = fake_slurm.poll_interval_s = 3600.0
+    with TestClient(create_app(settings, backends={"local": fake, "slurm": fake_slurm})) as client:
+        fake.set_wakeup(lambda: None)
+        yield authorize(client)
+
+
+def tick(api: TestClient) -> None:
+    runtime_of(api).reconciler.reconcile_once("local")
+
+
+def running(api: TestClient, **fields: Any) -> int:
+    job_id = int(submit(api, name="watched", **{"watchdog": WATCH, **fields})["id"])
+    wait_state(api, job_id, "submitted")
+    tick(api)
+    assert get_job(api, job_id)["state"] == "running"
+    return job_id
+
+
+def stand_still(fake: FakeBackend, job_id: int, where: str = "job.py:5 stuck") -> None:
+    """Rank 0's activity file: sampled just now, unchanged since long before."""
+    files: JobFiles = fake.specs[job_id].files
+    files.activity(0).parent.mkdir(parents=True, exist_ok=True)
+    now = time.time() + LATER_S
+    record = {"attempt": 1, "rank": 0, "host": "n1", "pid": 1, "time": now, "changed_at": now - 60,
+              "where": where}  # fmt: skip
+    files.activity(0).write_text(json.dumps(record))
+
+
+def later(api: TestClient, seconds: float) -> None:
+    watch = runtime_of(api).reconciler.watch
+    watch.clock = lambda: time.time() + seconds
+    watch._checked.clear()  # judged again at once
+
+
+def test_a_job_standing_still_is_flagged_with_a_capture_and_cleared_when_it_reports(
+    quiet_api: TestClient, fake: FakeBackend
+) -> None:
+    job_id = running(quiet_api)
+    stand_still(fake, job_id)
+    later(quiet_api, LATER_S)
+    tick(quiet_api)
+
+    flagged = wait_for(lambda: (j := get_job(quiet_api, job_id))["stalled_at"] and j, 10, "the flag")
+    assert flagged["state"] == "running"
+    assert flagged["stall_reason"].startswith("no progress for ")
+    assert "threshold 30 s" in flagged["stall_reason"]
+    assert [call.external_id for call in fake.stack_calls] == [fake.external_id(job_id)]  # captured
+    assert runtime_of(quiet_api).reconciler.watch.stalls_total == 1
+
+    report = {"step": 1, "attempt": 1, "time": time.time()}
+    fake.specs[job_id].files.progress.write_text(json.dumps(report) + "\n")
+    later(quiet_api, 0)
+    tick(quiet_api)
+
+    cleared = get_job(quiet_api, job_id)
+    assert cleared["stalled_at"] is None and cleared["stall_reason"] is None
+    events = [e["reason"] or "" for e in quiet_api.get(f"{JOBS}/{job_id}/events").json()]
+    assert events[-2] == f"stalled: {flagged['stall_reason']}"
+    assert events[-1].startswith("progress resumed after a stall of ")
+
+
+def test_on_stall_fail_ends_the_attempt_as_hang_and_stops_the_run(
+    quiet_api: TestClient, fake: FakeBackend
+) -> None:
+    job_id = running(quiet_api, watchdog={**WATCH, "on_stall": "fail"}, retries={"max": 0})
+    stand_still(fake, job_id)
+    later(quiet_api, LATER_S)
+    tick(quiet_api)
+
+    ended = wait_state(quiet_api, job_id, "failed")
+    attempt = quiet_api.get(f"{JOBS}/{job_id}/attempts").json()[0]
+    assert attempt["kind"] == "hang" and attempt["reason"].startswith("stalled: no progress for ")
+    assert ended["stalled_at"] is None
+    tick(quiet_api)
+    assert [fake.external_id(job_id)] in fake.cancel_calls  # the run stopped
+
+
+def test_a_fault_of_the_watchdog_costs_no_job_anything(
+    quiet_api: TestClient, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = running(quiet_api)
+    reconciler = runtime_of(quiet_api).reconciler
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("the watchdog broke")
+
+    monkeypatch.setattr(reconciler.watch, "check", broken)
+    fake.specs[job_id].files.progress.write_text(json.dumps({"step": 3, "attempt": 1}) + "\n")
+    for _ in range(4):  # more than a bulkhead's FAIL_AFTER
+        tick(quiet_api)
+
+    job = get_job(quiet_api, job_id)
+    assert job["state"] == "running" and job["progress"]["step"] == 3
+    assert "broke" not in (job["reason"] or "")
+    assert reconciler.watch_bulkhead.faults_total == 4
