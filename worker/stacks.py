@@ -202,6 +202,19 @@ def where_in(stack: list[tuple[str, int, str]], library: tuple[str, ...]) -> str
     return None
 
 
+BUSY_SHARE = 0.2  # of a core, between two samples: the main thread is working, not waiting
+
+
+def _cpu_clock_of(thread_ident: int | None) -> int | None:
+    """The CPU-time clock of a thread (its ident is its pthread id on POSIX); None where there is none."""
+    if thread_ident is None or not hasattr(time, "pthread_getcpuclockid"):
+        return None
+    try:
+        return time.pthread_getcpuclockid(thread_ident)
+    except (OSError, OverflowError, ValueError):
+        return None
+
+
 class ActivitySampler:
     """A daemon thread that samples the main thread's stack every `interval_s` and rewrites the
     rank's activity file atomically: {"attempt", "rank", "host", "pid", "time", "changed_at", "where"}.
@@ -218,6 +231,8 @@ class ActivitySampler:
         self.library = library_folders()
         self._last: list[tuple[str, int, str]] | None = None
         self._changed_at = time.time()
+        self._cpu_clock = _cpu_clock_of(self.main_ident)
+        self._cpu_seen: tuple[float, float] | None = None  # (time, the main thread's CPU seconds)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # After a capture (the stacks file grew): on_capture() (NCCL's flight recorder dumped), looked
@@ -241,7 +256,7 @@ class ActivitySampler:
         frame = sys._current_frames().get(self.main_ident) if self.main_ident is not None else None
         stack = main_stack(frame)
         del frame
-        if stack != self._last:
+        if stack != self._last or self._main_thread_worked(now):
             self._last, self._changed_at = stack, now
         record = {**self.record, "time": now, "changed_at": self._changed_at,
                   "where": where_in(stack, self.library)}  # fmt: skip
@@ -252,6 +267,19 @@ class ActivitySampler:
         except OSError:  # a full disk must not stop training; the next sample retries
             log.debug("could not write %s", self.path, exc_info=True)
         return record
+
+    def _main_thread_worked(self, now: float) -> bool:
+        """Whether the main thread spent BUSY_SHARE of a core since the last sample: a rank inside one
+        long C call (a big backward) shows the same stack sample after sample, yet it moves; a rank
+        that waits (a sleep, a collective whose peer is missing) spends next to nothing."""
+        if self._cpu_clock is None:
+            return False
+        try:
+            cpu = time.clock_gettime(self._cpu_clock)
+        except OSError:  # the thread is gone
+            return False
+        seen, self._cpu_seen = self._cpu_seen, (now, cpu)
+        return seen is not None and cpu - seen[1] >= BUSY_SHARE * max(now - seen[0], 1e-3)
 
     def watch_captures(self, stacks: BinaryIO, on_capture: Callable[[], object]) -> None:
         """Call `on_capture` (in this thread) soon after `stacks` (faulthandler's file) grows."""

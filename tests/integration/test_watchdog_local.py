@@ -199,7 +199,7 @@ def test_a_healthy_job_with_slow_steps_is_never_flagged(live: tuple[httpx.Client
     client, _ = live
     job_id = submit(
         client, "slow", entrypoint="worker.tasks.stalls:slow_steps", kwargs={"steps": 3, "step_s": 20},
-        resources={"tasks_per_node": 2}, watchdog={"stall_after_s": 30},
+        resources={"tasks_per_node": 2}, watchdog={"stall_after_s": 15},  # shorter than a step
     )  # fmt: skip
 
     seen: set[Any] = set()

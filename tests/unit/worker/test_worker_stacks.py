@@ -147,6 +147,32 @@ def test_activity_moves_with_a_busy_loop_and_stands_still_in_a_sleep(tmp_path: P
     assert (later.attempt, later.rank, later.host, later.pid) == (1, 0, "h1", child.pid)
 
 
+def test_activity_moves_while_the_main_thread_works_inside_one_long_c_call(tmp_path: Path,
+                                                                           children: Children) -> None:
+    """One call that releases the GIL and computes for a long time (a big backward, here OpenSSL's
+    PBKDF2): the same stack at every sample, yet the rank is working, not hung."""
+    child = run_child(tmp_path, """\
+        import hashlib
+        def crunch():
+            return hashlib.pbkdf2_hmac("sha256", b"p", b"s", 10**9)
+        print("go", flush=True)
+        crunch()
+        """)
+    children.append(child)
+    assert child.stdout is not None and child.stdout.readline().strip() == "go"
+    files = JobFiles(tmp_path / "job")
+    seen: list[RankActivity] = []
+
+    def moving_in_crunch() -> bool:
+        record = parse_activity(files.activity(0).read_text())
+        if record is not None and str(record.where).endswith(" crunch") and record not in seen:
+            seen.append(record)
+        return len({record.changed_at for record in seen}) >= 3
+
+    wait_for(moving_in_crunch, timeout_s=30)
+    assert len({record.where for record in seen}) == 1  # one stack all along: the CPU time moved it
+
+
 def test_a_forked_child_ignores_sigurg_and_writes_no_stack(tmp_path: Path, children: Children) -> None:
     child = run_child(tmp_path, """\
         pid = os.fork()
