@@ -7,6 +7,7 @@ slurm_fakes.py), and the count is how they check "one query per interval".
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import threading
@@ -16,6 +17,8 @@ from typing import Protocol
 
 from service.backends import slurm_parse as parse
 from service.errors import BackendError
+
+log = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT_S = 30.0
 SUBMIT_TIMEOUT_S = 120.0  # generous: a timed-out sbatch may still have queued the job
@@ -74,6 +77,11 @@ class Backoff:
     def remaining(self) -> float:
         return max(0.0, self._until - self._clock())
 
+    @property
+    def delay_s(self) -> float:
+        """How long the last failure holds calls off."""
+        return self._delay
+
     def failed(self, error: str) -> None:
         self._delay = min(self._cap, max(self._base, self._delay * 2))
         self._until = self._clock() + self._delay
@@ -124,11 +132,11 @@ class SchedulerCommands:
         try:
             result = self.call(argv, COMMAND_TIMEOUT_S)
         except BackendError as error:
-            backoff.failed(str(error))
+            self._failed(backoff, str(error))
             raise
         if result.returncode != 0 and "invalid job id" not in result.stderr.lower():
             message = f"{os.path.basename(argv[0])} failed: {parse.sbatch_error(result.stderr)}"
-            backoff.failed(message)
+            self._failed(backoff, message)
             raise BackendError(message)
         elapsed = self._clock() - started
         if elapsed > SLOW_CALL_S:
@@ -136,3 +144,9 @@ class SchedulerCommands:
         else:
             backoff.succeeded()
         return result
+
+    @staticmethod
+    def _failed(backoff: Backoff, error: str) -> None:
+        backoff.failed(error)
+        # Operators (and the outage test) read the backoff here: each wait twice the one before.
+        log.warning("slurm status query failed (%s); next try in %.0f s", error, backoff.delay_s)
