@@ -49,12 +49,17 @@ class Ending:
 
 
 STACKS_TOLD: frozenset[EndingKind | None] = frozenset({"node_failure", "timeout"})
+# A rank's own error that is a collective giving up on its peers (gloo's words): the stacks say why.
+COLLECTIVE_TIMEOUT = re.compile(r"timed out waiting \d+ ?ms for (recv|send)|collective operation timeout",
+                                re.IGNORECASE)
 
 
 def with_stacks(ending: Ending, summary: str | None) -> Ending:
     """`ending` with the attempt's last stacks summary (which rank was where before the ranks went
-    away) when it is a lost peer or a collective timeout, or ran out of time, and one was captured."""
-    if summary is None or ending.kind not in STACKS_TOLD:
+    away) when it is a lost peer, a collective that timed out (a rank's own error saying so), or a job out
+    of time, and one was captured."""
+    told = ending.kind in STACKS_TOLD or COLLECTIVE_TIMEOUT.search(ending.reason or "") is not None
+    if summary is None or not told:
         return ending
     return Ending(ending.state, ending.kind, f"{ending.reason}\nbefore the end: {summary}", ending.result)
 

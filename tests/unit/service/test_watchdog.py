@@ -246,6 +246,10 @@ def test_a_lost_peer_or_a_timeout_carries_the_stacks_summary_and_nothing_else_do
     own = Ending(JobState.failed, "failure", "rank 0 raised")
     assert with_stacks(own, "anything") is own
     assert "before the end" in with_stacks(Ending(JobState.timeout, "timeout", "limit"), "x").reason
+    gloo = Ending(JobState.failed, "failure", "rank 0 raised:\nRuntimeError: [../third_party/gloo/"
+                  "gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation")
+    summary = "rank 1 on n2 in job.py:5 hang"
+    assert with_stacks(gloo, summary).reason.endswith(f"before the end: {summary}")  # a collective timed out
 
 
 def test_a_job_that_reported_within_its_threshold_is_judged_without_reading_its_folder(
