@@ -372,13 +372,9 @@ class SlurmBackend:
         return outcomes
 
     def _sbatch_group(
-        self,
-        specs: list[RunSpec],
-        params: dict[str, Any],
-        run_as: str | None,
-        python: str | None,
+        self, specs: list[RunSpec], params: dict[str, Any], run_as: str | None, python: str | None,
         parallelism: int | None,
-    ) -> list[str]:
+    ) -> list[str]:  # fmt: skip
         account = Account.of_job(run_as)
         job_environment = self._job_environment.with_python(python)
         environment = {**job_environment.variables(account), **slurm_conf()}
@@ -389,6 +385,7 @@ class SlurmBackend:
             sbatch=functools.partial(self._sbatch, account=account, environment=environment),
             python=job_environment.python,
             parallelism=parallelism,
+            srun=self._commands.program("srun"),
         )
 
     @functools.cached_property

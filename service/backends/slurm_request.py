@@ -130,6 +130,7 @@ class SbatchRequest:
     folder: str
     workdir: str
     python: str
+    srun: str  # srun's absolute path, from the service's own PATH: the script's PATH is the job's
     signal_delay_s: int
     array_size: int | None = None
     array_parallelism: int | None = None
@@ -158,7 +159,7 @@ class SbatchRequest:
         for key, value in options.items():  # checked before: the script's last word on it
             _check_line(f"--{key}", str(value))
         _check_line("the interpreter", self.python)
-        srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *self.srun_args]
+        srun = [self.srun, "--unbuffered", "--output", stdout, "--error", stderr, *self.srun_args]
         lines = ["#!/bin/bash", "", "# Parameters"]
         lines += [f"#SBATCH --{key}={shlex.quote(str(options[key]))}" for key in sorted(options)]
         lines += [
@@ -178,6 +179,7 @@ def request_for(
     folder: Path,
     workdir: Path,
     python: str,
+    srun: str,
     parallelism: int | None = None,
 ) -> SbatchRequest:
     """The request for jobs that share `params` (an array when there are several); `parallelism`:
@@ -191,4 +193,5 @@ def request_for(
         signal_delay_s=warning_signal_delay_s(int(params["time"])),
         array_size=len(specs) if len(specs) > 1 else None,
         array_parallelism=parallelism,
+        srun=srun,
     )

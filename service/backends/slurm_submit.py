@@ -87,6 +87,7 @@ def submit_group(
     arrays_dir: Path,
     sbatch: SbatchRunner,
     python: str,
+    srun: str,
     parallelism: int | None = None,
 ) -> list[str]:
     """Submit jobs that share `params` and an account in one sbatch (an array when there are several);
@@ -100,7 +101,7 @@ def submit_group(
     """
     folders = [spec.files.submitit for spec in specs]
     if len(specs) == 1:
-        return _submit(specs, params, folders, folders[0], folders[0], python, sbatch)
+        return _submit(specs, params, folders, folders[0], folders[0], python, sbatch, srun)
     workdir = array_root(arrays_dir)
     with ThreadPoolExecutor(1, thread_name_prefix="torchyard-array-links") as helper:
         linking = helper.submit(link_array_folders, workdir, folders)
@@ -110,7 +111,7 @@ def submit_group(
             return sbatch(script)
 
         return _submit(
-            specs, params, folders, workdir / "%a", workdir, python, sbatch_once_linked, parallelism
+            specs, params, folders, workdir / "%a", workdir, python, sbatch_once_linked, srun, parallelism
         )
 
 
@@ -122,6 +123,7 @@ def _submit(
     workdir: Path,
     python: str,
     sbatch: SbatchRunner,
+    srun: str,
     parallelism: int | None = None,
 ) -> list[str]:
     """Stage each job's pickle in its own folder, write the script in `workdir`, run sbatch, then
@@ -135,7 +137,7 @@ def _submit(
             staged.append(StagedPickle(folder, token, index))
             staged[-1].write(pickled_call(RankLauncher(spec.model_dump_json()), int(params["time"])))
         request = request_for(
-            specs, params, folder=template, workdir=workdir, python=python, parallelism=parallelism
+            specs, params, folder=template, workdir=workdir, python=python, parallelism=parallelism, srun=srun
         )
         write_new_file(workdir, script, request.materialize().encode(), _SCRIPT_MODE)
         job_id = sbatch(workdir / script)

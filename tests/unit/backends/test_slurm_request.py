@@ -19,7 +19,7 @@ def test_one_job_s_script(tmp_path: Path) -> None:
     spec = make(tmp_path, 1, nodes=2, tasks_per_node=2, constraint="a100|h100", mem_gb=1.5)
     folder = spec.files.submitit
     request = request_for([spec], sbatch_parameters(spec.resources, "debug"), folder=folder,
-                          workdir=folder, python=PYTHON)  # fmt: skip
+                          workdir=folder, python=PYTHON, srun="/usr/bin/srun")  # fmt: skip
 
     assert request.materialize() == "\n".join(
         [
@@ -43,7 +43,7 @@ def test_one_job_s_script(tmp_path: Path) -> None:
             "",
             "# command",
             "export SUBMITIT_EXECUTOR=slurm",
-            f"srun --unbuffered --output {folder}/%j_%t_log.out --error {folder}/%j_%t_log.err "
+            f"/usr/bin/srun --unbuffered --output {folder}/%j_%t_log.out --error {folder}/%j_%t_log.err "
             f"--kill-on-bad-exit=1 {shlex.quote(PYTHON)} -u -m submitit.core._submit {folder}",
             "",
         ]
@@ -54,7 +54,7 @@ def test_an_array_s_script_names_each_element_s_files_by_index(tmp_path: Path) -
     specs = [make(tmp_path, n) for n in (1, 2, 3)]
     root = tmp_path / "slurm-arrays" / "a"
     request = request_for(specs, sbatch_parameters(specs[0].resources, None), folder=root / "%a",
-                          workdir=root, python=PYTHON, parallelism=2)  # fmt: skip
+                          workdir=root, python=PYTHON, srun="srun", parallelism=2)  # fmt: skip
     script = request.materialize()
 
     assert request.array_size == 3 and request.array_parallelism == 2
@@ -67,7 +67,7 @@ def test_an_array_s_script_names_each_element_s_files_by_index(tmp_path: Path) -
 
 def test_an_unthrottled_array_runs_every_element_at_once() -> None:
     request = SbatchRequest(options=(("time", 5),), job_name="x", folder="/a/%a", workdir="/a",
-                            python="python", signal_delay_s=75, array_size=4)  # fmt: skip
+                            python="python", srun="srun", signal_delay_s=75, array_size=4)  # fmt: skip
     assert "#SBATCH --array=0-3%4" in request.materialize()
 
 
@@ -77,6 +77,6 @@ def test_no_value_can_start_a_line_of_its_own(change: dict[str, Any]) -> None:
     # Shell quoting does not make a newline safe: the values are checked before (worker.spec's
     # patterns, check_folder), and the script refuses any that would still carry one.
     fields: dict[str, Any] = {"options": (("time", 5),), "job_name": "x", "folder": "/f", "workdir": "/f",
-                              "python": "python", "signal_delay_s": 75}  # fmt: skip
+                              "python": "python", "srun": "srun", "signal_delay_s": 75}  # fmt: skip
     with pytest.raises(ValueError, match="control character"):
         SbatchRequest(**{**fields, **change}).materialize()
