@@ -53,14 +53,7 @@ class NotAFile(Exception):
 def read_job_file(folder: Path, path: Path, most: int) -> str | None:
     """The first `most` bytes of a regular file below the job's `folder`, as text; None for anything
     else."""
-    handle = open_below(folder, path)
-    if handle is None:
-        return None
-    try:
-        with handle:
-            return handle.read(most).decode("utf-8", errors="replace")
-    except OSError:
-        return None
+    return _read(open_below(folder, path), most)
 
 
 def result_written(files: JobFiles) -> bool:
