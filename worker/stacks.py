@@ -256,7 +256,8 @@ class ActivitySampler:
         frame = sys._current_frames().get(self.main_ident) if self.main_ident is not None else None
         stack = main_stack(frame)
         del frame
-        if stack != self._last or self._main_thread_worked(now):
+        worked = self._main_thread_worked(now)  # every sample: the next one measures from this one
+        if stack != self._last or worked:
             self._last, self._changed_at = stack, now
         record = {**self.record, "time": now, "changed_at": self._changed_at,
                   "where": where_in(stack, self.library)}  # fmt: skip

@@ -89,9 +89,10 @@ def test_a_rank_stuck_in_a_regex_holding_the_gil_still_gives_its_stack(tmp_path:
     time.sleep(0.5)  # well inside the regex
     before = parse_activity(files.activity(0).read_text())
     os.kill(child.pid, signal.SIGURG)
-    text = str(wait_for(lambda: files.stacks(0).read_text()))
-    time.sleep(0.2)  # the whole dump, not its first lines
-    main = main_thread(parse_faulthandler(files.stacks(0).read_text()))
+    wait_for(lambda: files.stacks(0).read_text())
+    time.sleep(0.2)  # the whole dump, not its first lines: every check below reads it whole
+    text = files.stacks(0).read_text()
+    main = main_thread(parse_faulthandler(text))
     assert main is not None
     regex_line = line_of(tmp_path / "child.py", 're.match(r"(a+)+$"')
     assert main.frames[0].function == "match"  # re's own Python frame, then the call in the job's code
