@@ -13,6 +13,7 @@ from typing import Literal
 class JobState(str, Enum):
     """In the order of a job's life (the dashboard lists them so): the active states, then the endings."""
 
+    waiting = "waiting"  # stored, waits for the jobs it runs after (service.domain.dependencies)
     queued = "queued"  # stored, not yet handed to a backend
     submitted = "submitted"  # the backend accepted it
     pending = "pending"  # waiting in the scheduler's queue
@@ -34,10 +35,12 @@ ACTIVE_STATES: frozenset[JobState] = frozenset(set(JobState) - TERMINAL_STATES)
 # States in which the service holds the job, waiting to hand it to a backend (a retry after its backoff).
 DISPATCHABLE_STATES: frozenset[JobState] = frozenset({JobState.queued, JobState.retrying})
 # States in which a backend holds the job and the reconcile loop must watch it.
-WATCHED_STATES: frozenset[JobState] = frozenset(ACTIVE_STATES - DISPATCHABLE_STATES)
+WATCHED_STATES: frozenset[JobState] = frozenset(ACTIVE_STATES - DISPATCHABLE_STATES - {JobState.waiting})
 
 _ENDED = TERMINAL_STATES | {JobState.retrying}  # how an attempt the scheduler held can end
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # Its dependencies met, it is queued; one that can no longer be met cancels it (and a user may).
+    JobState.waiting: frozenset({JobState.queued, JobState.cancelled, JobState.failed}),
     JobState.queued: frozenset({JobState.submitted, JobState.failed, JobState.cancelled}),
     JobState.submitted: frozenset({JobState.pending, JobState.running, JobState.preempted} | _ENDED),
     JobState.pending: frozenset({JobState.running, JobState.preempted} | _ENDED),

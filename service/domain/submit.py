@@ -299,7 +299,9 @@ def new_job_row(
     *,
     run_as: str | None = None,
 ) -> NewJob:
-    spec = payload.model_dump(exclude={"name", "backend", "retries"}, mode="json")  # what the ranks get
+    # What the ranks get: not whom it runs after (the ledger's JobDependency rows; the ranks read what
+    # those jobs left as ctx.upstream).
+    spec = payload.model_dump(exclude={"name", "backend", "retries", "after"}, mode="json")
     # Absent rather than null: a job without them reads as before.
     for optional in ("code", "python", "watchdog"):
         if spec[optional] is None:
@@ -312,6 +314,7 @@ def new_job_row(
         run_as=run_as,
         idempotency_key=idempotency_key,
         retries=payload.retries.model_dump(mode="json"),
+        after=tuple(payload.after),
     )
 
 

@@ -7,6 +7,7 @@
 - metrics.py: reported values (JobMetric), their rollup (JobMetricRollup), the series readers get;
 - access.py: API tokens, the audit log, per-user quotas;
 - code_snapshots.py: each user's claim on a stored code snapshot, and the answers to an upload;
+- pipelines.py: dependencies between jobs, pipelines and their stages;
 - stacks.py: the last capture of every rank's stacks, per job and attempt.
 
 Each table registers itself on SQLModel.metadata when its module is imported. Importing any of these
@@ -22,6 +23,7 @@ from service.ledger.models import (  # noqa: F401  (registers every table)
     history,
     jobs,
     metrics,
+    pipelines,
     stacks,
     sweeps,
 )

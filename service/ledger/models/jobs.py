@@ -16,6 +16,7 @@ from sqlalchemy import JSON, BigInteger, Column, Index, String
 from sqlmodel import Field, SQLModel
 
 from service.ledger.models.columns import UTCDateTime, time_column, utcnow
+from service.ledger.models.pipelines import MAX_AFTER, Dependency
 from service.states import JobState
 from worker.spec import (
     CODE_ID_PATTERN,
@@ -115,6 +116,32 @@ class JobCreate(JobBase):
         description='When the running job counts as stalled and what then, e.g. {"stall_after_s": 600, '
         '"on_stall": "fail"}; none: stalls are reported at a threshold adapted to the job\'s pace.',
     )
+    after: list[Dependency] = Field(
+        default_factory=list,
+        max_length=MAX_AFTER,
+        description='Jobs this one runs after: ids ([12, 13]: once they succeeded) or {"job": 12, "on": '
+        '"succeeded" | "failed" | "ended"}. Until then the job is waiting; a dependency that can no '
+        "longer be met cancels it, naming that dependency. Its entrypoint reads what they left in "
+        "ctx.upstream.",
+    )
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _after_ids(cls, value: Any) -> Any:
+        """A bare id is a dependency on that job's success."""
+        if isinstance(value, list):
+            return [{"job": one} if type(one) is int else one for one in value]
+        return value
+
+    @field_validator("after")
+    @classmethod
+    def _after_once(cls, value: list[Dependency]) -> list[Dependency]:
+        seen: set[int] = set()
+        for position, dependency in enumerate(value):
+            if dependency.job in seen:
+                raise ValueError(f"after.{position} names job {dependency.job} a second time")
+            seen.add(dependency.job)
+        return value
 
     @field_validator("entrypoint")
     @classmethod
@@ -183,6 +210,8 @@ class Job(JobBase, table=True):
     idempotency_key: str | None = Field(default=None, max_length=200)
     sweep_id: int | None = Field(default=None, foreign_key="sweep.id", index=True)
     params: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))  # its trial's
+    pipeline_id: int | None = Field(default=None, foreign_key="pipeline.id", index=True)
+    stage: str | None = Field(default=None, max_length=100)  # its pipeline's stage
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     submitted_at: datetime | None = time_column()
@@ -224,6 +253,9 @@ class NewJob:
     idempotency_key: str | None = None
     retries: dict[str, Any] | None = None  # a RetryPolicy, as JSON
     params: dict[str, Any] | None = None  # a sweep trial's parameters (its sweep_id comes at commit)
+    after: tuple[Dependency, ...] = ()  # it is stored waiting when it has any
+    pipeline_id: int | None = None
+    stage: str | None = None
     created_at: datetime = dataclass_field(default_factory=utcnow)
 
 
@@ -251,6 +283,8 @@ class JobPublic(JobBase):
     spec: dict[str, Any]
     sweep_id: int | None = Field(default=None, description="The sweep this job is a trial of.")
     params: dict[str, Any] | None = Field(default=None, description="Its trial's parameters.")
+    pipeline_id: int | None = Field(default=None, description="The pipeline this job is a stage of.")
+    stage: str | None = Field(default=None, description="Its stage in that pipeline.")
     result: Any | None
     progress: dict[str, Any] | None
     latest_checkpoint: str | None

@@ -102,9 +102,11 @@ def test_terminal_states_are_final_and_the_rest_active() -> None:
     assert not any(is_terminal(s) for s in ACTIVE_STATES)
     assert set(S) == ACTIVE_STATES | TERMINAL_STATES and not ACTIVE_STATES & TERMINAL_STATES
     assert all(ALLOWED_TRANSITIONS[s] == frozenset() for s in TERMINAL_STATES)
-    # The service holds queued jobs and retries waiting their backoff; a backend holds the rest.
+    # The service holds queued jobs, retries waiting their backoff and jobs waiting for their
+    # dependencies (only the first two go to a backend); a backend holds the rest.
     assert {S.queued, S.retrying} == DISPATCHABLE_STATES
-    assert not DISPATCHABLE_STATES & WATCHED_STATES and ACTIVE_STATES - DISPATCHABLE_STATES == WATCHED_STATES
+    assert not DISPATCHABLE_STATES & WATCHED_STATES
+    assert ACTIVE_STATES - DISPATCHABLE_STATES - {S.waiting} == WATCHED_STATES
 
 
 def test_every_active_state_can_be_cancelled_and_can_fail() -> None:
