@@ -40,6 +40,7 @@ from worker.spec import (
     MAX_METRICS_PER_LINE,
     CheckpointPolicy,
     RunSpec,
+    UpstreamJob,
     metrics_problem,
     parse_checkpoint_note,
 )
@@ -66,6 +67,8 @@ class JobContext:
         self.job_id = spec.job_id  # the service's id; the scheduler's is scheduler_job_id
         self.scheduler_job_id = env.job_id
         self.attempt = spec.attempt
+        self.run_id = spec.run_name  # the same over retries and requeues: an experiment tracker's run
+        self.upstream = list(spec.upstream)  # the jobs this one ran after, in the order `after` named them
         self.files = spec.files
         self.folder = self.files.folder
         self.checkpoint_dir = self.files.checkpoints
@@ -83,6 +86,17 @@ class JobContext:
         self._told_of_names = False
         # Rank 0 of a GPU job: the GPUs of its node (the job's), sampled in the background.
         self._gpus = GpuSampler.for_gpus(env.visible_gpus) if self.is_main and backend == "nccl" else None
+
+    def upstream_of(self, name: str) -> UpstreamJob:
+        """The job this one ran after whose pipeline stage (or, failing that, name) is `name`."""
+        for one in self.upstream:
+            if one.stage == name:
+                return one
+        for one in self.upstream:
+            if one.name == name:
+                return one
+        known = ", ".join(one.stage or one.name for one in self.upstream) or "none"
+        raise KeyError(f"this job ran after no job or stage named {name!r} (it ran after: {known})")
 
     @property
     def device_ids(self) -> list[int] | None:

@@ -12,6 +12,7 @@ Failure policy, so that no rank waits forever for a dead peer:
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import runpy
@@ -26,7 +27,7 @@ from worker.context import JobContext, set_current
 from worker.distributed import RankEnv, init_process_group, teardown
 from worker.files import atomic_write_text, write_error, write_placement, write_result
 from worker.rendezvous import rendezvous_key, rendezvous_port, rendezvous_store
-from worker.spec import RunSpec
+from worker.spec import ATTEMPT_ENV, JOB_ID_ENV, RUN_ID_ENV, UPSTREAM_ENV, RunSpec
 
 log = logging.getLogger("worker")
 
@@ -43,7 +44,12 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
     if env.is_main:
         # What this attempt runs with, for a person reading the folder. Written here rather than at
         # dispatch: a file per job less on the dispatcher's path, where thousands go out at once.
+        # Before the rendezvous: the other ranks, connected, find upstream.json written.
         atomic_write_text(files.spec, spec.model_dump_json(indent=2))
+        if spec.upstream:
+            upstream = [one.model_dump(mode="json") for one in spec.upstream]
+            atomic_write_text(files.upstream, json.dumps(upstream, indent=2))
+    os.environ.update(identity_vars(spec))
     contexts: list[JobContext] = []
     try:
         if spec.entrypoint is not None:
@@ -64,6 +70,16 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
             ctx.close()
         set_current(None)
         teardown()
+
+
+def identity_vars(spec: RunSpec) -> dict[str, str]:
+    """Who this rank's run is, for scripts and experiment trackers: the job, a run id that stays the
+    same over retries and requeues (wandb.init(id=..., resume="allow")), the attempt, and where the
+    jobs it ran after are described."""
+    found = {JOB_ID_ENV: str(spec.job_id), RUN_ID_ENV: spec.run_name, ATTEMPT_ENV: str(spec.attempt)}
+    if spec.upstream:
+        found[UPSTREAM_ENV] = str(spec.files.upstream)
+    return found
 
 
 def resolve_entrypoint(entrypoint: str) -> Callable[..., Any]:

@@ -11,6 +11,7 @@ refusals is the list's and asking a question once cannot change it:
 4. `replay`: an `Idempotency-Key` retry is answered with the job its first request made, before
    anything is counted: a retry by a user at their limits still gets its job (service.domain.storing
    reads it; the store settles two first requests racing each other, in its commit);
+   `upstream`: the jobs its `after` names exist and are the user's to see (one read of their ids);
 5. `quota`: the job's size, then the submissions of the minute. From here on the submission has used
    its slot of the minute, stored or refused: each step below costs the service (a process, a read of
    the store, a scheduler call), and a refusal that gave its slot back let a user have them made
@@ -41,6 +42,7 @@ from service.config import Settings
 from service.domain import code_store, policy, sweeps
 from service.domain.auth import Principal
 from service.domain.code_store import CodeStore
+from service.domain.dependencies import check_upstream
 from service.domain.jobs import require_backend
 from service.domain.quotas import QuotaBook, TooManyUnfinished
 from service.domain.storage import RoomCheck
@@ -203,6 +205,14 @@ class Admission:
         if earlier is not None:
             request.answer = replay(earlier, request.first)
 
+    async def _upstream(self, request: Request) -> None:
+        if request.job.after:
+            await asyncio.to_thread(self._check_upstream, request)
+
+    def _check_upstream(self, request: Request) -> None:
+        with Session(self.engine) as session:
+            check_upstream(session, request.user, request.job.after)
+
     async def _quota(self, request: Request) -> None:
         user = request.user.user
         if self.quotas.needs_refresh(user):
@@ -243,6 +253,7 @@ STEPS: tuple[Step, ...] = (
     Admission._policy,
     Admission._account,
     Admission._replay,
+    Admission._upstream,
     Admission._quota,
     Admission._named,
     Admission._room,

@@ -294,16 +294,18 @@ def record_waiting(
     return [event["job_id"] for event in events]
 
 
-def record_accepted(session: Session, jobs: Sequence[tuple[int, datetime]]) -> datetime:
-    """New jobs (id, when they were made), inserted queued by the intake: their first event, and the
-    ledger clock's stamp, as the last statement before COMMIT (the clock is the last lock a
-    transaction takes). Returns the stamp."""
+def record_accepted(session: Session, jobs: Sequence[tuple[int, datetime, JobState, str | None]]) -> datetime:
+    """New jobs (id, when they were made, queued or waiting, the reason they were stored with),
+    inserted by the intake: their first event, and the ledger clock's stamp, as the last statement
+    before COMMIT (the clock is the last lock a transaction takes). Returns the stamp."""
+    for _, _, state, _ in jobs:
+        assert state in (JobState.queued, JobState.waiting), "a new job is queued, or waits for others"
     _insert_events(
         session,
-        [_event(job_id, None, JobState.queued, ACCEPTED, 1, made) for job_id, made in jobs],
+        [_event(job_id, None, state, reason or ACCEPTED, 1, made) for job_id, made, state, reason in jobs],
         stamp=False,
     )
-    return stamp_jobs(session, [job_id for job_id, _ in jobs])
+    return stamp_jobs(session, [job[0] for job in jobs])
 
 
 def _insert_events(session: Session, events: list[dict[str, Any]], *, stamp: bool = True) -> None:

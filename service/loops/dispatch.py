@@ -22,6 +22,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import TypeVar
 
 from sqlalchemy import ColumnElement, and_, update
@@ -33,6 +34,7 @@ from service.accounts import Account
 from service.backends.base import Backend, SubmitOutcome
 from service.bulkhead import Bulkhead, Fault
 from service.config import Settings
+from service.domain import dependencies
 from service.domain.code_store import store_root, unpack_into
 from service.domain.transitions import Submission, record_submissions, record_transition
 from service.errors import BackendError
@@ -44,7 +46,7 @@ from service.ledger.sql import id_conditions
 from service.loops import sweep_claims
 from service.loops.recovery import CLAIM_TTL, ClaimRecovery, due
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
-from worker.spec import ArrayGroup, RunSpec
+from worker.spec import ArrayGroup, RunSpec, UpstreamJob
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +71,18 @@ _CLAIM_COLUMNS = (
     col(Job.latest_checkpoint),
     col(Job.cancel_requested),
     col(Job.sweep_id),
+    col(Job.created_at),
 )
 
 
 class _AccountGone(Exception):
     """The job's account or folder group no longer exists: the job cannot run as it was admitted."""
+
+
+def run_id(job_id: int, created_at: datetime) -> str:
+    """The job's run for experiment trackers (RunSpec.run_id): its id and when it was made, so that a
+    new ledger, whose ids count from 1 again, never resumes an older ledger's run."""
+    return f"torchyard-{job_id}-{created_at:%Y%m%dT%H%M%S}"
 
 
 def replica_id() -> str:
@@ -92,7 +101,9 @@ class Dispatcher:
         self.last_duration_s = 0.0
         self._next_stale_check = 0.0  # time.monotonic(): the first tick looks
         self.bulkhead = Bulkhead("dispatching")
+        self.waiting_bulkhead = Bulkhead("settling dependencies")
         self._recovery = ClaimRecovery(engine, backends, self._replica, self.bulkhead)
+        self._upstream: dict[int, list[UpstreamJob]] = {}  # the claimed jobs' (dependencies.upstream_jobs)
 
     # ---------------------------------------------------------------- loop
 
@@ -124,6 +135,7 @@ class Dispatcher:
         if time.monotonic() >= self._next_stale_check:  # claims a dead dispatcher left behind
             left = self._recovery.run()
             self._next_stale_check = time.monotonic() + (0.0 if left else STALE_CHECK_EVERY_S)
+        self._settle_waiting()
         claimed = self._claim()
         by_backend: dict[str, list[RunSpec]] = defaultdict(list)
         for backend_name, spec in self._prepare_all(claimed):
@@ -134,6 +146,12 @@ class Dispatcher:
         return len(claimed)
 
     # ---------------------------------------------------------------- claim
+
+    def _settle_waiting(self) -> None:
+        """Jobs whose dependencies have ended: queued (and claimed below, in this same tick), or
+        cancelled naming the one that cannot be met."""
+        with write_scope(self._engine) as session:
+            dependencies.settle_waiting(session, self.waiting_bulkhead)
 
     def _claim(self) -> list[tuple[RowMapping, ArrayGroup | None]]:
         """Up to a batch of queued jobs, marked as this replica's (those cancelled meanwhile end here).
@@ -162,6 +180,7 @@ class Dispatcher:
                 rows += list(session.connection().execute(more.with_for_update(skip_locked=True)).mappings())
             groups = sweep_claims.array_groups(session, {row["sweep_id"] for row in rows} - {None})
             claimed = [(row, groups.get(row["sweep_id"])) for row in rows if not row["cancel_requested"]]
+            self._upstream = dependencies.upstream_jobs(session, [row["id"] for row, _ in claimed])
             _set_claims(session, [row["id"] for row, _ in claimed], claimed_by=self._replica)
             for row in rows:
                 if row["cancel_requested"]:
@@ -249,6 +268,8 @@ class Dispatcher:
             rendezvous_timeout_s=self._settings.rendezvous_timeout_s,
             resume_from=job["latest_checkpoint"],
             run_as=job["run_as"],
+            upstream=self._upstream.get(job["id"], []),
+            run_id=run_id(job["id"], job["created_at"]),
             **job["spec"],
         )
         files = spec.files

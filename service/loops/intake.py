@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from service.domain.dependencies import dependency_rows, insert_dependencies, waiting_reason
 from service.domain.quotas import UnfinishedCount
 from service.domain.storing import (
     Accepted,
@@ -152,9 +153,7 @@ class JobIntake:
             earlier_sweeps = _sweeps_by_key(
                 session, [item.row for item in sweeps if isinstance(item.row, NewSweep)]
             )
-            room = UnfinishedCount(
-                session, {item.row.owner for item in batch if item.max_active is not None}
-            )
+            room = UnfinishedCount(session, {item.row.owner for item in batch if item.max_active is not None})
             outcomes: dict[int, Outcome | Exception] = {}
             # Sweeps first: their trials need the sweep's id, and join the batch's insert below.
             for item in sweeps:
@@ -257,8 +256,20 @@ class JobIntake:
                 for job_id, row in zip(ids, fresh, strict=True)
             ],
         )  # fmt: skip
+        insert_dependencies(
+            session,
+            [
+                dependency
+                for job_id, row in zip(ids, fresh, strict=True)
+                for dependency in dependency_rows(job_id, row.after)
+            ],
+        )
         stamp = record_accepted(
-            session, [(job_id, row.created_at) for job_id, row in zip(ids, fresh, strict=True)]
+            session,
+            [
+                (job_id, row.created_at, JobState(value["state"]), value["reason"])
+                for job_id, row, value in zip(ids, fresh, values, strict=True)
+            ],
         )
         return [
             JobPublic.model_validate(
@@ -290,8 +301,8 @@ def _job_values(row: NewJob, sweep_id: int | None) -> dict[str, Any]:
         "run_as": row.run_as,
         "backend": row.backend,
         "spec": row.spec,
-        "state": JobState.queued.value,
-        "reason": None,
+        "state": (JobState.waiting if row.after else JobState.queued).value,
+        "reason": waiting_reason((one.job, one.on) for one in row.after) if row.after else None,
         "exit_code": None,
         "external_id": None,
         "folder": None,
@@ -313,6 +324,8 @@ def _job_values(row: NewJob, sweep_id: int | None) -> dict[str, Any]:
         "idempotency_key": row.idempotency_key,
         "sweep_id": sweep_id,
         "params": row.params,
+        "pipeline_id": row.pipeline_id,
+        "stage": row.stage,
         "created_at": row.created_at,
         "updated_at": row.created_at,
         "submitted_at": None,

@@ -19,10 +19,14 @@ only the RunSpec's JSON text.
 
 from worker.spec.cleaning import MAX_DIGITS, MAX_JSON_DEPTH, ascii_int, clean_text, json_problem, storable
 from worker.spec.job_files import (
+    ATTEMPT_ENV,
     CHECKPOINT_DIR_ENV,
     CHECKPOINT_NOTE_SUFFIX,
     CHECKPOINT_PATTERN,
     JOB_DIR_ENV,
+    JOB_ID_ENV,
+    RUN_ID_ENV,
+    UPSTREAM_ENV,
     JobFiles,
 )
 from worker.spec.records import (
@@ -60,6 +64,7 @@ from worker.spec.run_spec import (
     KeepBest,
     Resources,
     RunSpec,
+    UpstreamJob,
     Watchdog,
     check_entrypoint,
     check_one_target,
@@ -67,6 +72,7 @@ from worker.spec.run_spec import (
 
 __all__ = [
     "ACTIVITY_INTERVAL_S",
+    "ATTEMPT_ENV",
     "CHECKPOINT_DIR_ENV",
     "CHECKPOINT_NOTE_SUFFIX",
     "CHECKPOINT_PATTERN",
@@ -75,6 +81,7 @@ __all__ = [
     "ENTRYPOINT_PATTERN",
     "ERROR_ATTEMPT_PREFIX",
     "JOB_DIR_ENV",
+    "JOB_ID_ENV",
     "MAX_COUNT",
     "MAX_DIGITS",
     "MAX_HOST_CHARS",
@@ -86,8 +93,10 @@ __all__ = [
     "MAX_WHERE_CHARS",
     "PROGRESS_KEYS",
     "PROTECTED_HARDLINKS",
+    "RUN_ID_ENV",
     "SLURM_CONSTRAINT_PATTERN",
     "SLURM_NAME_PATTERN",
+    "UPSTREAM_ENV",
     "ArrayGroup",
     "CheckpointPolicy",
     "CheckpointRecord",
@@ -98,6 +107,7 @@ __all__ = [
     "RankPlacement",
     "Resources",
     "RunSpec",
+    "UpstreamJob",
     "Watchdog",
     "ascii_int",
     "check_entrypoint",

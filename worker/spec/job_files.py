@@ -10,6 +10,11 @@ CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch 
 CHECKPOINT_NOTE_SUFFIX = ".json"  # ckpt-<n>.json beside ckpt-<n>.pt: the metrics reported when it was saved
 JOB_DIR_ENV = "TORCHYARD_JOB_DIR"  # every rank's: its job's folder, where a job writes what it keeps
 CHECKPOINT_DIR_ENV = "TORCHYARD_CHECKPOINT_DIR"  # every rank's: where checkpoints go (JobFiles.checkpoints)
+# Every rank's, for scripts and experiment trackers (worker.runner sets them):
+JOB_ID_ENV = "TORCHYARD_JOB_ID"  # the service's id of the job
+RUN_ID_ENV = "TORCHYARD_RUN_ID"  # the same over the job's retries and requeues (RunSpec.run_id)
+ATTEMPT_ENV = "TORCHYARD_ATTEMPT"  # 1 for the first attempt
+UPSTREAM_ENV = "TORCHYARD_UPSTREAM"  # JobFiles.upstream: what the jobs it ran after left
 
 
 class JobFiles:
@@ -22,6 +27,12 @@ class JobFiles:
     def spec(self) -> Path:
         """The RunSpec of the attempt that last started, written by its rank 0 (for people to read)."""
         return self.folder / "spec.json"
+
+    @property
+    def upstream(self) -> Path:
+        """Written by rank 0 before the others connect: the jobs this one ran after (RunSpec.upstream),
+        as a JSON list, for scripts (functions get ctx.upstream)."""
+        return self.folder / "upstream.json"
 
     @property
     def progress(self) -> Path:

@@ -120,6 +120,19 @@ class Watchdog(BaseModel):
     )
 
 
+class UpstreamJob(BaseModel):
+    """A job this one ran after, as the service read it when this attempt went out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int
+    name: str
+    stage: str | None = None  # its pipeline's stage, when it is one
+    state: str  # how it ended: succeeded, failed, cancelled or timeout
+    result: Any = None  # what its entrypoint returned (rank 0's)
+    checkpoint: str | None = None  # the newest checkpoint it saved (a path), if any
+
+
 class RunSpec(BaseModel):
     """Everything a rank needs to run one attempt of a job."""
 
@@ -143,6 +156,10 @@ class RunSpec(BaseModel):
     code: str | None = Field(None, pattern=CODE_ID_PATTERN)  # unpacked in JobFiles.code by the service
     python: str | None = None  # the interpreter the ranks run; None: the service's job Python
     watchdog: Watchdog | None = None  # the service's stall rules; the ranks ignore it
+    upstream: list[UpstreamJob] = Field(default_factory=list)  # the jobs it ran after, in `after` order
+    # The same over the job's retries and requeues, and unique beyond this ledger's ids (a new ledger
+    # counts from 1 again): what an experiment tracker resumes one run by. Empty: `job-<id>`.
+    run_id: str = Field("", max_length=100, pattern=r"^[A-Za-z0-9_.\-]*$")
 
     @field_validator("entrypoint")
     @classmethod
@@ -157,3 +174,7 @@ class RunSpec(BaseModel):
     @property
     def files(self) -> JobFiles:
         return JobFiles(Path(self.folder))
+
+    @property
+    def run_name(self) -> str:
+        return self.run_id or f"job-{self.job_id}"
