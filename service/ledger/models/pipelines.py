@@ -74,3 +74,71 @@ class PipelineStage(SQLModel, table=True):
     job_id: int | None = Field(default=None, foreign_key="job.id")
     sweep_id: int | None = Field(default=None, foreign_key="sweep.id")
     runs: int = 1  # how many times it was made (1 + its retries --from)
+
+
+class StageCreate(BaseModel):
+    """One stage of a pipeline: a job or a sweep (exactly one), run after the stages it names."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = pydantic.Field(
+        min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$", description="The stage's name."
+    )
+    job: dict[str, Any] | None = pydantic.Field(
+        default=None, description="A job spec, as for POST /api/v1/jobs (its `name` defaults to the stage's)."
+    )
+    sweep: dict[str, Any] | None = pydantic.Field(
+        default=None, description="A sweep, as for POST /api/v1/sweeps (its `name` defaults to the stage's)."
+    )
+    after: list[str] = pydantic.Field(
+        default_factory=list, max_length=MAX_AFTER, description="Stages (by name) this one runs after."
+    )
+    on: DependsOn = pydantic.Field(
+        default="succeeded", description="How each stage in `after` must end: succeeded, failed or ended."
+    )
+
+
+class PipelineCreate(BaseModel):
+    """The body of POST /api/v1/pipelines (and of `torchyard submit pipeline.yaml`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = pydantic.Field(min_length=1, max_length=200, description="The pipeline's name.")
+    stages: list[StageCreate] = pydantic.Field(min_length=1, max_length=50, description="Its stages.")
+
+
+StageKind = Literal["job", "sweep"]
+PipelineState = Literal["running", "succeeded", "failed", "cancelled"]
+
+
+class StagePublic(BaseModel):
+    name: str
+    position: int
+    kind: StageKind
+    after: list[str] = pydantic.Field(description="The stages it runs after.")
+    on: DependsOn
+    job_id: int | None = pydantic.Field(description="Its job now (a job stage).")
+    sweep_id: int | None = pydantic.Field(description="Its sweep now (a sweep stage).")
+    state: str = pydantic.Field(description="A job stage: its job's state; a sweep stage: 'active' or the "
+                                "state its trials came to (succeeded when all did).")  # fmt: skip
+    reason: str | None
+    runs: int = pydantic.Field(
+        description="How often it was made: 1, plus each `retry --from` that reran it."
+    )
+
+
+class PipelinePublic(BaseModel):
+    id: int
+    name: str
+    owner: str
+    state: PipelineState
+    reason: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    stages: list[StagePublic]
+
+
+class PipelinePage(BaseModel):
+    items: list[PipelinePublic]
+    next_cursor: str | None = None
