@@ -51,9 +51,18 @@ def submit(
             "no .git, .venv, __pycache__), uploaded unless the service has it, named as the job's code.",
         ),
     ] = None,
+    after: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--after",
+            help="Run once this job has succeeded (repeat for several); adds to the spec's `after`.",
+        ),
+    ] = None,
 ) -> None:
     """Submit a job described by FILE."""
     spec = load_spec(file, code)
+    if after:
+        spec["after"] = [*spec.get("after", []), *after]
     with connect(ctx) as client:
         upload_code_folder(client, spec)
         job = client.submit(spec)

@@ -15,6 +15,7 @@ from rich.text import Text
 Job = dict[str, Any]
 
 STATE_STYLE = {
+    "waiting": "dim cyan",
     "queued": "dim",
     "submitted": "cyan",
     "pending": "yellow",

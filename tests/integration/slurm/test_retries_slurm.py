@@ -32,6 +32,7 @@ from tests.support import ROOT, issue_token, rank_pid, wait_for
 pytestmark = pytest.mark.slurm
 
 TRAIN = "worker.tasks.train:train"
+UPSTREAM_ECHO = "worker.tasks.upstream:echo"
 KWARGS = {"epochs": 4, "samples": 256, "batch_size": 32, "seed": 5}
 FAST_RETRIES = {"max": 2, "backoff_s": 1, "backoff_factor": 1}
 
@@ -86,13 +87,20 @@ def test_a_run_that_raises_after_a_checkpoint_resumes_on_attempt_2_bit_for_bit(a
 
 
 def test_a_rank_killed_on_slurm_is_a_node_failure_and_the_job_is_retried(api: Api) -> None:
+    """Also: a job that runs after it, on the local backend, waits out the retry (only the final
+    outcome counts) and then gets the second attempt's result and checkpoint as its upstream."""
     job_id = api.submit(name="killed", entrypoint=TRAIN, retries=FAST_RETRIES,
                         kwargs={**KWARGS, "sleep_per_step": 0.3},
                         resources={"nodes": 2, "tasks_per_node": 1, "timeout_min": 5})["id"]  # fmt: skip
+    dependent = api.submit(name="after-killed", entrypoint=UPSTREAM_ECHO, backend="local", after=[job_id])
+    assert dependent["state"] == "waiting", dependent
     job = first_checkpoint(api, job_id)
     os.kill(rank_pid(job["folder"], 1, "SLURM_PROCID"), signal.SIGKILL)
+    wait_for(lambda: api.job(job_id)["state"] == "retrying", 120, "the retry")
+    assert api.job(dependent["id"])["state"] == "waiting"  # a retrying dependency has not ended
 
     done = api.finished(job_id, timeout=240)
+    after = api.finished(dependent["id"], timeout=120)
 
     first = attempts(api, job_id)[0]
     print(f"\nattempt 1: {first['state']} {first['kind']} exit {first['exit_code']}: {first['reason'][:300]}")
@@ -104,6 +112,13 @@ def test_a_rank_killed_on_slurm_is_a_node_failure_and_the_job_is_retried(api: Ap
     for placed in (first["placement"], done["placement"]):  # where the ranks said they ran
         assert [(p["rank"], p["host"]) for p in placed] == [(0, "n1"), (1, "n2")]
     wait_for(lambda: not processes_in(job["folder"]), 30, "every process of the job to be gone")
+    assert after["state"] == "succeeded", after["reason"]
+    [upstream] = after["result"]
+    assert (upstream["job_id"], upstream["state"]) == (job_id, "succeeded")
+    assert upstream["result"] == done["result"] and upstream["checkpoint"] == done["latest_checkpoint"]
+    events = api.get(f"/api/v1/jobs/{dependent['id']}/events").json()
+    waited = [event for event in events if event["to_state"] == "queued"]
+    assert datetime.fromisoformat(waited[0]["time"]) >= datetime.fromisoformat(done["finished_at"])
 
 
 def processes_in(folder: str) -> list[int]:
