@@ -51,6 +51,9 @@ def submit(
             "no .git, .venv, __pycache__), uploaded unless the service has it, named as the job's code.",
         ),
     ] = None,
+    parsable: Annotated[
+        bool, typer.Option("--parsable", help="Print only the job's id (as sbatch --parsable does).")
+    ] = False,
     after: Annotated[
         list[int] | None,
         typer.Option(
@@ -66,7 +69,10 @@ def submit(
     with connect(ctx) as client:
         upload_code_folder(client, spec)
         job = client.submit(spec)
-        make_console().print(f"submitted job {job['id']} ({job['name']}), {job['state']}")
+        if parsable:
+            print(job["id"])
+        else:
+            make_console().print(f"submitted job {job['id']} ({job['name']}), {job['state']}")
         if not wait:
             return
         try:
