@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import and_, exists, insert, or_, select
+from sqlalchemy.orm import aliased
 from sqlmodel import Session, col
 
 from service.bulkhead import Bulkhead, Fault
@@ -131,13 +132,28 @@ def settle_waiting(session: Session, bulkhead: Bulkhead) -> int:
 
 
 def _due(session: Session) -> list[int]:
-    """Waiting jobs with at least one dependency ended (the others cannot move yet), oldest first."""
-    waiting = select(col(JobDependency.job_id)).join(Job, col(Job.id) == col(JobDependency.job_id))
-    ended = select(col(Job.id)).where(col(Job.state).in_(sorted(TERMINAL_STATE_NAMES))).scalar_subquery()
+    """Waiting jobs that `verdict` moves now, oldest first: every dependency ended, or one ended in a
+    way that cannot meet it. Only those: a job still waiting on a running dependency is not read
+    again every tick, and cannot fill a batch that jobs able to move then never reach."""
+    upstream = aliased(Job)
+    dependency = aliased(JobDependency)
+    of_job = and_(col(dependency.job_id) == col(Job.id), col(upstream.id) == col(dependency.upstream_id))
+    terminal = sorted(TERMINAL_STATE_NAMES)
+    not_ended = exists().where(of_job, col(upstream.state).not_in(terminal))
+    unmet = exists().where(
+        of_job,
+        or_(
+            *(
+                and_(col(dependency.on) == on, col(upstream.state).in_(sorted(TERMINAL_STATE_NAMES - met)))
+                for on, met in MEETS.items()
+                if TERMINAL_STATE_NAMES - met
+            )
+        ),
+    )
     query = (
-        waiting.where(col(Job.state) == JobState.waiting.value, col(JobDependency.upstream_id).in_(ended))
-        .group_by(col(JobDependency.job_id))
-        .order_by(col(JobDependency.job_id))
+        select(col(Job.id))
+        .where(col(Job.state) == JobState.waiting.value, or_(~not_ended, unmet))
+        .order_by(col(Job.id))
         .limit(SETTLE_BATCH)
     )
     return [int(job_id) for job_id in session.connection().execute(query).scalars()]

@@ -5,8 +5,10 @@ gets what they left (ctx.upstream) in its RunSpec."""
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 
+from service.domain import dependencies
 from service.states import JobState
 from tests.fakes import FakeBackend
 from tests.support import JOBS, get_job, login_headers, submit, wait_state
@@ -103,3 +105,20 @@ def test_a_waiting_job_is_cancelled_at_once(api: TestClient, fake: FakeBackend) 
     fake.finish(first, None)
     wait_state(api, first, "succeeded")
     assert get_job(api, second)["state"] == "cancelled" and second not in fake.specs
+
+
+def test_jobs_still_waiting_never_crowd_out_one_that_can_go(
+    api: TestClient, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A settling pass reads a batch of waiting jobs: only those that move, so that many jobs waiting
+    on a running dependency (with another already done) never fill it."""
+    monkeypatch.setattr(dependencies, "SETTLE_BATCH", 2)
+    done, running = submit(api)["id"], submit(api)["id"]
+    wait_state(api, done, "running")
+    wait_state(api, running, "running")
+    fake.finish(done, None)
+    wait_state(api, done, "succeeded")
+    stuck = [submit(api, after=[done, running])["id"] for _ in range(3)]
+    ready = submit(api, after=[done])["id"]
+    wait_state(api, ready, "running")
+    assert {get_job(api, job_id)["state"] for job_id in stuck} == {"waiting"}
