@@ -126,13 +126,15 @@ def _job_tag(session: SessionDep, job_id: int, user: Principal) -> str:
     summary="Submit a job",
     responses={
         200: {"model": JobPublic, "description": "A retry: the job this Idempotency-Key made."},
-        **error_responses(409, 413, 422, 429, 502, 507),
+        **error_responses(404, 409, 413, 422, 429, 502, 507),
     },
 )
 async def create_job(
     payload: JobCreate, runtime: RuntimeDep, user: CurrentUser, idempotency_key: IdempotencyKey = None
 ) -> Response:
-    """Store the job (state `queued`) and return at once; the dispatch loop hands it to the backend."""
+    """Store the job (state `queued`, or `waiting` while the jobs its `after` names have not ended as
+    asked) and return at once; the dispatch loop hands it to the backend. 404: `after` names a job the
+    caller may not see."""
     with runtime.writers.writing():
         accepted = await runtime.admission.submit(payload, user, idempotency_key)
     status = 200 if accepted.replayed else 201

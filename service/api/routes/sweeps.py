@@ -38,7 +38,7 @@ SweepId = Annotated[int, Path(ge=1, le=MAX_ID, description="The sweep's id.")]
     summary="Launch a sweep: every combination of the grid is a trial job",
     responses={
         200: {"model": SweepPublic, "description": "A retry: the sweep this Idempotency-Key made."},
-        **error_responses(403, 409, 413, 422, 429, 502, 507),
+        **error_responses(403, 404, 409, 413, 422, 429, 502, 507),
     },
 )
 async def create_sweep(
