@@ -131,7 +131,13 @@ def settle_waiting(session: Session, bulkhead: Bulkhead) -> int:
     return moved
 
 
-def _due(session: Session) -> list[int]:
+def any_due(session: Session) -> bool:
+    """Whether a settling pass would move a job: a read, so that a tick with nothing to settle takes
+    no write turn (on SQLite, the one write lock every commit waits for)."""
+    return bool(_due(session, limit=1))
+
+
+def _due(session: Session, limit: int | None = None) -> list[int]:
     """Waiting jobs that `verdict` moves now, oldest first: every dependency ended, or one ended in a
     way that cannot meet it. Only those: a job still waiting on a running dependency is not read
     again every tick, and cannot fill a batch that jobs able to move then never reach."""
@@ -154,7 +160,7 @@ def _due(session: Session) -> list[int]:
         select(col(Job.id))
         .where(col(Job.state) == JobState.waiting.value, or_(~not_ended, unmet))
         .order_by(col(Job.id))
-        .limit(SETTLE_BATCH)
+        .limit(limit or SETTLE_BATCH)
     )
     return [int(job_id) for job_id in session.connection().execute(query).scalars()]
 

@@ -150,6 +150,9 @@ class Dispatcher:
     def _settle_waiting(self) -> None:
         """Jobs whose dependencies have ended: queued (and claimed below, in this same tick), or
         cancelled naming the one that cannot be met."""
+        with Session(self._engine) as session:
+            if not dependencies.any_due(session):
+                return
         with write_scope(self._engine) as session:
             dependencies.settle_waiting(session, self.waiting_bulkhead)
 
