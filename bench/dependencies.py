@@ -18,13 +18,13 @@ from typing import Any
 
 from sqlalchemy import insert, update
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col
+from sqlmodel import col
 
 from bench.scale import empty_ledger
 from bench.seed import seed_jobs, sqlite_url
 from service.bulkhead import Bulkhead
-from service.domain.dependencies import any_due, settle_waiting
-from service.ledger.db import make_engine, write_scope
+from service.domain.dependencies import settle_due
+from service.ledger.db import make_engine
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
 from service.ledger.models.pipelines import JobDependency
@@ -43,12 +43,8 @@ def best_ms(work: Callable[[], object]) -> float:
 
 
 def tick(engine: Engine) -> int:
-    """What the dispatcher's tick does first (Dispatcher._settle_waiting)."""
-    with Session(engine) as session:
-        if not any_due(session):
-            return 0
-    with write_scope(engine) as session:
-        return settle_waiting(session, Bulkhead("bench"))
+    """What the dispatcher's tick does first."""
+    return settle_due(engine, Bulkhead("bench"))
 
 
 def job_row(name: str, state: JobState) -> dict[str, Any]:

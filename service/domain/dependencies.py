@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, exists, insert, or_, select
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col
 
@@ -23,6 +24,7 @@ from service.bulkhead import Bulkhead, Fault
 from service.domain.auth import Principal
 from service.domain.transitions import record_transition
 from service.errors import NotFound
+from service.ledger.db import write_scope
 from service.ledger.models.jobs import Job
 from service.ledger.models.pipelines import Dependency, JobDependency
 from service.states import TERMINAL_STATE_NAMES, JobState
@@ -129,6 +131,17 @@ def settle_waiting(session: Session, bulkhead: Bulkhead) -> int:
         if moved_now == 0:
             break
     return moved
+
+
+def settle_due(engine: Engine, bulkhead: Bulkhead) -> int:
+    """The dispatch tick's first step: settle the waiting jobs that move now, if any (a read first, so
+    that a tick with nothing to settle takes no write turn: on SQLite, the one write lock). Its own
+    transactions; returns how many moved."""
+    with Session(engine) as session:
+        if not any_due(session):
+            return 0
+    with write_scope(engine) as session:
+        return settle_waiting(session, bulkhead)
 
 
 def any_due(session: Session) -> bool:

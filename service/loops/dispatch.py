@@ -22,7 +22,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import TypeVar
 
 from sqlalchemy import ColumnElement, and_, update
@@ -46,7 +45,7 @@ from service.ledger.sql import id_conditions
 from service.loops import sweep_claims
 from service.loops.recovery import CLAIM_TTL, ClaimRecovery, due
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
-from worker.spec import ArrayGroup, RunSpec, UpstreamJob
+from worker.spec import ArrayGroup, RunSpec, UpstreamJob, tracker_run_id
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +76,6 @@ _CLAIM_COLUMNS = (
 
 class _AccountGone(Exception):
     """The job's account or folder group no longer exists: the job cannot run as it was admitted."""
-
-
-def run_id(job_id: int, created_at: datetime) -> str:
-    """The job's run for experiment trackers (RunSpec.run_id): its id and when it was made, so that a
-    new ledger, whose ids count from 1 again, never resumes an older ledger's run."""
-    return f"torchyard-{job_id}-{created_at:%Y%m%dT%H%M%S}"
 
 
 def replica_id() -> str:
@@ -135,7 +128,8 @@ class Dispatcher:
         if time.monotonic() >= self._next_stale_check:  # claims a dead dispatcher left behind
             left = self._recovery.run()
             self._next_stale_check = time.monotonic() + (0.0 if left else STALE_CHECK_EVERY_S)
-        self._settle_waiting()
+        # Jobs whose dependencies ended: queued (and claimed below, in this same tick), or cancelled.
+        dependencies.settle_due(self._engine, self.waiting_bulkhead)
         claimed = self._claim()
         by_backend: dict[str, list[RunSpec]] = defaultdict(list)
         for backend_name, spec in self._prepare_all(claimed):
@@ -147,14 +141,6 @@ class Dispatcher:
 
     # ---------------------------------------------------------------- claim
 
-    def _settle_waiting(self) -> None:
-        """Jobs whose dependencies have ended: queued (and claimed below, in this same tick), or
-        cancelled naming the one that cannot be met."""
-        with Session(self._engine) as session:
-            if not dependencies.any_due(session):
-                return
-        with write_scope(self._engine) as session:
-            dependencies.settle_waiting(session, self.waiting_bulkhead)
 
     def _claim(self) -> list[tuple[RowMapping, ArrayGroup | None]]:
         """Up to a batch of queued jobs, marked as this replica's (those cancelled meanwhile end here).
@@ -272,7 +258,7 @@ class Dispatcher:
             resume_from=job["latest_checkpoint"],
             run_as=job["run_as"],
             upstream=self._upstream.get(job["id"], []),
-            run_id=run_id(job["id"], job["created_at"]),
+            run_id=tracker_run_id(job["id"], job["created_at"]),
             **job["spec"],
         )
         files = spec.files
@@ -302,7 +288,7 @@ class Dispatcher:
             self._release([spec.job_id for spec in specs], f"dispatch failed, will retry: {error}")
             return
         except Exception as error:  # not the scheduler's: something about some job of the batch
-            units = _units(specs)
+            units = sweep_claims.units(specs)
             if len(units) > 1:
                 for unit in units:  # each alone, so that only the one that raises pays
                     self._submit(backend_name, unit)
@@ -366,21 +352,6 @@ class Dispatcher:
         reason = f"{backend.name} id {outcome.external_id}"
         moved = record_transition(session, job, JobState.submitted, reason, external_id=outcome.external_id)
         return moved is JobState.cancelled
-
-
-def _units(specs: Sequence[RunSpec]) -> list[list[RunSpec]]:
-    """The batch as the backend must take it: a job alone, a sweep's array whole."""
-    groups: dict[str, list[RunSpec]] = {}
-    units: list[list[RunSpec]] = []
-    for spec in specs:
-        if spec.group is None:
-            units.append([spec])
-        elif spec.group.key not in groups:
-            groups[spec.group.key] = [spec]
-            units.append(groups[spec.group.key])
-        else:
-            groups[spec.group.key].append(spec)
-    return units
 
 
 def _unclaim(session: Session, job_id: int, reason: str) -> None:

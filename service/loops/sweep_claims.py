@@ -31,7 +31,7 @@ from service.backends.base import Backend
 from service.ledger.models.jobs import Job
 from service.ledger.models.sweeps import Sweep
 from service.states import DISPATCHABLE_STATES, TERMINAL_STATE_NAMES, JobState
-from worker.spec import ArrayGroup
+from worker.spec import ArrayGroup, RunSpec
 
 
 def under_way() -> ColumnElement[bool]:
@@ -165,3 +165,18 @@ def array_groups(session: Session, sweep_ids: Collection[int]) -> dict[int, Arra
 def _runs_arrays(backends: Mapping[str, Backend], name: str) -> bool:
     backend = backends.get(name)
     return backend is not None and backend.runs_arrays
+
+
+def units(specs: Sequence[RunSpec]) -> list[list[RunSpec]]:
+    """The batch as the backend must take it: a job alone, a sweep's array whole."""
+    groups: dict[str, list[RunSpec]] = {}
+    units: list[list[RunSpec]] = []
+    for spec in specs:
+        if spec.group is None:
+            units.append([spec])
+        elif spec.group.key not in groups:
+            groups[spec.group.key] = [spec]
+            units.append(groups[spec.group.key])
+        else:
+            groups[spec.group.key].append(spec)
+    return units

@@ -68,6 +68,7 @@ from worker.spec.run_spec import (
     Watchdog,
     check_entrypoint,
     check_one_target,
+    tracker_run_id,
 )
 
 __all__ = [
@@ -122,4 +123,5 @@ __all__ = [
     "parse_placement",
     "parse_progress_line",
     "storable",
+    "tracker_run_id",
 ]

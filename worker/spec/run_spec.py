@@ -4,6 +4,7 @@ checkpoint policy, the array group, the code snapshot."""
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -118,6 +119,12 @@ class Watchdog(BaseModel):
         description="`report`: flag the job stalled (with every rank's stack) and let it run; `fail`: also "
         "end the attempt as `hang` (retried when `retries.on` holds it).",
     )
+
+
+def tracker_run_id(job_id: int, created_at: datetime) -> str:
+    """A job's RunSpec.run_id: its id and when it was made, so that a new ledger, whose ids count from
+    1 again, never resumes an older ledger's run in an experiment tracker."""
+    return f"torchyard-{job_id}-{created_at:%Y%m%dT%H%M%S}"
 
 
 class UpstreamJob(BaseModel):
