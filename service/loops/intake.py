@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from service.domain.notifications import subscribe_new_jobs
 from service.domain.quotas import UnfinishedCount
 from service.domain.storing import (
     Accepted,
@@ -257,6 +258,9 @@ class JobIntake:
                 for job_id, row in zip(ids, fresh, strict=True)
             ],
         )  # fmt: skip
+        subscribe_new_jobs(
+            session, [(job_id, row.owner, row.notify) for job_id, row in zip(ids, fresh, strict=True)]
+        )
         stamp = record_accepted(
             session, [(job_id, row.created_at) for job_id, row in zip(ids, fresh, strict=True)]
         )
