@@ -57,7 +57,8 @@ class Notifier:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
