@@ -3,11 +3,17 @@ checked), a spec's `notify`, and deliveries of a job's states to a real receiver
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+import service.cli.context as cli_context
+from service.cli.context import EXIT_REQUEST
+from service.cli.main import app
+from service.client import TorchyardClient
 from service.config import Settings
 from service.domain import webhook_events
 from service.states import JobState
@@ -175,3 +181,33 @@ def test_webhooks_off_until_the_operator_names_hosts(api: TestClient) -> None:
     response = api.post(SUBSCRIPTIONS, json={"url": "http://127.0.0.1:9/hook", "on": ["failed"]})
     assert response.status_code == 422
     assert "TORCHYARD_WEBHOOK_HOSTS" in response.json()["detail"][0]["msg"]
+
+
+def test_the_notify_verbs(api: TestClient, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`torchyard notify add/list/deliveries/rm` through the typed client, against this service."""
+    token = api.headers["authorization"].removeprefix("Bearer ")
+    real = TorchyardClient
+
+    def client(base_url: str | None = None, token: str | None = None, **kwargs: Any) -> TorchyardClient:
+        return real("http://testserver", token=token, transport=api._transport)
+
+    monkeypatch.setattr(cli_context, "TorchyardClient", client)
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        done = runner.invoke(app, ["--token", token, "notify", *args])
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    added = run("add", receiver.url, "--on", "failed,succeeded")
+    (sub_id,) = [
+        int(line.split()[1].rstrip(":")) for line in added.splitlines() if line.startswith("subscription")
+    ]
+    secret = api.get(f"{SUBSCRIPTIONS}/{sub_id}").json()["secret"]
+    assert f"secret: {secret}" in added
+    assert receiver.url in run("list")
+    assert json.loads(run("deliveries", "--json")) == []
+    refused = runner.invoke(app, ["--token", token, "notify", "add", "http://10.0.0.1/x", "--on", "failed"])
+    assert refused.exit_code == EXIT_REQUEST and "not among the hosts" in refused.output
+    assert f"removed subscription {sub_id}" in run("rm", str(sub_id))
+    assert "no subscriptions" in run("list")
