@@ -177,6 +177,14 @@ def _due(now: datetime) -> ColumnElement[bool]:
     )
 
 
+def work_waiting(session: Session) -> tuple[bool, bool]:
+    """Whether any notice waits for its fan-out, and whether any delivery is due: two reads."""
+    now = utcnow()
+    notice = session.exec(select(Notice.id).limit(1)).first()
+    due = session.exec(select(Delivery.id).where(_due(now)).limit(1)).first()
+    return notice is not None, due is not None
+
+
 def claim_due(session: Session, me: str, lease_s: float, limit: int = CLAIM_BATCH) -> list[Claimed]:
     """Take the lease of up to `limit` due pending deliveries (each try counted as it is taken: a
     replica that dies sending it has spent it). Commit before sending."""

@@ -64,9 +64,15 @@ class Notifier:
 
     def run_pass(self) -> int:
         """One fan-out and one round of sends; returns how many deliveries were tried."""
-        dashboard = self._settings.dashboard_url()
-        with write_scope(self._engine) as session:
-            outbox.fan_out(session, dashboard, self.fan_out_guard)
+        # A quiet ledger costs a read, not a write turn (SQLite's one writer is the intake's first).
+        with session_scope(self._engine) as session:
+            notices, due = outbox.work_waiting(session)
+        if notices:
+            with write_scope(self._engine) as session:
+                outbox.fan_out(session, self._settings.dashboard_url(), self.fan_out_guard)
+            due = True
+        if not due:
+            return 0
         with write_scope(self._engine) as session:
             claimed = outbox.claim_due(session, self.me, self._lease_s())
         # Committed: the lease is ours, and no transaction is open while we call out.
@@ -98,16 +104,10 @@ class Notifier:
         body = webhook_events.body_bytes(claimed.payload)
         headers = webhook_events.headers(claimed.secret, body, claimed.delivery_id, claimed.event)
         try:
-            response = self._client.post(claimed.url, content=body, headers=headers)
+            with self._client.stream("POST", claimed.url, content=body, headers=headers) as response:
+                return _outcome(response)
         except httpx.HTTPError as error:
             return outbox.Outcome(False, error=f"{type(error).__name__}: {error}")
-        status = response.status_code
-        if 200 <= status < 300:
-            return outbox.Outcome(True, status=status)
-        if 300 <= status < 400:
-            where = response.headers.get("location", "")
-            return outbox.Outcome(False, status=status, error=f"{status}: redirects are refused ({where})")
-        return outbox.Outcome(False, status=status, error=f"{status}: {response.text[:MAX_BODY_READ]}")
 
     def _backoff(self, tries: int) -> float:
         wait = self._settings.webhook_backoff_s * 2 ** (tries - 1)
@@ -125,3 +125,21 @@ class Notifier:
             except Exception:  # the loop must outlive a bad pass (database down, ...)
                 log.exception("notify pass failed; trying again later")
             self._stop.wait(self._settings.notify_interval_s)
+
+
+def _outcome(response: httpx.Response) -> outbox.Outcome:
+    """How a receiver answered: 2xx delivered; anything else a failed try, with the first bytes of
+    its answer (never all of them: a receiver could send gigabytes)."""
+    status = response.status_code
+    if 200 <= status < 300:
+        return outbox.Outcome(True, status=status)
+    if 300 <= status < 400:
+        where = response.headers.get("location", "")
+        return outbox.Outcome(False, status=status, error=f"{status}: redirects are refused ({where})")
+    read = b""
+    for chunk in response.iter_bytes():
+        read += chunk
+        if len(read) >= MAX_BODY_READ:
+            break
+    text = read[:MAX_BODY_READ].decode(errors="replace")
+    return outbox.Outcome(False, status=status, error=f"{status}: {text}")
