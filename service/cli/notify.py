@@ -40,8 +40,8 @@ def add(
         typer.echo(as_json(made))
         return
     console = make_console()
-    states = ", ".join(made["on"])
-    console.print(f"subscription {made['id']}: {escape(made['url'])} on {states}", soft_wrap=True)
+    told = ", ".join(made["on"])
+    console.print(f"subscription {made['id']}: {escape(made['url'])} on {told}", soft_wrap=True)
     console.print(f"secret: {made['secret']}", soft_wrap=True)
     console.print(
         "each POST carries X-Torchyard-Signature: sha256=<HMAC-SHA256 of its body with this secret>"
