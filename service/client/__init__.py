@@ -349,9 +349,6 @@ class TorchyardClient(Notifications):
     def _object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return _as_object(self._request(method, path, **kwargs))
 
-    def _send_delete(self, path: str) -> None:
-        self._request("DELETE", path)
-
     def _array(self, method: str, path: str, **kwargs: Any) -> Jobs:
         body = _body(self._request(method, path, **kwargs))
         if not isinstance(body, list):

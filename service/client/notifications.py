@@ -39,8 +39,9 @@ class Notifications:
         """One of yours, with its secret."""
         return self._object("GET", f"/api/v1/notifications/subscriptions/{subscription_id}")
 
-    def unsubscribe(self, subscription_id: int) -> None:
-        self._send_delete(f"/api/v1/notifications/subscriptions/{subscription_id}")
+    def unsubscribe(self, subscription_id: int) -> Row:
+        """Remove one of yours; answers what was removed."""
+        return self._object("DELETE", f"/api/v1/notifications/subscriptions/{subscription_id}")
 
     def deliveries(
         self, job: int | None = None, pipeline: int | None = None, status: str | None = None, limit: int = 100
@@ -51,6 +52,3 @@ class Notifications:
             if value is not None:
                 params[name] = value
         return self._array("GET", "/api/v1/notifications/deliveries", params=params)
-
-    def _send_delete(self, path: str) -> None:
-        raise NotImplementedError

@@ -110,9 +110,10 @@ def get_subscription(session: Session, subscription_id: int, user: Principal) ->
     return SubscriptionWithSecret.model_validate(_own(session, subscription_id, user), from_attributes=True)
 
 
-def remove_subscription(session: Session, subscription_id: int, user: Principal) -> None:
+def remove_subscription(session: Session, subscription_id: int, user: Principal) -> SubscriptionPublic:
     """Gone, and its deliveries not yet sent fail (a send under way settles as it goes)."""
     row = _own(session, subscription_id, user)
+    removed = SubscriptionPublic.model_validate(row, from_attributes=True)
     session.connection().execute(
         update(Delivery)
         .where(col(Delivery.subscription_id) == subscription_id, col(Delivery.status) == "pending")
@@ -120,6 +121,7 @@ def remove_subscription(session: Session, subscription_id: int, user: Principal)
     )
     session.delete(row)
     audit.record(session, user.user, "notify.unsubscribe", f"subscription {subscription_id}")
+    return removed
 
 
 def list_deliveries(

@@ -127,7 +127,10 @@ def test_subscriptions_are_their_owners(api: TestClient, login: Login, receiver:
     response = api.post(SUBSCRIPTIONS, json=body, headers=bob)
     assert response.status_code == 404 and response.json()["detail"][0]["loc"] == ["body", "job"]
 
-    assert api.delete(f"{SUBSCRIPTIONS}/{made['id']}").status_code == 204
+    removed = api.delete(f"{SUBSCRIPTIONS}/{made['id']}")
+    assert (
+        removed.status_code == 200 and removed.json()["id"] == made["id"] and "secret" not in removed.json()
+    )
     assert api.get(f"{SUBSCRIPTIONS}/{made['id']}").status_code == 404
 
 

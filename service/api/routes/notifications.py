@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query
 
 from service.api.deps import CurrentUser, RuntimeDep, SessionDep
 from service.api.errors import error_responses
@@ -62,14 +62,14 @@ def get_subscription(
 
 @router.delete(
     "/subscriptions/{subscription_id}",
-    status_code=204,
-    response_class=Response,
-    summary="Remove a subscription (its deliveries not yet sent fail)",
+    response_model=SubscriptionPublic,
+    summary="Remove a subscription (its deliveries not yet sent fail); answers what was removed",
     responses=error_responses(404, 422),
 )
-def remove_subscription(subscription_id: SubscriptionId, session: SessionDep, user: CurrentUser) -> Response:
-    notifications.remove_subscription(session, subscription_id, user)
-    return Response(status_code=204)
+def remove_subscription(
+    subscription_id: SubscriptionId, session: SessionDep, user: CurrentUser
+) -> SubscriptionPublic:
+    return notifications.remove_subscription(session, subscription_id, user)
 
 
 @router.get(
