@@ -89,7 +89,7 @@ class Notifier:
             log.info("webhook delivery %s (try %d) failed: %s", claimed.delivery_id, claimed.attempts,
                      outcome.error)  # fmt: skip
         most = self._settings.webhook_max_attempts
-        with session_scope(self._engine) as session:
+        with write_scope(self._engine) as session:  # on SQLite, a turn among this process's writers
             outbox.settle(session, claimed, self.me, outcome, max_attempts=most, backoff=self._backoff)
 
     def _send(self, claimed: outbox.Claimed) -> outbox.Outcome:
