@@ -14,7 +14,17 @@ from service.api.errors import install_error_handlers
 from service.api.gate import RequestGate
 from service.api.loopback import is_loopback
 from service.api.metrics import LatencyMiddleware, ServiceMetrics
-from service.api.routes import access, checkpoints, code, dashboard, health, jobs, stacks, sweeps
+from service.api.routes import (
+    access,
+    checkpoints,
+    code,
+    dashboard,
+    health,
+    jobs,
+    notifications,
+    stacks,
+    sweeps,
+)
 from service.api.routes import metrics as metrics_routes
 from service.backends.base import Backend
 from service.config import Settings, get_settings
@@ -40,6 +50,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     sweeps.router,
     access.router,
     code.router,
+    notifications.router,
     metrics_routes.router,
     dashboard.router,  # before the page's static files (mount_assets): its states.js is found first
 )

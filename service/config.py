@@ -128,6 +128,26 @@ class Settings(BaseSettings):
 
     slurm_partition: str | None = None
 
+    public_url: str | None = Field(
+        None, description="The service's address as users reach it (webhooks link to its dashboard)."
+    )
+    webhook_hosts: CommaList = Field(
+        default_factory=list,
+        description="Hosts (or IP literals) webhooks may reach, '*.example.org' allowed; none: no webhooks.",
+    )
+    webhook_private_hosts: CommaList = Field(
+        default_factory=list,
+        description="Of those, hosts that may resolve to loopback, private or link-local addresses.",
+    )
+    notify_interval_s: float = Field(1.0, gt=0, description="Seconds between the notify loop's passes.")
+    webhook_connect_timeout_s: float = Field(5.0, gt=0, description="Connecting to a webhook's host.")
+    webhook_read_timeout_s: float = Field(10.0, gt=0, description="Waiting for a webhook's answer.")
+    webhook_max_attempts: int = Field(8, ge=1, description="Tries of one delivery before it fails.")
+    webhook_backoff_s: float = Field(
+        5.0, ge=0, description="Wait after a delivery's first failed try; doubled after each next one."
+    )
+    webhook_max_backoff_s: float = Field(3600.0, ge=0, description="The longest wait between tries.")
+
     @field_validator(
         "backends",
         "allowed_entrypoints",
@@ -136,6 +156,8 @@ class Settings(BaseSettings):
         "job_pythonpath",
         "allowed_pythons",
         "trusted_proxies",
+        "webhook_hosts",
+        "webhook_private_hosts",
         mode="before",
     )
     @classmethod
@@ -161,6 +183,13 @@ class Settings(BaseSettings):
         if self.max_code_bytes_per_user is not None:
             return self.max_code_bytes_per_user
         return CODE_BYTES_PER_USER_FACTOR * self.max_code_bytes
+
+    def dashboard_url(self) -> str:
+        """Where users open the dashboard: the public URL, else the address the service listens on."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -1,4 +1,4 @@
-"""What one running service holds: engine, backends, the intake writer and the two loops."""
+"""What one running service holds: engine, backends, the intake writer and the loops."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from service.ledger.db import make_engine, migrate
 from service.loops.dispatch import Dispatcher
 from service.loops.housekeeping import Housekeeper
 from service.loops.intake import JobIntake
+from service.loops.notify import Notifier
 from service.loops.reconcile import Reconciler
 
 GIL_TURN_S = 0.0005
@@ -48,6 +49,7 @@ class Runtime:
     housekeeper: Housekeeper  # retention passes and folder sizes
     code: CodeStore
     code_uploads: CodeUploads  # permission, rate, room and per-user bytes before the store
+    notifier: Notifier  # webhooks: the outbox's notices delivered
     fragments: Fragments = field(default_factory=Fragments)  # each job's JSON per version
     pages: LastPages = field(default_factory=LastPages)  # list pages while the clock stands still
     writers: WritersFirst = field(default_factory=WritersFirst)  # polls wait for POSTs in flight
@@ -85,6 +87,7 @@ class Runtime:
             Housekeeper(engine, settings),
             code,
             CodeUploads(settings, engine, code, quotas, room),
+            Notifier(engine, settings),
         )
         on_stamped_commit(engine, runtime.job_watch.changed)
         return runtime
@@ -100,6 +103,7 @@ class Runtime:
         self.dispatcher.start()
         self.reconciler.start()
         self.housekeeper.start()
+        self.notifier.start()
         self.dispatcher.wake()  # jobs queued before a restart go out now
 
     def stop(self) -> None:
@@ -107,6 +111,7 @@ class Runtime:
         self.dispatcher.stop()
         self.reconciler.stop()
         self.housekeeper.stop()
+        self.notifier.stop()
         for backend in self.backends.values():
             backend.close()
         self.reader.close()

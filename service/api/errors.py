@@ -46,7 +46,17 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
     BackendError: 502,
     InsufficientStorage: 507,
 }
-NOT_BODY_FIELDS = ("job_id", "checkpoint", "rank", "cursor", "token_id", "user", "offset", "Idempotency-Key")
+NOT_BODY_FIELDS = (
+    "job_id",
+    "subscription_id",
+    "checkpoint",
+    "rank",
+    "cursor",
+    "token_id",
+    "user",
+    "offset",
+    "Idempotency-Key",
+)
 
 
 class ErrorDetail(BaseModel):

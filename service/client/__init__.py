@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from service.client.notifications import Notifications
 from service.client.wire import (
     DEFAULT_URL,
     LONG_POLL_S,
@@ -82,7 +83,7 @@ def _spec_body(spec: Spec) -> dict[str, Any]:
     return spec.model_dump(mode="json", exclude_unset=True)
 
 
-class TorchyardClient:
+class TorchyardClient(Notifications):
     """One connection pool to one service. Methods return the API's JSON; errors raise TorchyardError."""
 
     def __init__(

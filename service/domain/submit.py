@@ -39,7 +39,7 @@ from sqlmodel import Session
 from service.accounts import job_account
 from service.backends.base import Backend
 from service.config import Settings
-from service.domain import code_store, policy, sweeps
+from service.domain import code_store, notifications, policy, sweeps
 from service.domain.auth import Principal
 from service.domain.code_store import CodeStore
 from service.domain.dependencies import check_upstream
@@ -148,6 +148,8 @@ class Admission:
         """What the request itself tells, and a script's real path."""
         job = request.job
         policy.check_env(job.env, self.settings)
+        if job.notify:  # the webhooks' hosts are resolved: off the event loop
+            await asyncio.to_thread(notifications.check_notify, job.notify, self.settings)
         if job.python is not None:
             policy.check_python_allowed(job.python, self.settings)
         if job.code is not None:
@@ -312,7 +314,8 @@ def new_job_row(
 ) -> NewJob:
     # What the ranks get: not whom it runs after (the ledger's JobDependency rows; the ranks read what
     # those jobs left as ctx.upstream).
-    spec = payload.model_dump(exclude={"name", "backend", "retries", "after"}, mode="json")
+    # Nor its webhooks: subscriptions, bound to it by the intake.
+    spec = payload.model_dump(exclude={"name", "backend", "retries", "after", "notify"}, mode="json")
     # Absent rather than null: a job without them reads as before.
     for optional in ("code", "python", "watchdog"):
         if spec[optional] is None:
@@ -326,6 +329,7 @@ def new_job_row(
         idempotency_key=idempotency_key,
         retries=payload.retries.model_dump(mode="json"),
         after=tuple(payload.after),
+        notify=tuple(payload.notify),
     )
 
 

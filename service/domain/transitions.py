@@ -8,7 +8,8 @@ reconciler (pending, running, the endings; `end_attempt` decides a retry), and a
 `record_transition` moves one job held as an ORM object; `record_submissions`, `record_waiting` and
 `record_accepted` move many at once through Core statements built from the same rules (`_columns`,
 `_event`), and stamp them for the ledger clock themselves: no caller writes a state or an event, or
-remembers note_changed.
+remembers note_changed. A move to a state webhooks tell of (service.domain.outbox.NOTIFIABLE) writes
+its notice here too; the batch moves never go to one of those states.
 
 A user's cancel is a flag (`Job.cancel_requested`), not a state. Until the scheduler has stopped it,
 a cancelled job still is what it was (queued, pending, running: its ranks are exiting), and every
@@ -32,6 +33,7 @@ from sqlalchemy import bindparam, insert, update
 from sqlmodel import Session, col, func, select
 
 from service.domain.endings import Ending
+from service.domain.outbox import NOTIFIABLE, note_job
 from service.ledger.clock import note_changed, stamp_jobs
 from service.ledger.models.columns import utcnow
 from service.ledger.models.history import JobAttempt, JobEvent
@@ -47,6 +49,10 @@ DEFAULT_KINDS: dict[JobState, EndingKind] = {
     JobState.requeued: "preemption",
 }
 CANCELLED_BY_USER = "cancelled by user"
+# The batch moves below write no notice: none of them goes to a state webhooks tell of.
+assert not NOTIFIABLE & {JobState.queued, JobState.submitted, JobState.pending}, (
+    "batch moves would need notices"
+)
 ACCEPTED = "accepted"  # the reason of every job's first event
 
 
@@ -128,6 +134,8 @@ def record_transition(
         job.attempt_started_at = job.attempt_started_at or now
     session.add(job)
     session.add(JobEvent(**_event(job.id, current, target, reason, job.attempt, now)))
+    if target in NOTIFIABLE:  # its webhooks' outbox, in this transaction (service.domain.outbox)
+        note_job(session, job, target, reason)
     return target
 
 

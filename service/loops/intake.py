@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from service.domain.dependencies import dependency_rows, insert_dependencies, waiting_reason
+from service.domain.notifications import subscribe_new_jobs
 from service.domain.quotas import UnfinishedCount
 from service.domain.storing import (
     Accepted,
@@ -263,6 +264,9 @@ class JobIntake:
                 for job_id, row in zip(ids, fresh, strict=True)
                 for dependency in dependency_rows(job_id, row.after)
             ],
+        )
+        subscribe_new_jobs(
+            session, [(job_id, row.owner, row.notify) for job_id, row in zip(ids, fresh, strict=True)]
         )
         stamp = record_accepted(
             session,

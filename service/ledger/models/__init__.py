@@ -8,6 +8,7 @@
 - access.py: API tokens, the audit log, per-user quotas;
 - code_snapshots.py: each user's claim on a stored code snapshot, and the answers to an upload;
 - pipelines.py: dependencies between jobs, pipelines and their stages;
+- notifications.py: webhook subscriptions, the outbox of states to tell (Notice), deliveries;
 - stacks.py: the last capture of every rank's stacks, per job and attempt.
 
 Each table registers itself on SQLModel.metadata when its module is imported. Importing any of these
@@ -23,6 +24,7 @@ from service.ledger.models import (  # noqa: F401  (registers every table)
     history,
     jobs,
     metrics,
+    notifications,
     pipelines,
     stacks,
     sweeps,

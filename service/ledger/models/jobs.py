@@ -16,6 +16,7 @@ from sqlalchemy import JSON, BigInteger, Column, Index, String
 from sqlmodel import Field, SQLModel
 
 from service.ledger.models.columns import UTCDateTime, time_column, utcnow
+from service.ledger.models.notifications import NotifySpec
 from service.ledger.models.pipelines import MAX_AFTER, Dependency
 from service.states import JobState
 from worker.spec import (
@@ -123,6 +124,14 @@ class JobCreate(JobBase):
         '"succeeded" | "failed" | "ended"}. Until then the job is waiting; a dependency that can no '
         "longer be met cancels it, naming that dependency. Its entrypoint reads what they left in "
         "ctx.upstream.",
+    )
+    notify: list[NotifySpec] = Field(
+        default_factory=list,
+        max_length=10,
+        description='Webhooks told when the job reaches a state, e.g. [{"url": '
+        '"https://hooks.example.org/x", "on": ["failed", "succeeded"]}] (`on`: job states or "ended", '
+        'by default "ended"). Each becomes a subscription bound to the job '
+        "(GET /api/v1/notifications/subscriptions).",
     )
 
     @field_validator("after", mode="before")
@@ -254,6 +263,7 @@ class NewJob:
     retries: dict[str, Any] | None = None  # a RetryPolicy, as JSON
     params: dict[str, Any] | None = None  # a sweep trial's parameters (its sweep_id comes at commit)
     after: tuple[Dependency, ...] = ()  # it is stored waiting when it has any
+    notify: tuple[NotifySpec, ...] = ()  # webhooks, stored as subscriptions bound to it
     pipeline_id: int | None = None
     stage: str | None = None
     created_at: datetime = dataclass_field(default_factory=utcnow)
