@@ -28,8 +28,8 @@ def three_stages(**train: Any) -> dict[str, Any]:
         "name": "demo",
         "stages": [
             {"name": "prepare", "job": {"entrypoint": TASK}},
-            {"name": "train", "job": {"entrypoint": TASK, "backend": "slurm", "resources": {"nodes": 2}, **train},
-             "after": ["prepare"]},
+            {"name": "train", "after": ["prepare"],
+             "job": {"entrypoint": TASK, "backend": "slurm", "resources": {"nodes": 2}, **train}},
             {"name": "evaluate", "job": {"entrypoint": TASK}, "after": ["train"]},
         ],
     }  # fmt: skip
@@ -110,15 +110,26 @@ def test_the_graph_is_checked_naming_the_field(api: TestClient) -> None:
         ([{"name": "a", "job": job}, {"name": "a", "job": job}], ["stages", "1", "name"]),
         ([{"name": "a", "job": job, "sweep": {"job": job, "grid": {"x": [1]}}}], ["stages", "0"]),
         ([{"name": "a"}], ["stages", "0"]),
-        ([{"name": "a", "job": job}, {"name": "b", "job": job, "after": ["a", "c"]}], ["stages", "1", "after", "1"]),
+        (
+            [{"name": "a", "job": job}, {"name": "b", "job": job, "after": ["a", "c"]}],
+            ["stages", "1", "after", "1"],
+        ),
         ([{"name": "a", "job": job, "after": ["a"]}], ["stages", "0", "after", "0"]),
-        ([{"name": "a", "job": job, "after": ["b"]}, {"name": "b", "job": job, "after": ["a"]}],
-         ["stages", "0", "after", "0"]),
-        ([{"name": "a", "job": {**job, "resources": {"nodes": 99}}}], ["stages", "0", "job", "resources", "nodes"]),
+        (
+            [{"name": "a", "job": job, "after": ["b"]}, {"name": "b", "job": job, "after": ["a"]}],
+            ["stages", "0", "after", "0"],
+        ),
+        (
+            [{"name": "a", "job": {**job, "resources": {"nodes": 99}}}],
+            ["stages", "0", "job", "resources", "nodes"],
+        ),
         ([{"name": "a", "job": {"entrypoint": TASK, "bogus": 1}}], ["stages", "0", "job", "bogus"]),
-        ([{"name": "a", "job": job, "after": []}, {"name": "s", "sweep": {"job": job}}], ["stages", "1", "sweep", "grid"]),
+        (
+            [{"name": "a", "job": job, "after": []}, {"name": "s", "sweep": {"job": job}}],
+            ["stages", "1", "sweep", "grid"],
+        ),
         ([{"name": "a", "job": {**job, "after": [10**9]}}], ["stages", "0", "job", "after", "0"]),
-    ]  # fmt: skip
+    ]
     for stages, loc in cases:
         response = api.post(PIPELINES, json={"name": "p", "stages": stages})
         assert response.status_code in (404, 422), response.text
