@@ -16,7 +16,6 @@ from sqlmodel import Session, col, select
 
 from service.domain import audit, pipelines
 from service.domain.auth import Principal
-from service.domain.dependencies import MEETS
 from service.domain.pipeline_retry import plan_retry
 from service.domain.quotas import UnfinishedCount
 from service.domain.storing import SweepAccepted
@@ -124,8 +123,9 @@ def _take_room(session: Session, owner: str, max_active: int | None, jobs: int) 
 
 
 def _upstream(made: Mapping[str, list[int]], after: Sequence[str], on: str) -> tuple[Dependency, ...]:
-    assert on in MEETS, "a checked request's"
-    return tuple(Dependency(job=job_id, on=on) for name in after for job_id in made[name])  # type: ignore[arg-type]
+    return tuple(
+        Dependency.model_validate({"job": job_id, "on": on}) for name in after for job_id in made[name]
+    )
 
 
 def _store_stage(
@@ -159,5 +159,5 @@ def _current_jobs(session: Session, stages: Mapping[str, PipelineStage]) -> dict
             select(Job.id, Job.sweep_id).where(col(Job.sweep_id).in_(list(sweep_of))).order_by(col(Job.id))
         )
         for job_id, sweep_id in session.exec(query):
-            made.setdefault(sweep_of[sweep_id], []).append(int(job_id or 0))
+            made.setdefault(sweep_of[sweep_id or 0], []).append(int(job_id or 0))
     return made
