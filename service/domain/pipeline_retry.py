@@ -59,18 +59,19 @@ def plan_retry(session: Session, pipeline_id: int, start: str, viewer: Principal
     for position in check_stages(request.stages):
         asked = request.stages[position]
         if asked.name in rerun:
-            reruns.append(_rerun(session, rows[asked.name], pipeline, _own_after(asked.job)))
+            own = _own_after(asked.job if asked.job is not None else (asked.sweep or {}).get("job"))
+            reruns.append(_rerun(session, rows[asked.name], own))
     return RetryPlan(pipeline, rows, reruns)
 
 
-def _own_after(job: dict[str, object] | None) -> tuple[Dependency, ...]:
-    """The job ids a stage's job itself named in `after` (kept on every run of it)."""
-    after = (job or {}).get("after") or []
-    assert isinstance(after, list)
+def _own_after(job: object) -> tuple[Dependency, ...]:
+    """The job ids a stage's job (or its sweep's job) itself named in `after` (kept on every run)."""
+    after = (job.get("after") if isinstance(job, dict) else None) or []
+    assert isinstance(after, list), "a checked request's"
     return tuple(Dependency.model_validate(one if isinstance(one, dict) else {"job": one}) for one in after)
 
 
-def _rerun(session: Session, stage: PipelineStage, pipeline: Pipeline, own: tuple[Dependency, ...]) -> Rerun:
+def _rerun(session: Session, stage: PipelineStage, own: tuple[Dependency, ...]) -> Rerun:
     if stage.job_id is not None:
         job = session.get(Job, stage.job_id)
         assert job is not None, "a stage's job stays"
@@ -88,7 +89,7 @@ def _rerun(session: Session, stage: PipelineStage, pipeline: Pipeline, own: tupl
             max_parallel=sweep.max_parallel,
             metric=sweep.metric,
             goal=sweep.goal,
-            trials=[_copy(trial, ()) for trial in trials],
+            trials=[_copy(trial, own) for trial in trials],
         ),
     )
 

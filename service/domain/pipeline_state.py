@@ -29,8 +29,10 @@ CANCELLED_BY_USER = "cancelled by user"  # the reason of every job a user's canc
 DEPENDENCY = "dependency job "  # how service.domain.dependencies begins the reason of a job it cancels
 ACTIVE = "active"  # a sweep stage's state while any of its trials has not ended
 
-# Called with (session, pipeline id, its new state, its reason) in the transaction that moved it:
-# the notifications engineer's `note_pipeline` is appended here at merge (the one call site).
+# Called with (session, pipeline id, its new state, its reason) in the transaction that moved it, once
+# per change of state (not when a retry sets it running again). MERGE (lead): notifications'
+# `note_pipeline(session, pipeline_id, state, reason)` goes in at the one call site in settle_pipeline
+# (a direct call there, or listed here at import; not appended per Runtime, which would repeat it).
 PipelineHook = Callable[[Session, int, str, "str | None"], None]
 PIPELINE_HOOKS: list[PipelineHook] = []
 
@@ -132,5 +134,5 @@ def settle_pipeline(session: Session, pipeline_id: int) -> None:
     pipeline.finished_at = None if state == "running" else (pipeline.finished_at if not moved else now)
     session.add(pipeline)
     if moved:
-        for hook in PIPELINE_HOOKS:
+        for hook in PIPELINE_HOOKS:  # MERGE (lead): the notifications call site
             hook(session, pipeline_id, state, reason)

@@ -250,3 +250,40 @@ def test_a_failing_middle_stage_cancels_the_rest_and_retry_from_reruns_it(
     done = wait_pipeline(api, made["id"], "succeeded")
     assert [s["state"] for s in done["stages"]] == ["succeeded"] * 3
     assert get_job(api, ids["train"])["state"] == "failed"  # the first run stays, as history
+
+
+def test_retry_from_a_sweep_stage_makes_a_new_sweep_of_the_same_trials(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    body = {"name": "s", "stages": [
+        {"name": "grid", "sweep": {"job": {"entrypoint": TASK}, "grid": {"lr": [1, 2]}}},
+        {"name": "pick", "job": {"entrypoint": TASK}, "after": ["grid"], "on": "ended"},
+    ]}  # fmt: skip
+    made = create(api, body)
+    sweep_id = stages_of(made)["grid"]["sweep_id"]
+    trials = api.get(f"/api/v1/sweeps/{sweep_id}").json()["trials"]
+    for trial in trials:
+        wait_state(api, trial["job_id"], "running")
+    fake.set_status(trials[0]["job_id"], JobState.failed, "boom", exit_code=1)
+    fake.finish(trials[1]["job_id"], None)
+    pick = stages_of(made)["pick"]["job_id"]
+    wait_state(api, pick, "running")  # on: ended: it runs however the trials ended
+    assert stages_of(get_pipeline(api, made["id"]))["grid"]["state"] == "failed"
+    fake.finish(pick, None)
+    failed = wait_pipeline(api, made["id"], "failed")
+    assert failed["reason"] == "stage 'grid' failed: boom"
+
+    rerun = api.post(f"{PIPELINES}/{made['id']}/retry", json={"from": "grid"})
+    assert rerun.status_code == 200, rerun.text
+    grid = stages_of(rerun.json())["grid"]
+    assert grid["sweep_id"] != sweep_id and grid["runs"] == 2 and grid["state"] == "active"
+    again = api.get(f"/api/v1/sweeps/{grid['sweep_id']}").json()["trials"]
+    assert [t["params"] for t in again] == [t["params"] for t in trials]
+    for trial in again:
+        wait_state(api, trial["job_id"], "running")
+        fake.finish(trial["job_id"], None)
+    new_pick = stages_of(get_pipeline(api, made["id"]))["pick"]["job_id"]
+    assert new_pick != pick
+    wait_state(api, new_pick, "running")
+    fake.finish(new_pick, None)
+    wait_pipeline(api, made["id"], "succeeded")
