@@ -22,6 +22,7 @@ from service.api.routes import (
     health,
     jobs,
     notifications,
+    pipelines,
     stacks,
     sweeps,
 )
@@ -48,6 +49,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     stacks.router,
     health.router,
     sweeps.router,
+    pipelines.router,
     access.router,
     code.router,
     notifications.router,

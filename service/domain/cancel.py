@@ -11,8 +11,9 @@ from sqlmodel import Session
 from service.backends.base import Backend
 from service.domain import audit
 from service.domain.auth import Principal
+from service.domain.endings import CANCELLED_BY_USER
 from service.domain.jobs import get_job, require_backend
-from service.domain.transitions import CANCELLED_BY_USER, record_transition
+from service.domain.transitions import record_transition
 from service.ledger.db import write_scope
 from service.ledger.models.jobs import Job
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal

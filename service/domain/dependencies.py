@@ -22,6 +22,7 @@ from sqlmodel import Session, col
 
 from service.bulkhead import Bulkhead, Fault
 from service.domain.auth import Principal
+from service.domain.endings import DEPENDENCY
 from service.domain.transitions import record_transition
 from service.errors import NotFound
 from service.ledger.db import write_scope
@@ -100,7 +101,7 @@ def verdict(upstream: Sequence[Upstream]) -> Verdict:
         if one.state in TERMINAL_STATE_NAMES and one.state not in MEETS[one.on]:
             return Verdict(
                 JobState.cancelled,
-                f"dependency job {one.job_id} ({one.name}) {one.state}; "
+                f"{DEPENDENCY}{one.job_id} ({one.name}) {one.state}; "
                 f"this job needed it to {_WORDS[one.on]}",
             )
     if all(one.state in MEETS[one.on] for one in upstream):

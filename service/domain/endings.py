@@ -29,6 +29,10 @@ from service.states import EndingKind, JobState
 from worker.hostlist import expand_hostlist
 from worker.spec import JobFiles
 
+# Reasons other modules recognise a job's ending by (service.domain.pipeline_state reads them back).
+CANCELLED_BY_USER = "cancelled by user"  # the reason of every job a user's cancel ends
+DEPENDENCY = "dependency job "  # how a job cancelled by a dependency that cannot be met says why
+
 # What the ranks that survive a lost peer raise: gloo's and NCCL's words for a vanished process.
 LOST_PEER = re.compile(
     r"connection (closed|reset) by peer|broken pipe|communicator was aborted|remote process exited"

@@ -32,8 +32,9 @@ from typing import Any
 from sqlalchemy import bindparam, insert, update
 from sqlmodel import Session, col, func, select
 
-from service.domain.endings import Ending
+from service.domain.endings import CANCELLED_BY_USER, Ending
 from service.domain.outbox import NOTIFIABLE, note_job
+from service.domain.pipeline_state import settle_pipeline
 from service.ledger.clock import note_changed, stamp_jobs
 from service.ledger.models.columns import utcnow
 from service.ledger.models.history import JobAttempt, JobEvent
@@ -48,7 +49,6 @@ DEFAULT_KINDS: dict[JobState, EndingKind] = {
     JobState.cancelled: "cancel",
     JobState.requeued: "preemption",
 }
-CANCELLED_BY_USER = "cancelled by user"
 # The batch moves below write no notice: none of them goes to a state webhooks tell of.
 assert not NOTIFIABLE & {JobState.queued, JobState.submitted, JobState.pending}, (
     "batch moves would need notices"
@@ -136,6 +136,8 @@ def record_transition(
     session.add(JobEvent(**_event(job.id, current, target, reason, job.attempt, now)))
     if target in NOTIFIABLE:  # its webhooks' outbox, in this transaction (service.domain.outbox)
         note_job(session, job, target, reason)
+    if job.pipeline_id is not None and is_terminal(target):  # its pipeline may have ended with it
+        settle_pipeline(session, job.pipeline_id)
     return target
 
 
