@@ -8,8 +8,9 @@ import { ago, badge, el, linkJobs, localTime } from "./format.js";
 const SVG = "http://www.w3.org/2000/svg";
 const BOX = { width: 190, height: 66 };
 const GAP = { x: 70, y: 22 };
-const PAD = { x: 14, top: 40, bottom: 14 }; // room above the boxes for arrows that skip a column
-const NAME_CHARS = 24;
+const PAD = 14;
+const LANE = 8; // between the lanes above the boxes that arrows skipping a column run along
+const NAME_CHARS = 21;
 
 function svg(tag, attrs = {}, ...children) {
   const node = document.createElementNS(SVG, tag);
@@ -34,8 +35,9 @@ function stageLink(stage) {
 }
 
 // Each stage's column (its depth: 0 without `after`, else one more than its deepest upstream) and
-// row (its order among its column's stages, as the stages were given), and where its box lies.
-export function layout(stages) {
+// row (its order among its column's stages, as the stages were given), and where its box lies;
+// `lanes` leaves room above the boxes for that many arrows that skip a column.
+export function layout(stages, lanes = 0) {
   const byName = new Map(stages.map((s) => [s.name, s]));
   const depth = new Map();
   const depthOf = (name, path) => {
@@ -55,32 +57,34 @@ export function layout(stages) {
   }
   const rows = Math.max(1, ...columns.map((c) => (c ? c.length : 0)));
   const height = rows * BOX.height + (rows - 1) * GAP.y;
+  const top = PAD + lanes * LANE;
   const boxes = new Map();
   columns.forEach((column, col) => {
     const offset = (height - (column.length * BOX.height + (column.length - 1) * GAP.y)) / 2; // centred
     column.forEach((stage, row) => {
       boxes.set(stage.name, {
-        stage, col, x: PAD.x + col * (BOX.width + GAP.x), y: PAD.top + offset + row * (BOX.height + GAP.y),
+        stage, col, x: PAD + col * (BOX.width + GAP.x), y: top + offset + row * (BOX.height + GAP.y),
       });
     });
   });
   return {
     boxes,
-    width: PAD.x * 2 + columns.length * BOX.width + (columns.length - 1) * GAP.x,
-    height: PAD.top + height + PAD.bottom,
+    width: PAD * 2 + columns.length * BOX.width + (columns.length - 1) * GAP.x,
+    height: top + height + PAD,
   };
 }
 
-// The next column: right edge to left edge. Further on: top to top, arched over the columns between.
-function arrowPath(from, to) {
-  if (to.col - from.col === 1) {
-    const [x1, y1, x2, y2] = [from.x + BOX.width, from.y + BOX.height / 2, to.x - 2, to.y + BOX.height / 2];
+// Right edge to left edge. To the next column, one curve; further on, up through the gap after the
+// first column, along its own lane above every box, and down through the gap before the last one:
+// never across another box.
+function arrowPath(from, to, lane) {
+  const [x1, y1, x2, y2] = [from.x + BOX.width, from.y + BOX.height / 2, to.x - 2, to.y + BOX.height / 2];
+  if (lane == null) {
     const bend = GAP.x / 2;
     return `M${x1},${y1} C${x1 + bend},${y1} ${x2 - bend},${y2} ${x2},${y2}`;
   }
-  const [x1, y1, x2, y2] = [from.x + BOX.width * 0.75, from.y, to.x + BOX.width * 0.25, to.y - 2];
-  const lift = PAD.top - 6;
-  return `M${x1},${y1} C${x1},${y1 - lift} ${x2},${y2 - lift} ${x2},${y2}`;
+  const [out, into, y] = [x1 + GAP.x / 2 - 4, to.x - GAP.x / 2 + 4, PAD + lane * LANE];
+  return `M${x1},${y1} H${out} V${y} H${into} V${y2} H${x2}`;
 }
 
 function stageBox({ stage, x, y }) {
@@ -100,15 +104,16 @@ function stageBox({ stage, x, y }) {
 }
 
 export function pipelineGraph(stages) {
-  const { boxes, width, height } = layout(stages);
-  const arrows = [];
-  for (const { stage } of boxes.values()) {
-    for (const upstream of stage.after) {
-      if (!boxes.has(upstream)) continue;
-      arrows.push(svg("path", { class: "arrow", d: arrowPath(boxes.get(upstream), boxes.get(stage.name)),
-        "data-from": upstream, "data-to": stage.name, "marker-end": "url(#pipeline-arrowhead)" }));
-    }
-  }
+  const names = new Set(stages.map((s) => s.name));
+  const edges = stages.flatMap((s) => s.after.filter((n) => names.has(n)).map((upstream) => [upstream, s.name]));
+  const columns = layout(stages).boxes; // a first pass for the columns: which arrows skip one
+  const skips = edges.filter(([a, b]) => columns.get(b).col - columns.get(a).col > 1);
+  const { boxes, width, height } = layout(stages, skips.length);
+  const arrows = edges.map(([upstream, name]) => {
+    const lane = skips.findIndex(([a, b]) => a === upstream && b === name);
+    return svg("path", { class: `arrow${lane < 0 ? "" : " skip"}`, d: arrowPath(boxes.get(upstream), boxes.get(name), lane < 0 ? null : lane),
+      "data-from": upstream, "data-to": name, "marker-end": "url(#pipeline-arrowhead)" });
+  });
   return svg("svg", { class: "pipeline-graph", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
     "aria-label": `${stages.length} stages` },
   svg("defs", {}, svg("marker", { id: "pipeline-arrowhead", viewBox: "0 0 10 10", refX: 9, refY: 5,
@@ -179,12 +184,12 @@ export class PipelineView {
   }
 
   renderHead(p) {
-    this.head.replaceChildren(
+    this.head.replaceChildren(...[
       el("div", { class: "title" }, el("h1", {}, p.name), el("span", { class: "muted id" }, `#${p.id}`), badge(p.state)),
       el("p", { class: "muted" }, `owner ${p.owner} · created ${localTime(p.created_at)}`,
         p.finished_at ? ` · finished ${localTime(p.finished_at)}` : "", ` · ${countsText(p.stages)}`),
       p.reason ? el("div", { class: `reason-box reason-${p.state}` }, el("pre", {}, linkJobs(p.reason))) : null,
-    );
+    ].filter(Boolean));
   }
 
   renderStages(stages) {
