@@ -11,6 +11,12 @@ const GAP = { x: 70, y: 22 };
 const PAD = 14;
 const LANE = 8; // between the lanes above the boxes that arrows skipping a column run along
 const NAME_CHARS = 21;
+const QUIET_REASONS = new Set(["running", "succeeded"]); // their job's reason ("completed") is noise
+
+// What a stage waits for, or why it ended as it did; nothing where all is well.
+function reasonOf(stage) {
+  return QUIET_REASONS.has(stage.state) ? null : stage.reason;
+}
 
 function svg(tag, attrs = {}, ...children) {
   const node = document.createElementNS(SVG, tag);
@@ -92,7 +98,7 @@ function stageBox({ stage, x, y }) {
   const name = stage.name.length > NAME_CHARS ? `${stage.name.slice(0, NAME_CHARS - 1)}…` : stage.name;
   const detail = [link ? link.text : `${stage.kind}: not made yet`, stage.runs > 1 ? `run ${stage.runs}` : null]
     .filter(Boolean).join(" · ");
-  const title = `${stage.name} (${stage.kind}): ${stage.state}${stage.reason ? `\n${stage.reason}` : ""}`;
+  const title = `${stage.name} (${stage.kind}): ${stage.state}${reasonOf(stage) ? `\n${reasonOf(stage)}` : ""}`;
   const box = svg("g", { class: `stage state-${stage.state}`, "data-stage": stage.name, "data-state": stage.state },
     svg("title", {}, title),
     svg("rect", { x, y, width: BOX.width, height: BOX.height, rx: 8 }),
@@ -200,7 +206,7 @@ export class PipelineView {
         el("td", { class: "muted" }, s.after.length ? `${s.after.join(", ")}${s.on === "succeeded" ? "" : ` (${s.on})`}` : "—"),
         el("td", {}, badge(s.state)),
         el("td", {}, link ? el("a", { href: link.href }, link.text) : "—", s.runs > 1 ? el("span", { class: "muted" }, ` · run ${s.runs}`) : null),
-        el("td", { class: "reason-cell" }, s.reason ? linkJobs(s.reason) : el("span", { class: "muted" }, "—")));
+        el("td", { class: "reason-cell" }, reasonOf(s) ? linkJobs(reasonOf(s)) : el("span", { class: "muted" }, "—")));
     }));
   }
 }

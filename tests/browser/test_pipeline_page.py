@@ -125,7 +125,7 @@ def test_three_stages_drawn_with_arrows_follow_their_states(
     row.wait_for()
     assert "prep-train-eval" in row.inner_text() and "succeeded" in row.inner_text()
     page.goto("/#/pipelines/999999")
-    page.get_by_text("Pipeline 999999 not found").wait_for()
+    page.get_by_role("heading", name="Pipeline 999999 not found").wait_for()
 
 
 def test_a_waiting_job_says_what_it_waits_for_and_links_it(page: Page, service: LiveServer) -> None:
