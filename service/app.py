@@ -14,7 +14,7 @@ from service.api.errors import install_error_handlers
 from service.api.gate import RequestGate
 from service.api.loopback import is_loopback
 from service.api.metrics import LatencyMiddleware, ServiceMetrics
-from service.api.routes import access, checkpoints, code, dashboard, health, jobs, stacks, sweeps
+from service.api.routes import access, checkpoints, code, dashboard, health, jobs, pipelines, stacks, sweeps
 from service.api.routes import metrics as metrics_routes
 from service.backends.base import Backend
 from service.config import Settings, get_settings
@@ -38,6 +38,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     stacks.router,
     health.router,
     sweeps.router,
+    pipelines.router,
     access.router,
     code.router,
     metrics_routes.router,

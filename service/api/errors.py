@@ -118,6 +118,12 @@ def body_loc(field: str) -> list[str]:
     head, _, rest = field.partition(".")
     if head == "job" and rest:
         return [head, *body_loc(rest)]
+    if head == "stages" and rest:  # a pipeline's: stages.<N>, then its job's or sweep's own fields
+        index, _, tail = rest.partition(".")
+        kind, _, inner = tail.partition(".")
+        if kind in ("job", "sweep") and inner:
+            return [head, index, kind, *body_loc(inner)]
+        return [head, index, *tail.split(".", 1)] if tail else [head, index]
     return field.split(".", 1)
 
 

@@ -10,6 +10,7 @@ import typer
 
 from service.cli.context import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_REQUEST, connect, fail, make_console
 from service.cli.logs import STREAMS, print_logs
+from service.cli.pipelines import is_pipeline, submit_pipeline
 from service.cli.progress import watch_jobs
 from service.cli.render import Job, as_json, job_details, jobs_table, state_text
 from service.cli.specs import load_spec, upload_code_folder
@@ -52,9 +53,12 @@ def submit(
         ),
     ] = None,
 ) -> None:
-    """Submit a job described by FILE."""
+    """Submit a job described by FILE (or a pipeline: a file with top-level `stages`)."""
     spec = load_spec(file, code)
     with connect(ctx) as client:
+        if is_pipeline(spec):
+            submit_pipeline(client, spec, wait, poll)
+            return
         upload_code_folder(client, spec)
         job = client.submit(spec)
         make_console().print(f"submitted job {job['id']} ({job['name']}), {job['state']}")

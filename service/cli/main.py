@@ -20,6 +20,7 @@ from service.cli.access import audit, whoami
 from service.cli.admin import code_app, folders, gc, quota_app, token_app
 from service.cli.context import EXIT_REQUEST, Connection, fail, make_console
 from service.cli.jobs import cancel, list_jobs, logs, show, submit
+from service.cli.pipelines import pipeline_app
 from service.cli.stacks import stacks
 from service.cli.sweeps import sweep, sweeps
 
@@ -35,6 +36,7 @@ app.add_typer(quota_app, name="quota")
 app.command()(gc)
 app.command()(folders)
 app.add_typer(code_app, name="code")
+app.add_typer(pipeline_app, name="pipeline")
 
 
 @app.callback()

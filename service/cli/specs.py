@@ -33,7 +33,7 @@ def load_spec(
         raise fail(f"{path} must hold one mapping ({what})", EXIT_REQUEST)
     if code is not None:
         spec["code"] = str(code.resolve())
-    for job in (spec, spec.get("job")):  # a sweep's job is a job spec too
+    for job in _job_specs(spec):
         if not isinstance(job, dict):
             continue
         code_field, script = job.get("code"), job.get("script")
@@ -42,6 +42,17 @@ def load_spec(
         elif code_field is None and isinstance(script, str) and script and not Path(script).is_absolute():
             job["script"] = str((path.parent / script).resolve())
     return spec
+
+
+def _job_specs(spec: dict[str, Any]) -> list[Any]:
+    """The job specs in a spec file: itself, a sweep's job, a pipeline's stages' jobs and sweeps'."""
+    found: list[Any] = [spec, spec.get("job")]
+    stages = spec.get("stages")
+    for stage in stages if isinstance(stages, list) else []:
+        if isinstance(stage, dict):
+            sweep = stage.get("sweep")
+            found += [stage.get("job"), sweep.get("job") if isinstance(sweep, dict) else None]
+    return found
 
 
 PROGRESS_FROM_BYTES = 4 * 2**20  # smaller uploads take a moment: no bar

@@ -18,9 +18,11 @@ from typing import Any, Protocol
 
 from sqlalchemy import String, and_, bindparam, or_
 
+from service.domain.auth import Principal
 from service.domain.jobs import JOB_TABLE, JobRowStatement, jobs_found
 from service.errors import Conflict
 from service.ledger.models.jobs import JobPublic, NewJob
+from service.ledger.models.pipelines import NewPipeline, PipelineAccepted
 from service.ledger.models.sweeps import NewSweep, Sweep, SweepPublic
 
 Key = tuple[str, str]  # (owner, Idempotency-Key): one job, or one sweep, at most for each
@@ -47,6 +49,14 @@ class Store(Protocol):
     async def add(self, row: NewJob, max_active: int | None = None) -> Accepted: ...
 
     async def add_sweep(self, sweep: NewSweep, max_active: int | None = None) -> SweepAccepted: ...
+
+    async def add_pipeline(
+        self, pipeline: NewPipeline, max_active: int | None = None
+    ) -> PipelineAccepted: ...
+
+    async def retry_pipeline(
+        self, pipeline_id: int, start: str, viewer: Principal, max_active: int | None = None
+    ) -> None: ...
 
 
 def check_same_request(existing: JobPublic, row: NewJob) -> None:

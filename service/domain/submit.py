@@ -39,17 +39,20 @@ from sqlmodel import Session
 from service.accounts import job_account
 from service.backends.base import Backend
 from service.config import Settings
-from service.domain import code_store, policy, sweeps
+from service.domain import code_store, pipelines, policy, sweeps
 from service.domain.auth import Principal
 from service.domain.code_store import CodeStore
 from service.domain.dependencies import check_upstream
 from service.domain.jobs import require_backend
+from service.domain.pipeline_admission import new_pipeline, stage_job, under_stage
+from service.domain.pipeline_graph import check_stages
 from service.domain.quotas import QuotaBook, TooManyUnfinished
 from service.domain.storage import RoomCheck
 from service.domain.storing import Accepted, Store, SweepAccepted, replay, replay_sweep
 from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_field
 from service.errors import InvalidRequest, ServiceError
 from service.ledger.models.jobs import JobCreate, JobPublic, NewJob
+from service.ledger.models.pipelines import Pipeline, PipelineAccepted, PipelineCreate
 from service.ledger.models.sweeps import JobTemplate, NewSweep, Sweep, SweepCreate
 from worker.spec import RunSpec
 
@@ -116,6 +119,62 @@ class Admission:
             answer = await self._admit(request, lambda most: self.store.add_sweep(_new_sweep(request), most))
         assert isinstance(answer, SweepAccepted)
         return answer
+
+    async def submit_pipeline(
+        self, payload: PipelineCreate, user: Principal, idempotency_key: str | None
+    ) -> PipelineAccepted:
+        """Admit every stage's job or sweep through the steps one job or sweep goes through (errors
+        named under `stages.N`), then store the pipeline whole, in one transaction, or nothing: the
+        intake counts all its jobs against the user's unfinished ones at once."""
+        order = check_stages(payload.stages)
+        if idempotency_key is not None:  # a retry is answered before anything is counted
+            earlier = await asyncio.to_thread(find_replayed_pipeline, self.engine, user.user, idempotency_key)
+            if earlier is not None:
+                return pipelines.replay_pipeline(earlier, payload.model_dump(mode="json"))
+        requests: list[Request] = []
+        try:
+            admitted: list[tuple[int, NewJob | NewSweep]] = []
+            for position in order:
+                stage = payload.stages[position]
+                with under_stage(position, stage):
+                    made = await self._admit_stage(stage.name, stage_job(stage), user, requests)
+                admitted.append((position, made))
+            whole = new_pipeline(payload, admitted, user.user, idempotency_key)
+            answer = await self.store.add_pipeline(whole, self.quotas.limits(user.user).max_active_jobs)
+        except TooManyUnfinished:
+            for request in requests:
+                self._give_back(request)
+            raise
+        if answer.replayed:
+            for request in requests:
+                self._give_back(request)
+        return answer
+
+    async def retry_pipeline(self, pipeline_id: int, start: str, user: Principal) -> None:
+        """A `retry --from start`: new jobs for that stage and all after it, copied from the ones they
+        replace (admitted once already), counted against the user's unfinished jobs in their commit."""
+        if self.quotas.needs_refresh(user.user):
+            await asyncio.to_thread(self.quotas.refresh, user.user)
+        most = self.quotas.limits(user.user).max_active_jobs
+        await self.store.retry_pipeline(pipeline_id, start, user, most)
+
+    async def _admit_stage(
+        self, stage: str, asked: JobCreate | SweepCreate, user: Principal, requests: list[Request]
+    ) -> NewJob | NewSweep:
+        """One stage's job or sweep through every step (no Idempotency-Key: the pipeline's is the key)."""
+        if isinstance(asked, SweepCreate):
+            check_sweep(asked, self.settings)
+            request = Request(user, asked.job, None, sweep=asked)
+        else:
+            request = Request(user, asked, None)
+        requests.append(request)
+        with _under_the_sweeps_job() if request.sweep is not None else _as_it_is():
+            for step in STEPS:
+                await step(self, request)
+        if request.new_sweep is not None:
+            trials = [replace(trial, stage=stage) for trial in request.new_sweep.trials]
+            return replace(request.new_sweep, trials=trials)
+        return replace(request.first, stage=stage)
 
     async def _admit(
         self, request: Request, store: Callable[[int], Awaitable[Accepted | SweepAccepted]]
@@ -279,6 +338,11 @@ def _under_the_sweeps_job() -> Iterator[None]:
         raise
 
 
+@contextmanager
+def _as_it_is() -> Iterator[None]:
+    yield
+
+
 def check_request(payload: JobCreate, settings: Settings, backends: Mapping[str, Backend]) -> str:
     """Validate what pydantic cannot know (this service's limits, the backend's node limit); return
     the name of the backend the job goes to."""
@@ -332,3 +396,8 @@ def new_job_row(
 def find_replayed_sweep(engine: Engine, owner: str, key: str) -> Sweep | None:
     with Session(engine) as session:
         return sweeps.find_replayed(session, owner, key)
+
+
+def find_replayed_pipeline(engine: Engine, owner: str, key: str) -> Pipeline | None:
+    with Session(engine) as session:
+        return pipelines.find_replayed(session, owner, key)

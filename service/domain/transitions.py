@@ -32,6 +32,8 @@ from sqlalchemy import bindparam, insert, update
 from sqlmodel import Session, col, func, select
 
 from service.domain.endings import Ending
+from service.domain.pipeline_state import CANCELLED_BY_USER as CANCELLED_BY_USER
+from service.domain.pipeline_state import settle_pipeline
 from service.ledger.clock import note_changed, stamp_jobs
 from service.ledger.models.columns import utcnow
 from service.ledger.models.history import JobAttempt, JobEvent
@@ -46,7 +48,6 @@ DEFAULT_KINDS: dict[JobState, EndingKind] = {
     JobState.cancelled: "cancel",
     JobState.requeued: "preemption",
 }
-CANCELLED_BY_USER = "cancelled by user"
 ACCEPTED = "accepted"  # the reason of every job's first event
 
 
@@ -128,6 +129,8 @@ def record_transition(
         job.attempt_started_at = job.attempt_started_at or now
     session.add(job)
     session.add(JobEvent(**_event(job.id, current, target, reason, job.attempt, now)))
+    if job.pipeline_id is not None and is_terminal(target):  # its pipeline may have ended with it
+        settle_pipeline(session, job.pipeline_id)
     return target
 
 

@@ -10,18 +10,20 @@ stored meanwhile makes the batch look again) and where each owner's unfinished j
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import String, Table, cast, insert, literal, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from service.domain.auth import Principal
 from service.domain.dependencies import dependency_rows, insert_dependencies, waiting_reason
 from service.domain.quotas import UnfinishedCount
 from service.domain.storing import (
@@ -39,13 +41,16 @@ from service.errors import Conflict
 from service.ledger.db import write_scope
 from service.ledger.models.access import AuditEntry
 from service.ledger.models.jobs import Job, JobPublic, NewJob
+from service.ledger.models.pipelines import NewPipeline, PipelineAccepted
 from service.ledger.models.sweeps import NewSweep, Sweep
 from service.ledger.sql import id_conditions
+from service.loops.pipeline_store import store_pipeline, store_retry
 from service.states import JobState
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 500
+T = TypeVar("T")
 
 # Core tables: the writer inserts a batch as a few multi-row statements, not one ORM object a row.
 _JOBS: Table = Job.__table__  # type: ignore[attr-defined]
@@ -98,6 +103,42 @@ class JobIntake:
         outcome = await self._enqueue(sweep, max_active)
         assert isinstance(outcome, SweepAccepted)
         return outcome
+
+    async def add_pipeline(self, pipeline: NewPipeline, max_active: int | None = None) -> PipelineAccepted:
+        """Store a pipeline, its stages and all their jobs and sweeps in one transaction, or none of
+        them (service.loops.pipeline_store). A pipeline is rare and large: it gets a transaction of
+        its own, in a worker thread, taking its turn with the intake's batches (write_scope)."""
+        return await asyncio.to_thread(
+            self._committed,
+            functools.partial(store_pipeline, pipeline=pipeline, max_active=max_active,
+                              insert_jobs=self._insert, insert_sweep=self._insert_sweep),
+        )  # fmt: skip
+
+    async def retry_pipeline(
+        self, pipeline_id: int, start: str, viewer: Principal, max_active: int | None = None
+    ) -> None:
+        """A `retry --from start`'s new jobs, in one transaction (service.loops.pipeline_store)."""
+        await asyncio.to_thread(
+            self._committed,
+            functools.partial(store_retry, pipeline_id=pipeline_id, start=start, viewer=viewer,
+                              max_active=max_active, insert_jobs=self._insert,
+                              insert_sweep=self._insert_sweep),
+        )  # fmt: skip
+
+    def _committed(self, work: Callable[[Session], T]) -> T:
+        try:
+            with write_scope(self._engine) as session:
+                done = work(session)
+        except IntegrityError:  # another replica stored this Idempotency-Key since we looked: look again
+            with write_scope(self._engine) as session:
+                done = work(session)
+        self._on_commit()
+        return done
+
+    def _insert_sweep(self, session: Session, sweep: NewSweep) -> SweepAccepted:
+        stored = self._store_sweep(session, sweep, None, {}, UnfinishedCount(session, set()))
+        assert isinstance(stored, SweepAccepted), "no key and no limit: stored"
+        return stored
 
     async def _enqueue(self, row: NewJob | NewSweep, max_active: int | None) -> Outcome:
         loop = asyncio.get_running_loop()

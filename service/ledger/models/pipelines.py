@@ -3,8 +3,10 @@ named stages PipelineStage, each a job or a sweep), with the request models that
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict
@@ -12,6 +14,10 @@ from sqlalchemy import JSON, Column, Index, String
 from sqlmodel import Field, SQLModel
 
 from service.ledger.models.columns import UTCDateTime, time_column, utcnow
+
+if TYPE_CHECKING:  # jobs.py and sweeps.py import this module
+    from service.ledger.models.jobs import NewJob
+    from service.ledger.models.sweeps import NewSweep
 
 DependsOn = Literal["succeeded", "ended", "failed"]
 DEPENDS_ON: tuple[DependsOn, ...] = ("succeeded", "ended", "failed")
@@ -142,3 +148,36 @@ class PipelinePublic(BaseModel):
 class PipelinePage(BaseModel):
     items: list[PipelinePublic]
     next_cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class NewStage:
+    """A stage as admitted, before it is stored: its job or its sweep (with every trial), and the
+    stages it runs after (their jobs' ids are known only as the store inserts them, in order)."""
+
+    name: str
+    position: int
+    after: tuple[str, ...]
+    on: str
+    job: NewJob | None = None
+    sweep: NewSweep | None = None
+
+
+@dataclass(frozen=True)
+class NewPipeline:
+    """A pipeline as admitted: its row's values and its stages, upstream before downstream."""
+
+    name: str
+    owner: str
+    request: dict[str, Any]
+    stages: list[NewStage]
+    idempotency_key: str | None = None
+    created_at: datetime = dataclass_field(default_factory=utcnow)
+
+
+@dataclass(frozen=True)
+class PipelineAccepted:
+    """What the store made of a pipeline: its id, and whether an Idempotency-Key retry found it."""
+
+    pipeline_id: int
+    replayed: bool
