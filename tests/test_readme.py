@@ -5,7 +5,7 @@ Each fenced block carries a tag after its language:
 - `test=cli`: shell commands run one by one against that service; a trailing `# exit N` expects N.
 - `test=python`: exec'd against it. `test=module:PATH`: written to ~/code/PATH (the README's serve
   command puts ~/code on the ranks' import path).
-- `file=PATH`: must equal that file, which must be a valid job spec (or sweep spec).
+- `file=PATH`: must equal that file, which must be a valid job spec (or sweep or pipeline spec).
 - `test=skip  # why`: run elsewhere (the comment says where); the file it names must exist.
 - `test=tree`: the source layout; it names every Python module of service/ and worker/, and nothing else.
 The tables (job spec fields, settings, REST endpoints) are checked against the code they describe.
@@ -28,6 +28,7 @@ from service.client import TorchyardClient
 from service.code_pack import pack
 from service.config import Settings
 from service.ledger.models.jobs import JobCreate
+from service.ledger.models.pipelines import PipelineCreate
 from service.ledger.models.sweeps import SweepCreate
 from service.states import TERMINAL_STATE_NAMES
 from tests.cli_service import clean_env, serving
@@ -156,6 +157,10 @@ def test_file_blocks_are_the_files_and_valid_specs() -> None:
         spec = load_spec(path)
         if "code" in spec:  # a folder, which `torchyard submit` packs and names by its id
             spec["code"] = pack(Path(spec["code"])).id
+        if "stages" in spec:  # a pipeline: its own shape, and each stage's job a valid job spec
+            for stage in PipelineCreate.model_validate(spec).stages:
+                JobCreate.model_validate({"name": stage.name, **(stage.job or {})})
+            continue
         (SweepCreate if "grid" in spec or "zip" in spec else JobCreate).model_validate(spec)
 
 

@@ -30,6 +30,7 @@ from service.cli.render import job_details, jobs_table, progress_text
 from service.cli.specs import load_spec
 from service.client import TorchyardClient
 from service.ledger.models.jobs import JobCreate
+from service.ledger.models.pipelines import PipelineCreate
 from service.ledger.models.sweeps import SweepCreate
 from service.states import TERMINAL_STATE_NAMES
 from tests.support import ROOT
@@ -89,11 +90,19 @@ def test_load_spec_refuses_what_is_not_one_mapping(tmp_path: Path, text: str) ->
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_example_is_a_valid_job_or_sweep_spec(path: Path) -> None:
+def test_every_example_is_a_valid_job_sweep_or_pipeline_spec(path: Path) -> None:
     loaded = load_spec(path)
-    spec = SweepCreate.model_validate(loaded).job if "grid" in loaded else JobCreate.model_validate(loaded)
-    if spec.script is not None:
-        assert Path(spec.script).is_file(), spec.script
+    if "stages" in loaded:  # a pipeline: each stage's job (or sweep's job) a valid spec
+        stages = PipelineCreate.model_validate(loaded).stages
+        specs = [JobCreate.model_validate({"name": stage.name, **(stage.job or {})}) if stage.job is not None
+                 else SweepCreate.model_validate({"name": stage.name, **(stage.sweep or {})}).job
+                 for stage in stages]  # fmt: skip
+    else:
+        one = SweepCreate.model_validate(loaded).job if "grid" in loaded else JobCreate.model_validate(loaded)
+        specs = [one]
+    for spec in specs:
+        if spec.script is not None:
+            assert Path(spec.script).is_file(), spec.script
 
 
 def test_the_demo_submits_exactly_the_example_specs() -> None:
