@@ -110,5 +110,7 @@ export const api = {
     request(`/jobs/${id}/metrics?name=${encodeURIComponent(name)}${afterStep == null ? "" : `&after_step=${afterStep}`}`),
   sweeps: () => request("/sweeps?limit=100"),
   sweep: (id) => request(`/sweeps/${id}`),
+  pipelines: () => request("/pipelines?limit=100"),
+  pipeline: (id) => request(`/pipelines/${id}`),
   code: (codeId) => request(`/code/${codeId}`),
 };

@@ -1,9 +1,10 @@
-// The dashboard's shell: who is signed in, hash routing (#/, #/jobs/12, #/sweeps, #/sweeps/3), one
-// poll loop, the status light, errors.
+// The dashboard's shell: who is signed in, hash routing (#/, #/jobs/12, #/sweeps, #/sweeps/3,
+// #/pipelines, #/pipelines/4), one poll loop, the status light, errors.
 
 import { ApiError, api, session } from "./api.js";
 import { JobView } from "./job_view.js";
 import { JobsView } from "./jobs_view.js";
+import { PipelineView, PipelinesView } from "./pipeline_view.js";
 import { SignInView } from "./sign_in.js";
 import { SweepView, SweepsView } from "./sweeps_view.js";
 import { el } from "./format.js";
@@ -78,12 +79,17 @@ function route() {
   view?.unmount?.();
   const match = path.match(/^\/jobs\/(\d+)$/);
   const sweep = path.match(/^\/sweeps\/(\d+)$/);
+  const pipeline = path.match(/^\/pipelines\/(\d+)$/);
   if (match) {
     view = new JobView(Number(match[1]), showError);
   } else if (sweep) {
     view = new SweepView(Number(sweep[1]));
   } else if (path === "/sweeps") {
     view = new SweepsView();
+  } else if (pipeline) {
+    view = new PipelineView(Number(pipeline[1]));
+  } else if (path === "/pipelines") {
+    view = new PipelinesView();
   } else {
     view = new JobsView(query, navigate);
     view.previous = carried.previous || [];
@@ -111,6 +117,13 @@ async function poll() {
   if (mine === generation && !document.hidden) timer = setTimeout(poll, POLL_MS);
 }
 
+// A page for one thing whose thing is gone: what to call it, and where to go back to.
+const NOT_FOUND = [
+  [JobView, "Job", "#/", "all jobs"],
+  [SweepView, "Sweep", "#/sweeps", "all sweeps"],
+  [PipelineView, "Pipeline", "#/pipelines", "all pipelines"],
+];
+
 function showError(error) {
   if (error instanceof ApiError && error.status === 401) {
     // Revoked, or the service forgot it: show no more data, ask again. A late answer for a view that
@@ -119,9 +132,9 @@ function showError(error) {
     return;
   }
   const message = error instanceof ApiError || error instanceof Error ? error.message : String(error);
-  const notFound = error instanceof ApiError && error.status === 404 && (view instanceof JobView || view instanceof SweepView);
+  const what = NOT_FOUND.find(([kind]) => view instanceof kind)?.slice(1);
+  const notFound = error instanceof ApiError && error.status === 404 && what;
   if (notFound) {
-    const what = view instanceof JobView ? ["Job", "#/", "all jobs"] : ["Sweep", "#/sweeps", "all sweeps"];
     root.replaceChildren(el("div", { class: "empty-state" }, el("h2", {}, `${what[0]} ${view.id} not found`),
       el("p", {}, el("a", { href: what[1] }, `← Back to ${what[2]}`))));
   }

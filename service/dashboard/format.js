@@ -106,3 +106,9 @@ export function startEstimate(job) {
     : minutes < 120 ? `starts in about ${minutes} min` : `starts in about ${duration(minutes * 60000)}`;
   return job.reason ? `${when}, reason: ${job.reason}` : when;
 }
+
+// "waiting for job 12 to succeed, job 14 to end": the text, each "job <id>" a link to that job's page.
+export function linkJobs(text) {
+  return String(text).split(/\b(job \d+)\b/).map((part, i) =>
+    i % 2 ? el("a", { href: `#/jobs/${part.slice(4)}`, class: "job-ref" }, part) : part).filter((part) => part !== "");
+}

@@ -4,7 +4,7 @@ import { api } from "./api.js";
 import { MetricChart } from "./chart.js";
 import { StacksCard } from "./stacks_view.js";
 import {
-  TERMINAL, badge, duration, el, formatNumber, localTime, progressBar, resources, runTime, shortTime, startEstimate,
+  TERMINAL, badge, duration, el, formatNumber, linkJobs, localTime, progressBar, resources, runTime, shortTime, startEstimate,
   worldSize,
 } from "./format.js";
 
@@ -146,7 +146,9 @@ export class JobView {
         el("pre", {}, job.stall_reason || ""));
     } else if (loud) {
       this.reason.className = `reason-box reason-${job.state}`;
-      this.reason.replaceChildren(el("strong", {}, headline(job)), el("pre", {}, job.reason));
+      // What it waits for, or the dependency that cancelled it: each job named there is a link.
+      const dependencies = job.state === "waiting" || job.reason.startsWith("dependency job");
+      this.reason.replaceChildren(el("strong", {}, headline(job)), el("pre", {}, dependencies ? linkJobs(job.reason) : job.reason));
     }
   }
 
@@ -170,6 +172,10 @@ export class JobView {
     if (job.sweep_id != null) {
       const params = Object.entries(job.params || {}).map(([k, v]) => `${k}=${v}`).join(" ");
       rows.splice(3, 0, ["Sweep", el("span", {}, el("a", { href: `#/sweeps/${job.sweep_id}` }, `#${job.sweep_id}`), ` ${params}`)]);
+    }
+    if (job.pipeline_id != null) {
+      rows.splice(3, 0, ["Pipeline", el("span", { class: "pipeline-ref" }, "stage ", el("code", {}, job.stage ?? "?"), " of ",
+        el("a", { href: `#/pipelines/${job.pipeline_id}` }, `pipeline #${job.pipeline_id}`))]);
     }
     this.facts.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   }
@@ -324,7 +330,7 @@ function pretty(value) {
 function headline(job) {
   const code = job.exit_code != null ? ` (exit code ${job.exit_code})` : "";
   return {
-    failed: `Failed${code}`, timeout: "Ran out of time", cancelled: "Cancelled", pending: "Waiting in the scheduler's queue",
+    waiting: "Waiting for other jobs", failed: `Failed${code}`, timeout: "Ran out of time", cancelled: "Cancelled", pending: "Waiting in the scheduler's queue",
     queued: "Not dispatched yet", submitted: "Submitted", preempted: "Preempted", requeued: "Requeued",
     retrying: `Retrying: attempt ${job.attempt} goes out ${job.retry_at ? `at ${new Date(job.retry_at).toLocaleTimeString()}` : "soon"}`,
   }[job.state] || job.state;
