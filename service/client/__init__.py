@@ -15,19 +15,21 @@ A request that may safely be made twice is made again when its connection fails 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
 from service.client.notifications import Notifications
+from service.client.pipelines import Pipeline, Pipelines
 from service.client.wire import (
     DEFAULT_URL,
     LONG_POLL_S,
     TERMINAL_STATES,
+    Spec,
     TorchyardError,
     WaitTimeout,
     _as_object,
@@ -36,6 +38,7 @@ from service.client.wire import (
     discover_url,
     error_message,
     send,
+    spec_body,
     token_path,
 )
 from service.code_pack import pack
@@ -58,14 +61,6 @@ __all__ = [
 Job = dict[str, Any]
 Jobs = list[Job]  # module-level alias: inside the class, `list` names the method
 Sweep = dict[str, Any]
-Pipeline = dict[str, Any]
-
-
-class _Dumpable(Protocol):
-    def model_dump(self, *, mode: str = ..., exclude_unset: bool = ...) -> dict[str, Any]: ...
-
-
-Spec = Mapping[str, Any] | _Dumpable
 
 
 UPLOAD_CHUNK = 256 * 1024
@@ -78,14 +73,7 @@ def _chunks(data: bytes, progress: Callable[[int, int], None] | None) -> Iterato
             progress(min(start + UPLOAD_CHUNK, len(data)), len(data))
 
 
-def _spec_body(spec: Spec) -> dict[str, Any]:
-    if isinstance(spec, Mapping):
-        return dict(spec)
-    # Only what the caller set: the server fills in its own defaults (backend, resources).
-    return spec.model_dump(mode="json", exclude_unset=True)
-
-
-class TorchyardClient(Notifications):
+class TorchyardClient(Notifications, Pipelines):
     """One connection pool to one service. Methods return the API's JSON; errors raise TorchyardError."""
 
     def __init__(
@@ -126,7 +114,7 @@ class TorchyardClient(Notifications):
     def submit(self, spec: Spec, idempotency_key: str | None = None) -> Job:
         """POST /api/v1/jobs; returns the new job (state "queued")."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._object("POST", "/api/v1/jobs", json=_spec_body(spec), headers=headers)
+        return self._object("POST", "/api/v1/jobs", json=spec_body(spec), headers=headers)
 
     def list(
         self,
@@ -265,7 +253,7 @@ class TorchyardClient(Notifications):
         """POST /api/v1/sweeps: {"name", "job", "grid", "zip", "max_parallel", "metric", "goal"};
         returns the sweep with its trials (each a queued job)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._object("POST", "/api/v1/sweeps", json=_spec_body(sweep), headers=headers)
+        return self._object("POST", "/api/v1/sweeps", json=spec_body(sweep), headers=headers)
 
     def sweeps(self, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
         """One page of sweeps, newest first: {"items": [...], "next_cursor": ...}."""
@@ -298,42 +286,6 @@ class TorchyardClient(Notifications):
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"sweep {sweep_id} still has unfinished trials after {timeout_s} s")
             time.sleep(poll_s)
-
-    # ---------------------------------------------------------------- pipelines
-
-    def submit_pipeline(self, pipeline: Spec, idempotency_key: str | None = None) -> Pipeline:
-        """POST /api/v1/pipelines: {"name", "stages": [{"name", "job" | "sweep", "after", "on"}]};
-        returns the pipeline with its stages (each stage's job or sweep stored, waiting its turn)."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._object("POST", "/api/v1/pipelines", json=_spec_body(pipeline), headers=headers)
-
-    def pipelines(self, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
-        """One page of pipelines, newest first: {"items": [...], "next_cursor": ...}."""
-        params: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
-        return self._object("GET", "/api/v1/pipelines", params=params)
-
-    def pipeline(self, pipeline_id: int) -> Pipeline:
-        """The pipeline: its state and reason, its stages with their job or sweep and state."""
-        return self._object("GET", f"/api/v1/pipelines/{pipeline_id}")
-
-    def cancel_pipeline(self, pipeline_id: int) -> Pipeline:
-        """Cancel every job of it that has not ended; idempotent."""
-        return self._object("POST", f"/api/v1/pipelines/{pipeline_id}/cancel")
-
-    def retry_pipeline(self, pipeline_id: int, start: str) -> Pipeline:
-        """Run stage `start` and every stage after it again (new jobs); the stages before keep theirs."""
-        return self._object("POST", f"/api/v1/pipelines/{pipeline_id}/retry", json={"from": start})
-
-    def wait_pipeline(
-        self, pipeline_id: int, poll_s: float = 1.0, timeout_s: float | None = None
-    ) -> Pipeline:
-        """Until the pipeline has ended (succeeded, failed or cancelled); returns it."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while (pipeline := self.pipeline(pipeline_id))["state"] == "running":
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"pipeline {pipeline_id} still running after {timeout_s} s")
-            time.sleep(poll_s)
-        return pipeline
 
     # ---------------------------------------------------------------- access
 

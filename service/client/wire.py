@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -134,3 +134,18 @@ def send(http: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Res
                 raise
             log.debug("%s %s: %s; trying again", method, path, type(error).__name__)
             time.sleep(waits.pop(0))
+
+
+class _Dumpable(Protocol):
+    def model_dump(self, *, mode: str = ..., exclude_unset: bool = ...) -> dict[str, Any]: ...
+
+
+Spec = Mapping[str, Any] | _Dumpable  # a job, sweep or pipeline: JSON-like, or its pydantic model
+
+
+def spec_body(spec: Spec) -> dict[str, Any]:
+    """The body a spec is POSTed as."""
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    # Only what the caller set: the server fills in its own defaults (backend, resources).
+    return spec.model_dump(mode="json", exclude_unset=True)

@@ -176,7 +176,7 @@ def _due(session: Session, limit: int | None = None) -> list[int]:
         .order_by(col(Job.id))
         .limit(limit or SETTLE_BATCH)
     )
-    return [int(job_id) for job_id in session.connection().execute(query).scalars()]
+    return [job_id for job_id in session.connection().execute(query).scalars() if job_id is not None]
 
 
 def _upstream_of(session: Session, job_ids: Sequence[int]) -> dict[int, list[Upstream]]:

@@ -43,6 +43,7 @@ from service.domain import code_store, notifications, pipelines, policy, sweeps
 from service.domain.auth import Principal
 from service.domain.code_store import CodeStore
 from service.domain.dependencies import check_upstream
+from service.domain.job_request import check_request, new_job_row
 from service.domain.jobs import require_backend
 from service.domain.pipeline_admission import new_pipeline, stage_job, under_stage
 from service.domain.pipeline_graph import check_stages
@@ -50,7 +51,7 @@ from service.domain.quotas import QuotaBook, TooManyUnfinished
 from service.domain.storage import RoomCheck
 from service.domain.storing import Accepted, Store, SweepAccepted, replay, replay_sweep
 from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_field
-from service.errors import InvalidRequest, ServiceError
+from service.errors import ServiceError
 from service.ledger.models.jobs import JobCreate, JobPublic, NewJob
 from service.ledger.models.pipelines import Pipeline, PipelineAccepted, PipelineCreate
 from service.ledger.models.sweeps import JobTemplate, NewSweep, Sweep, SweepCreate
@@ -343,58 +344,6 @@ def _under_the_sweeps_job() -> Iterator[None]:
 @contextmanager
 def _as_it_is() -> Iterator[None]:
     yield
-
-
-def check_request(payload: JobCreate, settings: Settings, backends: Mapping[str, Backend]) -> str:
-    """Validate what pydantic cannot know (this service's limits, the backend's node limit); return
-    the name of the backend the job goes to."""
-    res = payload.resources
-    limits = [
-        ("resources.nodes", res.nodes, settings.max_nodes),
-        ("resources.tasks_per_node", res.tasks_per_node, settings.max_tasks_per_node),
-        ("resources.gpus_per_node", res.gpus_per_node, settings.max_gpus_per_node),
-        ("resources.timeout_min", res.timeout_min, settings.max_timeout_min),
-    ]
-    for field, value, maximum in limits:
-        if value > maximum:
-            raise InvalidRequest(f"is {value}, above this service's maximum of {maximum}", field=field)
-    name = payload.backend or settings.default_backend
-    most = require_backend(backends, name).max_nodes
-    if most is not None and res.nodes > most:
-        nodes = "one node" if most == 1 else f"at most {most} nodes"
-        roomier = sorted(n for n, b in backends.items() if b.max_nodes is None or b.max_nodes >= res.nodes)
-        hint = f"; use backend '{roomier[0]}' for more" if roomier else ""
-        raise InvalidRequest(f"the {name} backend runs on {nodes}{hint}", field="resources.nodes")
-    return name
-
-
-def new_job_row(
-    payload: JobCreate,
-    owner: str,
-    backend: str,
-    idempotency_key: str | None = None,
-    *,
-    run_as: str | None = None,
-) -> NewJob:
-    # What the ranks get: not whom it runs after (the ledger's JobDependency rows; the ranks read what
-    # those jobs left as ctx.upstream).
-    # Nor its webhooks: subscriptions, bound to it by the intake.
-    spec = payload.model_dump(exclude={"name", "backend", "retries", "after", "notify"}, mode="json")
-    # Absent rather than null: a job without them reads as before.
-    for optional in ("code", "python", "watchdog"):
-        if spec[optional] is None:
-            del spec[optional]
-    return NewJob(
-        name=payload.name,
-        owner=owner,
-        backend=backend,
-        spec=spec,
-        run_as=run_as,
-        idempotency_key=idempotency_key,
-        retries=payload.retries.model_dump(mode="json"),
-        after=tuple(payload.after),
-        notify=tuple(payload.notify),
-    )
 
 
 def find_replayed_sweep(engine: Engine, owner: str, key: str) -> Sweep | None:

@@ -24,7 +24,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from service.domain.auth import Principal
-from service.domain.dependencies import dependency_rows, insert_dependencies, waiting_reason
+from service.domain.dependencies import dependency_rows, insert_dependencies
+from service.domain.job_request import new_job_values
 from service.domain.notifications import subscribe_new_jobs
 from service.domain.quotas import UnfinishedCount
 from service.domain.storing import (
@@ -282,7 +283,7 @@ class JobIntake:
         if not fresh:
             return []
         connection = session.connection()
-        values = [_job_values(row, sweep_id) for row in fresh]
+        values = [new_job_values(row, sweep_id) for row in fresh]
         ids = _inserted_ids(connection, values)
         for condition in id_conditions(_JOBS.c.id, ids):
             connection.execute(
@@ -336,47 +337,6 @@ def _inserted_ids(connection: Connection, values: list[dict[str, Any]]) -> list[
         return sorted(int(job_id) for job_id in inserted.scalars())
     inserted = connection.execute(insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True), values)
     return [int(job_id) for job_id in inserted.scalars()]
-
-
-def _job_values(row: NewJob, sweep_id: int | None) -> dict[str, Any]:
-    """Every column a new job starts with (Core applies no model defaults, so all are spelled out)."""
-    return {
-        "name": row.name,
-        "owner": row.owner,
-        "run_as": row.run_as,
-        "backend": row.backend,
-        "spec": row.spec,
-        "state": (JobState.waiting if row.after else JobState.queued).value,
-        "reason": waiting_reason((one.job, one.on) for one in row.after) if row.after else None,
-        "exit_code": None,
-        "external_id": None,
-        "folder": None,
-        "attempt": 1,
-        "run_attempt": None,
-        "retries": row.retries,
-        "retry_at": None,
-        "nodes": None,
-        "placement": None,
-        "attempt_started_at": None,
-        "expected_start_at": None,
-        "result": None,
-        "progress": None,
-        "progress_offset": 0,
-        "latest_checkpoint": None,
-        "cancel_requested": False,
-        "claimed_by": None,
-        "claimed_at": None,
-        "idempotency_key": row.idempotency_key,
-        "sweep_id": sweep_id,
-        "params": row.params,
-        "pipeline_id": row.pipeline_id,
-        "stage": row.stage,
-        "created_at": row.created_at,
-        "updated_at": row.created_at,
-        "submitted_at": None,
-        "started_at": None,
-        "finished_at": None,
-    }
 
 
 def _jobs_by_key(session: Session, rows: list[NewJob]) -> dict[Key, JobPublic]:

@@ -1,4 +1,4 @@
-"""Which backend a job goes to (service.domain.submit.check_request): the job's choice, else the
+"""Which backend a job goes to (service.domain.job_request.check_request): the job's choice, else the
 service's default, if it runs here; and the backends this service builds."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from service.backends import make_backends
 from service.backends.base import Backend
 from service.config import BackendName, Settings
-from service.domain.submit import check_request
+from service.domain.job_request import check_request
 from service.errors import InvalidRequest
 from service.ledger.models.jobs import JobCreate
 from tests.fakes import FakeBackend
