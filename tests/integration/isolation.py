@@ -42,6 +42,8 @@ SECRET = "canary-secret-of-the-service"
 BASE_KEYS = {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "PYTHONPATH", "PYTHONSAFEPATH", "PYTHONNOUSERSITE",
     "TMPDIR", "TORCHYARD_JOB_DIR", "TORCHYARD_CHECKPOINT_DIR", "OMP_NUM_THREADS",
+    # worker.runner.identity_vars: the job, its run (for experiment trackers) and attempt, its upstream
+    "TORCHYARD_JOB_ID", "TORCHYARD_RUN_ID", "TORCHYARD_ATTEMPT", "TORCHYARD_UPSTREAM",
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
 }  # fmt: skip
 # What the scheduler adds: submitit's local controller, or SLURM (SLURM_*, SLURMD_NODENAME, SRUN_DEBUG).
