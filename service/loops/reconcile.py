@@ -303,16 +303,17 @@ class Reconciler:
             job.expected_start_at = status.expected_start
             session.add(job)
         target = JobState(status.state)
+        world = job.resources.world_size
+        # Only running ranks write these files (a job waiting in the queue has none of its own, and
+        # on a long queue each look is a file system call per job per tick); and a short attempt can
+        # end between two ticks, before each rank's was read: once more at its end.
+        if (target is JobState.running or is_terminal(target)) and len(job.placement or []) < world:
+            placement = read_placement(files, job.run_attempt or job.attempt, world)
+            if placement and placement != job.placement:
+                job.placement = placement
+                session.add(job)
+                self.hardlinks.note(job.id or 0, placement)
         if target is JobState.running:
-            # Only running ranks write these files; a job waiting in the queue has none of its own,
-            # and on a long queue each look is a file system call per job per tick.
-            world = job.resources.world_size
-            if job.placement is None or len(job.placement) < world:  # until every rank has said
-                placement = read_placement(files, job.run_attempt or job.attempt, world)
-                if placement and placement != job.placement:
-                    job.placement = placement
-                    session.add(job)
-                    self.hardlinks.note(job.id or 0, placement)
             errors = rank_errors(files, job.run_attempt, world)
             if errors:
                 # One rank raised while the others still run: end the attempt now rather than let
