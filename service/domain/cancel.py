@@ -18,6 +18,8 @@ from service.ledger.db import write_scope
 from service.ledger.models.jobs import Job
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 
+CANCEL_CHUNK = 100  # jobs moved in one write transaction of a cancel
+
 
 def cancel_job(engine: Engine, job_id: int, backends: Mapping[str, Backend], viewer: Principal) -> Job:
     """Idempotent: a terminal job is returned as it is; anything else ends up cancelled."""
@@ -35,14 +37,18 @@ def cancel_jobs(
     the raised BackendError answers the caller; the jobs keep `cancel_requested` and run on until a
     retried cancel gets through.
     """
-    # write_scope: on SQLite a row lock is no lock, so the reconciler's writes and these take turns
-    with write_scope(engine) as session:
-        jobs = [_request_cancel(session, job_id, viewer) for job_id in job_ids]
-        held = {
-            job.id: (job.backend, job.external_id)
-            for job in jobs
-            if job.id is not None and job.external_id is not None and not is_terminal(JobState(job.state))
-        }
+    # write_scope: on SQLite a row lock is no lock, so the reconciler's writes and these take turns.
+    # A sweep's or a pipeline's cancel moves many jobs: in chunks, each its own transaction, so that
+    # another user's write waits for one chunk at most, never for the whole cascade.
+    jobs: list[Job] = []
+    held: dict[int, tuple[str, str]] = {}
+    for chunk in _chunks(job_ids):
+        with write_scope(engine) as session:
+            for job_id in chunk:
+                job = _request_cancel(session, job_id, viewer)
+                jobs.append(job)
+                if job.id is not None and job.external_id is not None and not _ended(job):
+                    held[job.id] = (job.backend, job.external_id)
     by_backend: dict[str, list[str]] = {}
     for backend_name, external_id in held.values():
         by_backend.setdefault(backend_name, []).append(external_id)
@@ -50,15 +56,24 @@ def cancel_jobs(
         require_backend(backends, backend_name).cancel(external_ids)
     if not held:
         return jobs
-    with write_scope(engine) as session:
-        ended = []
-        for job_id in job_ids:
-            job = get_job(session, job_id, viewer)
-            session.refresh(job, with_for_update=True)  # the reconciler may have ended it meanwhile
-            if job_id in held and not is_terminal(JobState(job.state)):
-                record_transition(session, job, JobState.cancelled, CANCELLED_BY_USER)
-            ended.append(job)
+    ended = []
+    for chunk in _chunks(job_ids):
+        with write_scope(engine) as session:
+            for job_id in chunk:
+                job = get_job(session, job_id, viewer)
+                session.refresh(job, with_for_update=True)  # the reconciler may have ended it meanwhile
+                if job_id in held and not _ended(job):
+                    record_transition(session, job, JobState.cancelled, CANCELLED_BY_USER)
+                ended.append(job)
     return ended
+
+
+def _ended(job: Job) -> bool:
+    return is_terminal(JobState(job.state))
+
+
+def _chunks(job_ids: Sequence[int]) -> list[Sequence[int]]:
+    return [job_ids[start : start + CANCEL_CHUNK] for start in range(0, len(job_ids), CANCEL_CHUNK)]
 
 
 def _request_cancel(session: Session, job_id: int, viewer: Principal) -> Job:

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
-from service.domain import metric_series
+from service.domain import cancel, metric_series
 from service.ledger.models.access import UserQuota
 from service.ledger.models.jobs import Job
 from service.ledger.models.metrics import JobMetric
@@ -273,6 +273,33 @@ def test_cancel_ends_every_unfinished_trial_with_one_backend_call(api: TestClien
     assert len(fake.cancel_calls) == calls_before + 1
     assert sorted(fake.cancel_calls[-1]) == sorted(fake.external_id(i) for i in ids)
     assert api.post(f"{SWEEPS}/{sweep['id']}/cancel").status_code == 200  # idempotent
+
+
+def test_a_big_cancel_moves_its_trials_in_chunks_with_one_backend_call(
+    api: TestClient, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's write waits for one chunk of a sweep's cancel at most, never for the whole
+    cascade: each chunk is a transaction of its own; the scheduler is still told once."""
+    monkeypatch.setattr(cancel, "CANCEL_CHUNK", 4)
+    sessions: list[int] = []
+    request_cancel = cancel._request_cancel
+
+    def recorded(session: Session, job_id: int, viewer: Any) -> Job:
+        sessions.append(id(session))
+        return request_cancel(session, job_id, viewer)
+
+    monkeypatch.setattr(cancel, "_request_cancel", recorded)
+    sweep = api.post(SWEEPS, json=sweep_body(grid={"lr": [0.1, 0.2, 0.3], "batch_size": [8, 16, 32]})).json()
+    ids = [trial["job_id"] for trial in sweep["trials"]]
+    wait_for(lambda: all(api.get(f"{JOBS}/{i}").json()["external_id"] for i in ids), what="all submitted")
+    calls_before = len(fake.cancel_calls)
+
+    response = api.post(f"{SWEEPS}/{sweep['id']}/cancel")
+
+    assert response.status_code == 200, response.text
+    assert response.json()["counts"] == {"cancelled": 9}
+    assert len(sessions) == 9 and len(set(sessions)) == 3  # 4 + 4 + 1, each in its own transaction
+    assert len(fake.cancel_calls) == calls_before + 1
 
 
 def test_on_an_array_backend_a_sweep_is_handed_over_whole(api: TestClient, fake_slurm: FakeBackend) -> None:
