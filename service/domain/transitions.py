@@ -87,7 +87,7 @@ def record_transition(
     if target is JobState.submitted:
         assert external_id is not None, "a submitted job is the backend's run"
         job.external_id, job.run_attempt = external_id, job.attempt
-    if job.cancel_requested and target is not JobState.cancelled and cancel_overrides(target):
+    if job.cancel_requested and cancel_overrides(target):  # the same reason whoever ends it
         target, reason, kind, ended_as, ended_because = (
             JobState.cancelled,
             CANCELLED_BY_USER,

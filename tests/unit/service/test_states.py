@@ -225,6 +225,18 @@ def test_a_cancel_requested_turns_any_ending_retry_or_submission_into_cancelled(
         assert running.finished_at is not None
 
 
+def test_a_cancel_requested_gives_the_same_reason_whoever_ends_the_job(engine: Engine) -> None:
+    """The scheduler's word of the cancel can reach the reconciler before the cancel's own last
+    transaction: the user reads "cancelled by user" either way, not a timing-dependent "cancelled"."""
+    with Session(engine) as session:
+        job = new_job(session)
+        record_transition(session, job, S.submitted, external_id="10")
+        record_transition(session, job, S.running)
+        job.cancel_requested = True
+        assert record_transition(session, job, S.cancelled, "cancelled", kind="cancel") is S.cancelled
+        assert job.reason == "cancelled by user"
+
+
 def test_a_succeeded_job_stays_succeeded_whatever_was_asked(engine: Engine) -> None:
     with Session(engine) as session:
         job = new_job(session)
