@@ -33,6 +33,7 @@ def settings(settings: Settings) -> Settings:
         update={
             "webhook_hosts": ["127.0.0.1", "hooks.example.org"],
             "webhook_private_hosts": ["127.0.0.1"],
+            "webhook_ports": ["1024-65535"],  # the receivers' free ports; 9 is refused
             "notify_interval_s": 0.05,
             "webhook_backoff_s": 0.05,
             "webhook_max_attempts": 3,
@@ -138,6 +139,14 @@ def test_subscriptions_are_their_owners(api: TestClient, login: Login, receiver:
     ("body", "loc", "words"),
     [
         ({"on": ["failed", "exploded"]}, ["body", "on", "1"], "'exploded' is not a state"),
+        # states no notice is written for: such a subscription would never be told anything
+        ({"on": ["queued"]}, ["body", "on", "0"], "'queued' is never told"),
+        ({"on": ["ended", "waiting"]}, ["body", "on", "1"], "'waiting' is never told"),
+        ({"on": ["submitted"]}, ["body", "on", "0"], "'submitted' is never told"),
+        ({"on": ["pending"]}, ["body", "on", "0"], "'pending' is never told"),
+        # only listed ports (by default 80 and 443): no probing what else listens on an allowed host
+        ({"url": "http://127.0.0.1:9/hook"}, ["body", "url"], "port 9 is not among the ports"),
+        ({"url": "http://127.0.0.1:22/hook"}, ["body", "url"], "TORCHYARD_WEBHOOK_PORTS"),
         ({"url": "http://127.0.0.2:9/hook"}, ["body", "url"], "not among the hosts"),
         ({"url": "http://evil.example.com/hook"}, ["body", "url"], "not among the hosts"),
         ({"url": "ftp://127.0.0.1/hook"}, ["body", "url"], "http:// or https://"),
@@ -149,7 +158,7 @@ def test_subscriptions_are_their_owners(api: TestClient, login: Login, receiver:
 def test_bad_subscriptions_are_refused_naming_the_field(
     api: TestClient, body: dict[str, Any], loc: list[str], words: str
 ) -> None:
-    response = api.post(SUBSCRIPTIONS, json={"url": "http://127.0.0.1:9/hook", "on": ["failed"], **body})
+    response = api.post(SUBSCRIPTIONS, json={"url": "http://127.0.0.1:9999/hook", "on": ["failed"], **body})
     assert response.status_code in (404, 422), response.text
     (detail,) = response.json()["detail"]
     assert detail["loc"] == loc and words in detail["msg"], detail

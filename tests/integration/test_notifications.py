@@ -30,6 +30,7 @@ DELIVERIES = "/api/v1/notifications/deliveries"
 HOOKS = {
     "webhook_hosts": "127.0.0.1,hooks.example.org",
     "webhook_private_hosts": "127.0.0.1",
+    "webhook_ports": "1024-65535",  # the receivers' free ports
     "notify_interval_s": "0.2",
     "webhook_backoff_s": "0.3",
     "backends": "local",
