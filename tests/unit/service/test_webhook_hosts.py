@@ -99,7 +99,9 @@ def test_only_listed_ports(url: str, allowed: bool) -> None:
     if allowed:
         assert check_url(url, RULES, answering("93.184.216.34"))
         return
-    with pytest.raises(Refused, match=r"port \d+ is not among the ports webhooks may reach.*TORCHYARD_WEBHOOK_PORTS"):
+    with pytest.raises(
+        Refused, match=r"port \d+ is not among the ports webhooks may reach.*TORCHYARD_WEBHOOK_PORTS"
+    ):
         check_url(url, RULES, answering("93.184.216.34"))
 
 
