@@ -204,7 +204,8 @@ def subscribe_new_jobs(session: Session, made: Sequence[tuple[int, str, Sequence
         known.setdefault((owner, url), secret)
     for job_id, owner, one in wanted:
         secret = known.setdefault((owner, one.url), secrets.token_hex(32))
-        session.add(Subscription(owner=owner, url=one.url, secret=secret, on=check_on(one.on), job_id=job_id))
+        on = list(dict.fromkeys(one.on))  # checked at admission (a retry carries what was admitted then)
+        session.add(Subscription(owner=owner, url=one.url, secret=secret, on=on, job_id=job_id))
     session.flush()
 
 
