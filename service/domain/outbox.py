@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import and_, or_
+from sqlalchemy import and_, func, or_
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 
@@ -101,26 +101,42 @@ def notices_waiting(session: Session) -> bool:
 
 
 def fan_out(session: Session, dashboard: str, guard: Bulkhead, budget: int) -> int:
-    """Fan notices out, oldest first, looking at no more than `budget` subscriptions in all (a notice
-    with none costs one); returns how many notices were worked on (0: none waits). Each notice's
-    chunk in a savepoint of its own: one that fails stays for the next pass, until the bulkhead gives
-    up on it (then it is dropped, with a warning in the log)."""
-    query = select(Notice).order_by(col(Notice.id)).limit(budget).with_for_update(skip_locked=True)
+    """Fan notices out, looking at no more than `budget` subscriptions in all (a notice with none costs
+    one); returns how many notices were worked on (0: none waits). Owners take turns: each owner with
+    notices waiting has an equal share of the budget, spent on their oldest notices first, so one
+    user's big notices hold another's back by no more than a chunk. Each notice's chunk in a savepoint
+    of its own: one that fails stays for the next pass, until the bulkhead gives up on it (then it is
+    dropped, with a warning in the log)."""
+    oldest = func.min(Notice.id)
+    owners = session.exec(
+        select(Notice.owner).group_by(col(Notice.owner)).order_by(oldest).limit(budget)
+    ).all()
+    share = max(1, budget // max(1, len(owners)))
     worked = 0
-    for notice in session.exec(query).all():
-        if budget <= 0:
-            break
-        assert notice.id is not None
-        worked += 1
-        outcome = guard.guarded(notice.id, _chunk_of(session, notice, dashboard, budget), session)
-        if isinstance(outcome, Fault):
-            if outcome.gives_up:
-                session.delete(notice)
-            budget -= 1
-        else:
-            budget -= max(1, outcome)
+    for owner in owners:
+        query = (
+            select(Notice).where(col(Notice.owner) == owner).order_by(col(Notice.id)).limit(share)
+            .with_for_update(skip_locked=True)
+        )  # fmt: skip
+        left = share
+        for notice in session.exec(query).all():
+            if left <= 0:
+                break
+            worked += 1
+            left -= _fan_out_one(session, notice, dashboard, guard, left)
     session.flush()
     return worked
+
+
+def _fan_out_one(session: Session, notice: Notice, dashboard: str, guard: Bulkhead, budget: int) -> int:
+    """The next chunk of one notice, in a savepoint; returns the budget it spent."""
+    assert notice.id is not None
+    outcome = guard.guarded(notice.id, _chunk_of(session, notice, dashboard, budget), session)
+    if not isinstance(outcome, Fault):
+        return max(1, outcome)
+    if outcome.gives_up:
+        session.delete(notice)
+    return 1
 
 
 def _chunk_of(session: Session, notice: Notice, dashboard: str, budget: int) -> Callable[[], int]:

@@ -187,6 +187,21 @@ def test_a_notice_fans_out_in_chunks_each_its_own_transaction_and_resumes_after_
     assert len(set(made)) == 450
 
 
+def test_owners_take_turns_in_the_fan_out(engine: Engine) -> None:
+    """Finding 3: alice's notices match 450 subscriptions each; bob's one, written after them, is
+    fanned out in the first chunk all the same (each owner waiting has a share of it)."""
+    many_subscriptions(engine, 450)
+    with session_scope(engine) as session:
+        alices = new_job(session, "alice").id
+        session.add(Notice(owner="alice", job_id=alices, state="failed"))
+        bobs = new_job(session, "bob")
+        subscribe(session, "bob", "http://127.0.0.1:9999/b")
+        session.add(Notice(owner="bob", job_id=bobs.id, state="failed"))
+    with write_scope(engine) as session:
+        assert outbox.fan_out(session, "http://ty", Bulkhead(outbox.FAN_OUT), 200) == 2
+    assert len(rows_of(engine, "bob")) == 1 and len(rows_of(engine, "alice")) == 100
+
+
 def test_another_users_write_waits_a_chunk_not_the_whole_fan_out(engine: Engine, hooks: Settings) -> None:
     """Finding 3: while 2,000 deliveries are made, chunks of 100, another user's write (a job
     stored through a write scope, as the intake does) commits between two chunks, not after all."""
