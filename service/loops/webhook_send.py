@@ -89,7 +89,7 @@ def outcome_of(status: int) -> Outcome:
 
 
 class PinnedBackend(httpcore.NetworkBackend):
-    """Connects to the target's first checked address (whatever host httpcore asks for), and bounds
+    """Connects to the target's checked addresses (whatever host httpcore asks for), and bounds
     every connect, read, write and TLS handshake by what is left of one deadline."""
 
     def __init__(self, target: webhook_hosts.Target, deadline: float) -> None:
@@ -106,10 +106,16 @@ class PinnedBackend(httpcore.NetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         assert port == self._target.port, "the URL checked is the URL sent"
-        address = self._target.addresses[0]
-        left = left_of(self._deadline, timeout, httpcore.ConnectTimeout)
-        stream = self._inner.connect_tcp(address, port, left, local_address, socket_options)
-        return DeadlineStream(stream, self._deadline)
+        failed: httpcore.ConnectError | None = None
+        for address in self._target.addresses:  # each checked one in turn, as a resolver's list is tried
+            left = left_of(self._deadline, timeout, httpcore.ConnectTimeout)
+            try:
+                stream = self._inner.connect_tcp(address, port, left, local_address, socket_options)
+            except httpcore.ConnectError as error:
+                failed = error
+                continue
+            return DeadlineStream(stream, self._deadline)
+        raise failed or httpcore.ConnectError("no address")
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None

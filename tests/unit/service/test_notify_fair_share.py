@@ -7,6 +7,7 @@ each its own transaction, resumable; old deliveries are pruned; a receiver's wor
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ from sqlmodel import Session, col, select
 
 from service.bulkhead import Bulkhead
 from service.config import Settings
-from service.domain import deliveries, outbox
+from service.domain import deliveries, notifications, outbox
 from service.domain.transitions import record_transition
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models.columns import utcnow
@@ -316,3 +317,20 @@ def test_an_unlisted_port_is_refused_at_delivery_too(
     assert row.status == "failed" and row.last_error is not None
     assert f"port {receiver.port} is not among the ports webhooks may reach" in row.last_error
     assert receiver.all() == []
+
+
+def test_a_send_tries_each_checked_address_in_turn(hooks: Settings) -> None:
+    """Pinned, yet as a resolver's list is tried: 127.0.0.1 refuses, 127.0.0.2 (also checked) answers."""
+    with receiving(host="127.0.0.2") as second:
+        url = second.at("hooks.example.org")
+        claimed = deliveries.Claimed(1, str(uuid.uuid4()), "alice", url, "job.failed", {}, 1, "s" * 64)
+        limits = webhook_send.Limits(connect_s=1.0, read_s=1.0, total_s=DEADLINE_S)
+        rules = notifications.rules_of(hooks)
+        outcome = webhook_send.send(
+            claimed,
+            rules,
+            limits,
+            ssl.create_default_context(),
+            lambda host, port: ["127.0.0.1", "127.0.0.2"],
+        )
+        assert outcome == deliveries.Outcome(True, status=200) and len(second.taken()) == 1
