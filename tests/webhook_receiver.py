@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,8 +56,13 @@ class Receiver:
 
 
 @contextmanager
-def receiving(answers: list[int] | None = None, host: str = "127.0.0.1", port: int = 0) -> Iterator[Receiver]:
-    """A receiver on `host` (a free port unless one is named) until the block ends."""
+def receiving(
+    answers: list[int] | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tls: ssl.SSLContext | None = None,
+) -> Iterator[Receiver]:
+    """A receiver on `host` (a free port unless one is named; HTTPS with `tls`) until the block ends."""
     holder: list[Receiver] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -80,6 +86,8 @@ def receiving(answers: list[int] | None = None, host: str = "127.0.0.1", port: i
             return
 
     server = ThreadingHTTPServer((host, port), Handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     holder.append(Receiver(server.server_address[1], list(answers or [])))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import socket
 import ssl
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -334,3 +336,27 @@ def test_a_send_tries_each_checked_address_in_turn(hooks: Settings) -> None:
             lambda host, port: ["127.0.0.1", "127.0.0.2"],
         )
         assert outcome == deliveries.Outcome(True, status=200) and len(second.taken()) == 1
+
+
+def test_https_to_the_checked_address_keeps_the_name_for_tls(hooks: Settings, tmp_path: Path) -> None:
+    """Pinned to 127.0.0.1, the TLS server name (and so the certificate check) stays the URL's name:
+    the receiver's certificate names hooks.example.org only."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=hooks.example.org",
+         "-addext", "subjectAltName=DNS:hooks.example.org"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serving.load_cert_chain(cert, key)
+    trusting = ssl.create_default_context(cafile=str(cert))
+    limits = webhook_send.Limits(connect_s=2.0, read_s=2.0, total_s=5.0)
+    with receiving(tls=serving) as receiver:
+        url = f"https://hooks.example.org:{receiver.port}/hook"
+        claimed = deliveries.Claimed(1, str(uuid.uuid4()), "alice", url, "job.failed", {}, 1, "s" * 64)
+        resolver = lambda host, port: ["127.0.0.1"]  # noqa: E731
+        rules = notifications.rules_of(hooks)
+        assert webhook_send.send(claimed, rules, limits, trusting, resolver).delivered
+        (got,) = receiver.taken()
+    assert got.headers["host"] == f"hooks.example.org:{receiver.port}"
