@@ -140,8 +140,27 @@ class Settings(BaseSettings):
         description="Of those, hosts that may resolve to loopback, private or link-local addresses.",
     )
     notify_interval_s: float = Field(1.0, gt=0, description="Seconds between the notify loop's passes.")
+    webhook_ports: CommaList = Field(
+        default_factory=lambda: ["80", "443"],
+        description="Ports webhooks may reach: numbers or ranges such as 8000-8099.",
+    )
     webhook_connect_timeout_s: float = Field(5.0, gt=0, description="Connecting to a webhook's host.")
     webhook_read_timeout_s: float = Field(10.0, gt=0, description="Waiting for a webhook's answer.")
+    webhook_total_timeout_s: float = Field(
+        15.0, gt=0, description="The most one try of a delivery may take: connect, send and answer together."
+    )
+    webhook_senders: int = Field(8, ge=1, description="Deliveries one replica sends at once.")
+    webhook_owner_senders: int = Field(
+        2, ge=1, description="Deliveries of one user in flight at once (all replicas together)."
+    )
+    notify_fan_out_chunk: int = Field(
+        200, ge=1, description="Subscriptions a notice is fanned out to per write transaction."
+    )
+    max_subscriptions_per_user: int = Field(200, ge=1, description="Webhook subscriptions one user may have.")
+    max_subscriptions_per_job: int = Field(10, ge=1, description="Webhook subscriptions bound to one job.")
+    keep_deliveries_days: float = Field(
+        14.0, gt=0, description="Days a delivered or failed webhook delivery is kept (then pruned)."
+    )
     webhook_max_attempts: int = Field(8, ge=1, description="Tries of one delivery before it fails.")
     webhook_backoff_s: float = Field(
         5.0, ge=0, description="Wait after a delivery's first failed try; doubled after each next one."
@@ -158,12 +177,24 @@ class Settings(BaseSettings):
         "trusted_proxies",
         "webhook_hosts",
         "webhook_private_hosts",
+        "webhook_ports",
         mode="before",
     )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("webhook_ports")
+    @classmethod
+    def _ports_or_ranges(cls, value: list[str]) -> list[str]:
+        for item in value:
+            low, _, high = item.partition("-")
+            if not (low.isdigit() and (not high or high.isdigit())):
+                raise ValueError(f"{item!r} is not a port or a range of ports (such as 8000-8099)")
+            if not 1 <= int(low) <= int(high or low) <= 65535:
+                raise ValueError(f"{item!r} is not within 1-65535, low to high")
         return value
 
     @model_validator(mode="after")

@@ -48,6 +48,7 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
 }
 NOT_BODY_FIELDS = (
     "job_id",
+    "pipeline_id",
     "subscription_id",
     "checkpoint",
     "rank",
@@ -80,7 +81,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     403: "Not allowed: not an admin, over a per-job limit or your code storage, refused by an allow-list, "
     "or a dev-mode service asked from another machine or another site",
     404: "No such job, or one the caller may not see",
-    409: "Clashes with the current state (an Idempotency-Key reused with another body)",
+    409: "Clashes with the current state (an Idempotency-Key reused with another body), or a count at "
+    "its limit (webhook subscriptions)",
     413: "The body is over TORCHYARD_MAX_BODY_BYTES",
     422: "Invalid input; `loc` names the field",
     429: "Too many unfinished jobs or submissions; retry after Retry-After seconds",

@@ -5,6 +5,10 @@ service.domain.outbox and service.loops.notify; which URLs are allowed, service.
 Subscriptions and deliveries are their owner's alone: another user's id answers 404, for admins too
 (a subscription holds its owner's secret). A URL is checked (its host resolved) before any
 transaction opens: DNS is a call out.
+
+Counts are capped (409 naming the limit): subscriptions of one user not bound to a job (each of
+those is told of every matching notice of the owner's: they multiply the fan-out), and
+subscriptions bound to one job. `on` names only states a notice is written for.
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service.config import Settings
 from service.domain import audit, jobs, webhook_hosts
 from service.domain.auth import Principal
-from service.errors import InvalidRequest, NotFound
+from service.domain.outbox import NOTIFIABLE
+from service.errors import Conflict, InvalidRequest, NotFound
 from service.ledger.db import session_scope
 from service.ledger.models.notifications import (
     ENDED,
@@ -36,13 +41,17 @@ from service.ledger.models.notifications import (
 from service.ledger.models.pipelines import Pipeline
 from service.states import JobState
 
-STATE_NAMES: frozenset[str] = frozenset(state.value for state in JobState) | {ENDED}
+# Only states a notice is written for: a subscription to `queued` would never be told anything.
+STATE_NAMES: frozenset[str] = frozenset(state.value for state in NOTIFIABLE) | {ENDED}
+NEVER_TOLD: frozenset[str] = frozenset(state.value for state in JobState) - STATE_NAMES
 MAX_PAGE = 500
 REMOVED = "its subscription was removed"
 
 
 def rules_of(settings: Settings) -> webhook_hosts.HostRules:
-    return webhook_hosts.HostRules.of(settings.webhook_hosts, settings.webhook_private_hosts)
+    return webhook_hosts.HostRules.of(
+        settings.webhook_hosts, settings.webhook_private_hosts, settings.webhook_ports
+    )
 
 
 def check_on(on: Sequence[str], field: str = "on") -> list[str]:
@@ -50,7 +59,8 @@ def check_on(on: Sequence[str], field: str = "on") -> list[str]:
     for position, name in enumerate(on):
         if name not in STATE_NAMES:
             known = ", ".join(sorted(STATE_NAMES))
-            raise InvalidRequest(f"{name!r} is not a state (one of: {known})", field=f"{field}.{position}")
+            what = "is never told" if name in NEVER_TOLD else "is not a state"
+            raise InvalidRequest(f"{name!r} {what} (one of: {known})", field=f"{field}.{position}")
     return list(dict.fromkeys(on))
 
 
@@ -64,6 +74,12 @@ def check_url(url: str, settings: Settings, field: str = "url") -> None:
 
 def check_notify(notify: Sequence[NotifySpec], settings: Settings) -> None:
     """A job spec's `notify`, at admission (off the event loop: it resolves hosts)."""
+    most = settings.max_subscriptions_per_job
+    if len(notify) > most:
+        raise Conflict(
+            f"{len(notify)} webhooks for one job; the most is {most} (TORCHYARD_MAX_SUBSCRIPTIONS_PER_JOB)",
+            field="notify",
+        )
     for position, one in enumerate(notify):
         check_on(one.on, f"notify.{position}.on")
         check_url(one.url, settings, f"notify.{position}.url")
@@ -87,6 +103,7 @@ def subscribe(
             pipeline = session.get(Pipeline, body.pipeline)
             if pipeline is None or not user.may_see(pipeline.owner):
                 raise NotFound(f"pipeline {body.pipeline} not found", field="pipeline")
+        _check_room(session, settings, user, body.job)
         row = Subscription(
             owner=user.user,
             url=body.url,
@@ -99,6 +116,24 @@ def subscribe(
         session.flush()
         audit.record(session, user.user, "notify.subscribe", f"subscription {row.id}", f"url={body.url}")
         return SubscriptionWithSecret.model_validate(row, from_attributes=True)
+
+
+def _check_room(session: Session, settings: Settings, user: Principal, job: int | None) -> None:
+    """409 when the user (or the job) has as many subscriptions as it may."""
+    count = select(func.count()).select_from(Subscription)
+    if job is not None:
+        have = session.exec(count.where(col(Subscription.job_id) == job)).one()
+        most, setting, whose = settings.max_subscriptions_per_job, "MAX_SUBSCRIPTIONS_PER_JOB", f"job {job}"
+    else:
+        mine = count.where(col(Subscription.owner) == user.user, col(Subscription.job_id).is_(None))
+        have = session.exec(mine).one()
+        most, setting, whose = settings.max_subscriptions_per_user, "MAX_SUBSCRIPTIONS_PER_USER", "you"
+    if have >= most:
+        raise Conflict(
+            f"{whose} already {'has' if job is not None else 'have'} {have} subscriptions, the most allowed "
+            f"(TORCHYARD_{setting}={most}); remove one first",
+            field="job" if job is not None else None,
+        )
 
 
 def list_subscriptions(session: Session, user: Principal) -> list[SubscriptionPublic]:
@@ -169,7 +204,8 @@ def subscribe_new_jobs(session: Session, made: Sequence[tuple[int, str, Sequence
         known.setdefault((owner, url), secret)
     for job_id, owner, one in wanted:
         secret = known.setdefault((owner, one.url), secrets.token_hex(32))
-        session.add(Subscription(owner=owner, url=one.url, secret=secret, on=check_on(one.on), job_id=job_id))
+        on = list(dict.fromkeys(one.on))  # checked at admission (a retry carries what was admitted then)
+        session.add(Subscription(owner=owner, url=one.url, secret=secret, on=on, job_id=job_id))
     session.flush()
 
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from sqlmodel import Session, col, select
 
 from service.domain.auth import Principal
+from service.domain.notifications import notify_entries
 from service.domain.pipeline_graph import check_stages, downstream
 from service.domain.pipeline_state import read_outcomes
 from service.domain.pipelines import get_pipeline_row, stage_rows
 from service.errors import Conflict, InvalidRequest
 from service.ledger.models.jobs import Job, NewJob
+from service.ledger.models.notifications import NotifySpec
 from service.ledger.models.pipelines import Dependency, Pipeline, PipelineCreate, PipelineStage
 from service.ledger.models.sweeps import NewSweep, Sweep
 
@@ -59,8 +61,8 @@ def plan_retry(session: Session, pipeline_id: int, start: str, viewer: Principal
     for position in check_stages(request.stages):
         asked = request.stages[position]
         if asked.name in rerun:
-            own = _own_after(asked.job if asked.job is not None else (asked.sweep or {}).get("job"))
-            reruns.append(_rerun(session, rows[asked.name], own))
+            job = asked.job if asked.job is not None else (asked.sweep or {}).get("job")
+            reruns.append(_rerun(session, rows[asked.name], _own_after(job), _notify_of(job)))
     return RetryPlan(pipeline, rows, reruns)
 
 
@@ -71,11 +73,18 @@ def _own_after(job: object) -> tuple[Dependency, ...]:
     return tuple(Dependency.model_validate(one if isinstance(one, dict) else {"job": one}) for one in after)
 
 
-def _rerun(session: Session, stage: PipelineStage, own: tuple[Dependency, ...]) -> Rerun:
+def _notify_of(job: object) -> tuple[NotifySpec, ...]:
+    """The webhooks a stage's job (or its sweep's job) asked for: each new run is told as the first was."""
+    return notify_entries(job.get("notify") if isinstance(job, dict) else None)
+
+
+def _rerun(
+    session: Session, stage: PipelineStage, own: tuple[Dependency, ...], notify: tuple[NotifySpec, ...]
+) -> Rerun:
     if stage.job_id is not None:
         job = session.get(Job, stage.job_id)
         assert job is not None, "a stage's job stays"
-        return Rerun(stage, job=_copy(job, own))
+        return Rerun(stage, job=_copy(job, own, notify))
     sweep = session.get(Sweep, stage.sweep_id)
     assert sweep is not None, "a stage's sweep stays"
     trials = session.exec(select(Job).where(col(Job.sweep_id) == sweep.id).order_by(col(Job.id))).all()
@@ -89,13 +98,13 @@ def _rerun(session: Session, stage: PipelineStage, own: tuple[Dependency, ...]) 
             max_parallel=sweep.max_parallel,
             metric=sweep.metric,
             goal=sweep.goal,
-            trials=[_copy(trial, own) for trial in trials],
+            trials=[_copy(trial, own, notify) for trial in trials],
         ),
     )
 
 
-def _copy(job: Job, own: tuple[Dependency, ...]) -> NewJob:
-    """A new run of `job`: the same spec, account, retry policy and parameters."""
+def _copy(job: Job, own: tuple[Dependency, ...], notify: tuple[NotifySpec, ...]) -> NewJob:
+    """A new run of `job`: the same spec, account, retry policy, parameters and webhooks."""
     return NewJob(
         name=job.name,
         owner=job.owner,
@@ -105,6 +114,7 @@ def _copy(job: Job, own: tuple[Dependency, ...]) -> NewJob:
         retries=job.retries,
         params=job.params,
         after=own,
+        notify=notify,
         pipeline_id=job.pipeline_id,
         stage=job.stage,
     )

@@ -7,10 +7,13 @@ internal admin page. So:
 - only http and https, no user:password in the URL;
 - the host must be named in TORCHYARD_WEBHOOK_HOSTS (`*.example.org` names every subdomain, not
   example.org itself); an empty list turns webhooks off;
+- the port must be among TORCHYARD_WEBHOOK_PORTS (80 and 443 unless the operator lists more): a
+  user must not probe, or talk to, whatever else listens on an allowed host;
 - every address the host resolves to must be public (not loopback, private, link-local, multicast,
   reserved or unspecified), unless TORCHYARD_WEBHOOK_PRIVATE_HOSTS names the host too (an IP literal
   such as 127.0.0.1 may be named there).
-Redirects are never followed (service.loops.notify); they would lead past these rules.
+Redirects are never followed (service.loops.notify); they would lead past these rules. A delivery
+connects to an address checked here (service.loops.webhook_send), never to a second lookup's answer.
 
 Pure but for `resolve`, the one function that asks DNS; tests replace it.
 """
@@ -26,6 +29,7 @@ from urllib.parse import urlsplit
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 SETTING = "TORCHYARD_WEBHOOK_HOSTS"
 PRIVATE_SETTING = "TORCHYARD_WEBHOOK_PRIVATE_HOSTS"
+PORTS_SETTING = "TORCHYARD_WEBHOOK_PORTS"
 
 
 class Refused(ValueError):
@@ -40,10 +44,20 @@ class Unresolved(Refused):
 class HostRules:
     hosts: tuple[str, ...]  # lower case, no trailing dot
     private_hosts: tuple[str, ...]
+    ports: tuple[tuple[int, int], ...] = ((80, 80), (443, 443))  # ranges, both ends allowed
 
     @classmethod
-    def of(cls, hosts: Sequence[str], private_hosts: Sequence[str]) -> HostRules:
-        return cls(tuple(_normal(h) for h in hosts if h.strip()), tuple(_normal(h) for h in private_hosts))
+    def of(
+        cls, hosts: Sequence[str], private_hosts: Sequence[str], ports: Sequence[str] = ("80", "443")
+    ) -> HostRules:
+        return cls(
+            tuple(_normal(h) for h in hosts if h.strip()),
+            tuple(_normal(h) for h in private_hosts),
+            tuple(_port_range(text) for text in ports),
+        )
+
+    def port_allowed(self, port: int) -> bool:
+        return any(low <= port <= high for low, high in self.ports)
 
 
 def resolve(host: str, port: int) -> list[str]:
@@ -61,6 +75,7 @@ class Target:
 
     url: str
     host: str
+    port: int
     addresses: tuple[str, ...]
 
 
@@ -78,7 +93,7 @@ def check_url(url: str, rules: HostRules, resolver: Callable[[str, int], list[st
                     f"{host} resolves to {text}, {problem}: refused unless the operator names "
                     f"{host} in {PRIVATE_SETTING}"
                 )
-    return Target(url, host, tuple(addresses))
+    return Target(url, host, port, tuple(addresses))
 
 
 def check_shape(url: str, rules: HostRules) -> tuple[str, int]:
@@ -101,7 +116,10 @@ def check_shape(url: str, rules: HostRules) -> tuple[str, int]:
     host = _normal(parts.hostname)
     if not _listed(host, rules.hosts):
         raise Refused(f"host {host} is not among the hosts webhooks may reach ({SETTING})")
-    return host, port or (443 if parts.scheme == "https" else 80)
+    port = port or (443 if parts.scheme == "https" else 80)
+    if not rules.port_allowed(port):
+        raise Refused(f"port {port} is not among the ports webhooks may reach ({PORTS_SETTING})")
+    return host, port
 
 
 def address_problem(text: str) -> str | None:
@@ -140,6 +158,11 @@ def _ip_literal(text: str) -> Address | None:
         return ipaddress.ip_address(text.strip("[]"))
     except ValueError:
         return None
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    low, _, high = text.strip().partition("-")
+    return int(low), int(high or low)
 
 
 def _normal(host: str) -> str:

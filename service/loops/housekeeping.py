@@ -1,7 +1,8 @@
 """The housekeeping loop: retention passes (every `gc_interval_s`, the first at start, which also
 finishes a pass a restart cut short) with the collection of unused code snapshots and of the folders
-of SLURM arrays whose jobs have ended and the merging of the name index's segments (SQLite), and,
-between them, the sizes of the folders of jobs that ended.
+of SLURM arrays whose jobs have ended, the pruning of old webhook deliveries (a chunk a write
+transaction) and the merging of the name index's segments (SQLite), and, between them, the sizes of
+the folders of jobs that ended.
 
 Every replica runs one; the work is idempotent (a folder another replica moved is simply gone).
 """
@@ -16,9 +17,9 @@ from sqlalchemy.engine import Engine
 
 from service.bulkhead import Bulkhead
 from service.config import Settings
-from service.domain import code_store, retention
+from service.domain import code_store, deliveries, retention
 from service.ledger import name_index
-from service.ledger.db import session_scope
+from service.ledger.db import session_scope, write_scope
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,24 @@ class Housekeeper:
         self.freed_bytes += report.freed
         self._collect_code()
         retention.prune_array_folders(self._engine, self._settings)
+        self.prune_deliveries()
         name_index.merge_segments(self._engine, stop=self._stop)
         self.last_pass_at = time.time()
         return report
+
+    def prune_deliveries(self) -> int:
+        """Delivered and failed deliveries older than TORCHYARD_KEEP_DELIVERIES_DAYS, a chunk a write
+        transaction (SQLite's one writer is held a chunk's time at most); returns how many."""
+        pruned = 0
+        while not self._stop.is_set():
+            with write_scope(self._engine) as session:
+                chunk = deliveries.prune(session, self._settings.keep_deliveries_days)
+            pruned += chunk
+            if chunk < deliveries.PRUNE_CHUNK:
+                break
+        if pruned:
+            log.info("pruned %d old webhook deliveries", pruned)
+        return pruned
 
     def _collect_code(self) -> None:
         """Code snapshots no unfinished job uses, older than TORCHYARD_CODE_KEEP_H: their rows, then

@@ -1,16 +1,17 @@
 """The notify loop: the outbox's notices become deliveries, and due deliveries are sent (webhooks).
 
-Each pass, every TORCHYARD_NOTIFY_INTERVAL_S:
-1. fan-out (one transaction): notices -> one delivery per matching subscription, the notices deleted
-   (service.domain.outbox.fan_out; each notice in a savepoint of its own);
-2. send: due deliveries claimed under a lease and COMMITTED; then, with no transaction open, each is
-   POSTed from a small pool of threads (a slow receiver holds one thread up to its timeouts, never
-   the pass or another's delivery); then each outcome is settled in a short transaction of its own.
-Before each POST the URL is checked again against the host lists, its host resolved again (DNS may
-have changed since the subscription was made); a refusal fails the delivery for good. Redirects are
-not followed: a 3xx is a failed try ("redirects are refused"), as they would lead past the lists.
+Each pass (every TORCHYARD_NOTIFY_INTERVAL_S, or sooner when a send ends):
+1. fan-out, in chunks of TORCHYARD_NOTIFY_FAN_OUT_CHUNK subscriptions, each chunk a write
+   transaction of its own (service.domain.outbox.fan_out), a few chunks a pass;
+2. claims: as many due deliveries as there are free senders, round-robin by owner and none past an
+   owner's share in flight (service.domain.deliveries.claim_fairly), under a lease, COMMITTED;
+3. sends: each handed to a sender thread, and the pass goes on: no pass waits for a send. A send
+   has a total deadline (service.loops.webhook_send); its sender settles its outcome in a short
+   transaction of its own as soon as it ends.
+So one user's slow receiver holds at most their share of the senders for at most the deadline, and
+never the loop, another user's delivery, or (through the lease) another replica.
 
-Every replica runs one; the lease keeps two from sending one delivery (service.domain.outbox).
+Every replica runs one; the lease keeps two from sending one delivery (service.domain.deliveries).
 """
 
 from __future__ import annotations
@@ -18,23 +19,28 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-import httpx
 from sqlalchemy.engine import Engine
 
 from service.bulkhead import Bulkhead
 from service.config import Settings
-from service.domain import outbox, webhook_events, webhook_hosts
-from service.domain.notifications import REMOVED, rules_of
+from service.domain import deliveries, outbox
+from service.domain.deliveries import Claimed, Outcome
+from service.domain.notifications import rules_of
 from service.ledger.db import session_scope, write_scope
+from service.loops import webhook_send
 
 log = logging.getLogger(__name__)
 
-SENDERS = 8  # deliveries sent at once by one replica
-MAX_BODY_READ = 4096  # bytes of a receiver's answer read (for the error text)
+SERVICE_FAULT = "the service failed sending it"
+FAN_OUT_CHUNKS_PER_PASS = 10  # then the pass goes on to sending; the next pass goes on fanning out
+# Between two chunks: long enough for a writer waiting on this process's SQLite turn (a lock no one
+# queues for fairly) to wake and take it, before the next chunk does.
+CHUNK_GAP_S = 0.005
 
 
 class Notifier:
@@ -42,46 +48,82 @@ class Notifier:
         self._engine = engine
         self._settings = settings
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchyard-notify", daemon=True)
         self.me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.fan_out_guard = Bulkhead(outbox.FAN_OUT)
         self.send_guard = Bulkhead("webhook delivery")
         self.delivered = self.failed_tries = 0  # since start, for /metrics and tests
-        timeout = httpx.Timeout(settings.webhook_read_timeout_s, connect=settings.webhook_connect_timeout_s)
-        # No proxies from the environment (trust_env): the host lists judge the receiver, not a proxy.
-        self._client = httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False)
-        self._pool = ThreadPoolExecutor(SENDERS, thread_name_prefix="torchyard-webhook")
+        self._limits = webhook_send.Limits(
+            connect_s=settings.webhook_connect_timeout_s,
+            read_s=settings.webhook_read_timeout_s,
+            total_s=settings.webhook_total_timeout_s,
+        )
+        self._tls = ssl.create_default_context()
+        self._pool = ThreadPoolExecutor(settings.webhook_senders, thread_name_prefix="torchyard-webhook")
+        self._in_flight: set[Future[None]] = set()
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
 
     def run_pass(self) -> int:
-        """One fan-out and one round of sends; returns how many deliveries were tried."""
+        """Some fan-out and one round of claims; returns how many sends it started (it waits for none)."""
         # A quiet ledger costs a read, not a write turn (SQLite's one writer is the intake's first).
         with session_scope(self._engine) as session:
-            notices, due = outbox.work_waiting(session)
+            notices, due = outbox.notices_waiting(session), deliveries.any_due(session)
         if notices:
-            with write_scope(self._engine) as session:
-                outbox.fan_out(session, self._settings.dashboard_url(), self.fan_out_guard)
+            self._fan_out()
             due = True
-        if not due:
+        free = self._settings.webhook_senders - self.in_flight()
+        if not due or free <= 0:
             return 0
         with write_scope(self._engine) as session:
-            claimed = outbox.claim_due(session, self.me, self._lease_s())
-        # Committed: the lease is ours, and no transaction is open while we call out.
-        list(self._pool.map(self._deliver, claimed))
+            claimed = deliveries.claim_fairly(
+                session, self.me, self._lease_s(), free, self._settings.webhook_owner_senders
+            )
+        # Committed: the leases are ours, and no transaction is open while we call out.
+        for one in claimed:
+            future = self._pool.submit(self._deliver, one)
+            with self._lock:
+                self._in_flight.add(future)
+            future.add_done_callback(self._done)
         return len(claimed)
 
-    def _deliver(self, claimed: outbox.Claimed) -> None:
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until every send started so far has been settled (tests; a stop needs none)."""
+        with self._lock:
+            started = list(self._in_flight)
+        wait(started, timeout=timeout)
+
+    def _fan_out(self) -> None:
+        chunk = self._settings.notify_fan_out_chunk
+        for _ in range(FAN_OUT_CHUNKS_PER_PASS):
+            with write_scope(self._engine) as session:  # one chunk holds the writer, then lets it go
+                worked = outbox.fan_out(session, self._settings.dashboard_url(), self.fan_out_guard, chunk)
+            if not worked:
+                return
+            self._stop.wait(CHUNK_GAP_S)
+
+    def _done(self, future: Future[None]) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+        self._wake.set()  # a sender is free: the next pass need not wait out the interval
+
+    def _deliver(self, claimed: Claimed) -> None:
         result = self.send_guard.guarded(claimed.id, lambda: self._send(claimed))
-        outcome = result if isinstance(result, outbox.Outcome) else outbox.Outcome(False, error=result.error)
+        outcome = result if isinstance(result, Outcome) else Outcome(False, error=SERVICE_FAULT)
         if outcome.delivered:
             self.delivered += 1
         else:
@@ -90,56 +132,25 @@ class Notifier:
                      outcome.error)  # fmt: skip
         most = self._settings.webhook_max_attempts
         with write_scope(self._engine) as session:  # on SQLite, a turn among this process's writers
-            outbox.settle(session, claimed, self.me, outcome, max_attempts=most, backoff=self._backoff)
+            deliveries.settle(session, claimed, self.me, outcome, max_attempts=most, backoff=self._backoff)
 
-    def _send(self, claimed: outbox.Claimed) -> outbox.Outcome:
-        if claimed.secret is None:
-            return outbox.Outcome(False, error=REMOVED, permanent=True)
-        try:
-            webhook_hosts.check_url(claimed.url, rules_of(self._settings))
-        except webhook_hosts.Unresolved as unresolved:  # DNS may be back on the next try
-            return outbox.Outcome(False, error=str(unresolved))
-        except webhook_hosts.Refused as refused:
-            return outbox.Outcome(False, error=f"refused: {refused}", permanent=True)
-        body = webhook_events.body_bytes(claimed.payload)
-        headers = webhook_events.headers(claimed.secret, body, claimed.delivery_id, claimed.event)
-        try:
-            with self._client.stream("POST", claimed.url, content=body, headers=headers) as response:
-                return _outcome(response)
-        except httpx.HTTPError as error:
-            return outbox.Outcome(False, error=f"{type(error).__name__}: {error}")
+    def _send(self, claimed: Claimed) -> Outcome:
+        return webhook_send.send(claimed, rules_of(self._settings), self._limits, self._tls)
 
     def _backoff(self, tries: int) -> float:
-        wait = self._settings.webhook_backoff_s * 2 ** (tries - 1)
-        return float(min(self._settings.webhook_max_backoff_s, wait))
+        wait_s = self._settings.webhook_backoff_s * 2 ** (tries - 1)
+        return float(min(self._settings.webhook_max_backoff_s, wait_s))
 
     def _lease_s(self) -> float:
-        """Long enough for a whole try (the host resolved, connect, read), with room to spare."""
+        """Longer than a whole try (the host resolved, then the total deadline), with room to spare."""
         settings = self._settings
-        return 2 * (settings.webhook_connect_timeout_s + settings.webhook_read_timeout_s) + 30
+        return 2 * (settings.webhook_connect_timeout_s + settings.webhook_total_timeout_s) + 30
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()
             try:
                 self.run_pass()
             except Exception:  # the loop must outlive a bad pass (database down, ...)
                 log.exception("notify pass failed; trying again later")
-            self._stop.wait(self._settings.notify_interval_s)
-
-
-def _outcome(response: httpx.Response) -> outbox.Outcome:
-    """How a receiver answered: 2xx delivered; anything else a failed try, with the first bytes of
-    its answer (never all of them: a receiver could send gigabytes)."""
-    status = response.status_code
-    if 200 <= status < 300:
-        return outbox.Outcome(True, status=status)
-    if 300 <= status < 400:
-        where = response.headers.get("location", "")
-        return outbox.Outcome(False, status=status, error=f"{status}: redirects are refused ({where})")
-    read = b""
-    for chunk in response.iter_bytes():
-        read += chunk
-        if len(read) >= MAX_BODY_READ:
-            break
-    text = read[:MAX_BODY_READ].decode(errors="replace")
-    return outbox.Outcome(False, status=status, error=f"{status}: {text}")
+            self._wake.wait(self._settings.notify_interval_s)

@@ -33,6 +33,7 @@ def settings(settings: Settings) -> Settings:
         update={
             "webhook_hosts": ["127.0.0.1", "hooks.example.org"],
             "webhook_private_hosts": ["127.0.0.1"],
+            "webhook_ports": ["1024-65535"],  # the receivers' free ports; 9 is refused
             "notify_interval_s": 0.05,
             "webhook_backoff_s": 0.05,
             "webhook_max_attempts": 3,
@@ -138,6 +139,14 @@ def test_subscriptions_are_their_owners(api: TestClient, login: Login, receiver:
     ("body", "loc", "words"),
     [
         ({"on": ["failed", "exploded"]}, ["body", "on", "1"], "'exploded' is not a state"),
+        # states no notice is written for: such a subscription would never be told anything
+        ({"on": ["queued"]}, ["body", "on", "0"], "'queued' is never told"),
+        ({"on": ["ended", "waiting"]}, ["body", "on", "1"], "'waiting' is never told"),
+        ({"on": ["submitted"]}, ["body", "on", "0"], "'submitted' is never told"),
+        ({"on": ["pending"]}, ["body", "on", "0"], "'pending' is never told"),
+        # only listed ports (by default 80 and 443): no probing what else listens on an allowed host
+        ({"url": "http://127.0.0.1:9/hook"}, ["body", "url"], "port 9 is not among the ports"),
+        ({"url": "http://127.0.0.1:22/hook"}, ["body", "url"], "TORCHYARD_WEBHOOK_PORTS"),
         ({"url": "http://127.0.0.2:9/hook"}, ["body", "url"], "not among the hosts"),
         ({"url": "http://evil.example.com/hook"}, ["body", "url"], "not among the hosts"),
         ({"url": "ftp://127.0.0.1/hook"}, ["body", "url"], "http:// or https://"),
@@ -149,7 +158,7 @@ def test_subscriptions_are_their_owners(api: TestClient, login: Login, receiver:
 def test_bad_subscriptions_are_refused_naming_the_field(
     api: TestClient, body: dict[str, Any], loc: list[str], words: str
 ) -> None:
-    response = api.post(SUBSCRIPTIONS, json={"url": "http://127.0.0.1:9/hook", "on": ["failed"], **body})
+    response = api.post(SUBSCRIPTIONS, json={"url": "http://127.0.0.1:9999/hook", "on": ["failed"], **body})
     assert response.status_code in (404, 422), response.text
     (detail,) = response.json()["detail"]
     assert detail["loc"] == loc and words in detail["msg"], detail
@@ -214,3 +223,56 @@ def test_the_notify_verbs(api: TestClient, receiver: Receiver, monkeypatch: pyte
     assert refused.exit_code == EXIT_REQUEST and "not among the hosts" in refused.output
     assert f"removed subscription {sub_id}" in run("rm", str(sub_id))
     assert "no subscriptions" in run("list")
+
+
+def test_subscriptions_are_capped_per_user_and_per_job(api: TestClient, receiver: Receiver) -> None:
+    """Finding 3: subscriptions were unbounded (2,000 made in 9.4 s, each told of every job)."""
+    settings = api.app.state.runtime.settings  # type: ignore[attr-defined]
+    settings.max_subscriptions_per_user, settings.max_subscriptions_per_job = 2, 1
+    for _ in range(2):
+        subscribe(api, url=receiver.url, on=["failed"])
+    over = api.post(SUBSCRIPTIONS, json={"url": receiver.url, "on": ["failed"]})
+    assert over.status_code == 409, over.text
+    assert "TORCHYARD_MAX_SUBSCRIPTIONS_PER_USER=2" in over.json()["detail"][0]["msg"]
+
+    job = submit(api)["id"]  # one bound to a job counts against the job's cap, not the user's
+    subscribe(api, url=receiver.url, on=["failed"], job=job)
+    again = api.post(SUBSCRIPTIONS, json={"url": receiver.url, "on": ["failed"], "job": job})
+    assert again.status_code == 409 and again.json()["detail"][0]["loc"] == ["body", "job"]
+    assert "TORCHYARD_MAX_SUBSCRIPTIONS_PER_JOB=1" in again.json()["detail"][0]["msg"]
+
+    notify = [{"url": receiver.url, "on": ["failed"]}] * 2
+    body = {"name": "x", "entrypoint": "worker.tasks.seed:ddp_step", "notify": notify}
+    refused = api.post("/api/v1/jobs", json=body)
+    assert refused.status_code == 409 and refused.json()["detail"][0]["loc"] == ["body", "notify"]
+
+
+def test_retry_from_keeps_the_stages_webhooks(api: TestClient, fake: FakeBackend, receiver: Receiver) -> None:
+    """Finding 9: `pipeline retry --from` made the stage's new job without its `notify`."""
+    notify = [{"url": receiver.url, "on": ["succeeded", "failed"]}]
+    body = {"name": "p", "stages": [{"name": "train", "job": {"entrypoint": "worker.tasks.seed:ddp_step",
+                                                              "notify": notify}}]}  # fmt: skip
+    made = api.post("/api/v1/pipelines", json=body)
+    assert made.status_code == 201, made.text
+    pipeline, first = made.json()["id"], made.json()["stages"][0]["job_id"]
+    wait_state(api, first, "running")
+    fake.set_status(first, JobState.failed, "boom", 1)
+    wait_for(lambda: api.get(f"/api/v1/pipelines/{pipeline}").json()["state"] == "failed")
+    again = api.post(f"/api/v1/pipelines/{pipeline}/retry", json={"from": "train"})
+    assert again.status_code == 200, again.text
+    second = again.json()["stages"][0]["job_id"]
+    bound = {one["job_id"]: one["on"] for one in api.get(SUBSCRIPTIONS).json()}
+    assert bound == {first: ["succeeded", "failed"], second: ["succeeded", "failed"]}
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("get", "/api/v1/pipelines/999"), ("post", "/api/v1/pipelines/999/cancel")],
+)
+def test_a_missing_pipeline_names_the_path_parameter(api: TestClient, method: str, path: str) -> None:
+    """Finding 9: these 404s named `body.pipeline_id`, a path parameter (as jobs' name `job_id`)."""
+    response = api.request(method, path)
+    assert response.status_code == 404
+    assert response.json()["detail"][0]["loc"] == ["pipeline_id"]
+    retry = api.post("/api/v1/pipelines/999/retry", json={"from": "x"})
+    assert retry.status_code == 404 and retry.json()["detail"][0]["loc"] == ["pipeline_id"]

@@ -30,6 +30,7 @@ DELIVERIES = "/api/v1/notifications/deliveries"
 HOOKS = {
     "webhook_hosts": "127.0.0.1,hooks.example.org",
     "webhook_private_hosts": "127.0.0.1",
+    "webhook_ports": "1024-65535",  # the receivers' free ports
     "notify_interval_s": "0.2",
     "webhook_backoff_s": "0.3",
     "backends": "local",
@@ -145,15 +146,16 @@ def test_loopback_and_unlisted_hosts_are_refused(tmp_path: Path) -> None:
     try:
         api = Api(service.url, token)
         for url, words in [
-            ("http://127.0.0.1:9/hook", "127.0.0.1 resolves to 127.0.0.1, a loopback address"),
+            ("http://127.0.0.1:9999/hook", "127.0.0.1 resolves to 127.0.0.1, a loopback address"),
             ("https://evil.example.com/hook", "not among the hosts webhooks may reach"),
-            ("http://localhost:9/hook", "not among the hosts webhooks may reach"),
+            ("http://localhost:9999/hook", "not among the hosts webhooks may reach"),
+            ("http://127.0.0.1:9/hook", "port 9 is not among the ports webhooks may reach"),
         ]:
             response = api.post(SUBSCRIPTIONS, {"url": url, "on": ["failed"]})
             assert response.status_code == 422, response.text
             (detail,) = response.json()["detail"]
             assert detail["loc"] == ["body", "url"] and words in detail["msg"], detail
-        spec = {"name": "x", **QUICK, "notify": [{"url": "http://127.0.0.1:9/hook"}]}
+        spec = {"name": "x", **QUICK, "notify": [{"url": "http://127.0.0.1:9999/hook"}]}
         assert api.post("/api/v1/jobs", spec).status_code == 422
     finally:
         service.stop()

@@ -29,11 +29,13 @@ SubscriptionId = Annotated[int, Path(ge=1, le=MAX_ID, description="The subscript
     status_code=201,
     response_model=SubscriptionWithSecret,
     summary="Subscribe a webhook to job or pipeline states",
-    responses=error_responses(404, 422),
+    responses=error_responses(404, 409, 422),
 )
 def subscribe(body: SubscriptionCreate, runtime: RuntimeDep, user: CurrentUser) -> SubscriptionWithSecret:
     """The URL's host must be allowed by the operator (TORCHYARD_WEBHOOK_HOSTS), and resolve to public
-    addresses unless TORCHYARD_WEBHOOK_PRIVATE_HOSTS names it. The answer holds the secret that signs
+    addresses unless TORCHYARD_WEBHOOK_PRIVATE_HOSTS names it; its port must be allowed
+    (TORCHYARD_WEBHOOK_PORTS, by default 80 and 443). 409: the user (or the job) has as many
+    subscriptions as it may. The answer holds the secret that signs
     every delivery (X-Torchyard-Signature: sha256=<HMAC-SHA256 of the body>)."""
     return notifications.subscribe(runtime.engine, runtime.settings, user, body)
 

@@ -39,7 +39,8 @@ class Subscription(SQLModel, table=True):
 
 class Notice(SQLModel, table=True):
     """The outbox: a job or pipeline reached a state someone may be told of. Written in the
-    transaction of the state change; the notify loop turns it into deliveries and deletes it."""
+    transaction of the state change; the notify loop turns it into deliveries, a chunk at a time
+    (`fanned_to`: the last subscription id looked at), and deletes it with the last chunk."""
 
     id: int | None = Field(default=None, primary_key=True)
     owner: str = Field(max_length=200)
@@ -49,6 +50,7 @@ class Notice(SQLModel, table=True):
     reason: str | None = None
     attempt: int | None = None
     time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    fanned_to: int | None = None
 
 
 class Delivery(SQLModel, table=True):
@@ -59,6 +61,7 @@ class Delivery(SQLModel, table=True):
     __table_args__ = (
         Index("ix_delivery_status_next_at", "status", "next_at"),  # the due pending ones
         Index("ix_delivery_owner_id", "owner", "id"),
+        Index("ix_delivery_owner_status_next_at", "owner", "status", "next_at"),  # each owner's next
     )
 
     id: int | None = Field(default=None, primary_key=True)

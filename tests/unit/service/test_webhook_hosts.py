@@ -1,5 +1,6 @@
 """The webhook host lists (service.domain.webhook_hosts): listed hosts only, wildcards, no credentials,
-no loopback, private, link-local or other non-public address unless the private list names the host."""
+listed ports only, no loopback, private, link-local or other non-public address unless the private
+list names the host."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from service.domain.webhook_hosts import HostRules, Refused, Unresolved, address
 RULES = HostRules.of(
     ["hooks.example.org", "*.chat.example.org", "127.0.0.1", "::1", "internal.example.org", "10.1.2.3"],
     ["127.0.0.1", "internal.example.org"],
+    ["80", "443", "8080-8081"],
 )
 
 
@@ -78,6 +80,34 @@ def test_ip_literals() -> None:
         check_url("http://10.1.2.3/x", RULES, answering("10.1.2.3"))
     with pytest.raises(Refused, match="not among"):
         check_url("http://127.0.0.2/x", RULES, answering("127.0.0.2"))
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://hooks.example.org/x", True),  # 80
+        ("https://hooks.example.org/x", True),  # 443
+        ("https://hooks.example.org:8081/x", True),  # in the listed range
+        ("http://hooks.example.org:22/x", False),
+        ("https://hooks.example.org:6379/x", False),
+        ("http://hooks.example.org:8082/x", False),
+        ("http://127.0.0.1:5432/x", False),  # a private-listed host too
+    ],
+)
+def test_only_listed_ports(url: str, allowed: bool) -> None:
+    """A user may not reach, nor probe, whatever else listens on an allowed host (finding 5)."""
+    if allowed:
+        assert check_url(url, RULES, answering("93.184.216.34"))
+        return
+    with pytest.raises(
+        Refused, match=r"port \d+ is not among the ports webhooks may reach.*TORCHYARD_WEBHOOK_PORTS"
+    ):
+        check_url(url, RULES, answering("93.184.216.34"))
+
+
+def test_by_default_only_80_and_443() -> None:
+    rules = HostRules.of(["hooks.example.org"], [])
+    assert rules.port_allowed(80) and rules.port_allowed(443) and not rules.port_allowed(8080)
 
 
 def test_a_dns_change_is_seen_at_the_next_check() -> None:
