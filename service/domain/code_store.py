@@ -1,6 +1,6 @@
 """Code snapshots: a user's project, uploaded as a .tar.gz or zip, stored once by its SHA-256.
 
-The archive is untrusted: the upload streams it to a file of the store's staging folder
+The archive is untrusted: the upload streams it to a file of the store's staging folder (`code-staging`)
 (service.domain.code_uploads), and service.domain.code_archive checks it whole before it is stored,
 in `<data dir>/code/` (the service's alone): `<hex>.tar.gz` (a zip is stored re-packed as one, so the
 ranks' side has one format) and `<hex>.json`, its file list. The id is the SHA-256 of the bytes
@@ -45,7 +45,7 @@ _BYTES_HELD = select(
     func.coalesce(func.sum(col(CodeSnapshot.bytes) + col(CodeSnapshot.unpacked_bytes)), 0)
 ).where(col(CodeSnapshot.owner) == bindparam("owner"))
 STORE_MODE = 0o700  # the service's alone: jobs read their shared copy (service.domain.code_copies)
-STAGING = ".incoming"  # in the store: uploads in flight, streamed to a file each
+STAGING = "code-staging"  # beside the store, the service's alone too: uploads in flight, a file each
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,9 @@ class CodeStore:
         self.root = store_root(settings)
 
     def staging(self) -> Path:
-        """The folder uploads stream into (the service's alone, like the store)."""
-        folder = self.root / STAGING
+        """The folder uploads stream into (the service's alone, like the store), beside it: what is
+        in the store is only ever a whole, checked snapshot."""
+        folder = staging_root(self._settings)
         folder.mkdir(mode=STORE_MODE, parents=True, exist_ok=True)
         return folder
 
@@ -172,6 +173,10 @@ class CodeStore:
 
 def store_root(settings: Settings) -> Path:
     return settings.data_dir.resolve() / "code"
+
+
+def staging_root(settings: Settings) -> Path:
+    return settings.data_dir.resolve() / STAGING
 
 
 def public(row: CodeSnapshot) -> CodeSnapshotPublic:
