@@ -79,6 +79,10 @@ class CodeUploads:
                 finally:
                     staged.path.unlink(missing_ok=True)
 
+    def in_flight(self, user: str) -> int:
+        """The user's uploads admitted and not yet answered."""
+        return self._in_flight[user]
+
     @contextlib.contextmanager
     def _a_place_in_flight(self, user: str) -> Iterator[None]:
         """RetryLater (429) past the uploads in flight a user, or everyone, may have."""

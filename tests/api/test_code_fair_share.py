@@ -213,7 +213,7 @@ def test_a_users_uploads_in_flight_are_capped_with_429(settings: Settings) -> No
                 ]
                 uploads = app.state.runtime.code_uploads
                 for _ in range(1000):  # until both hold their places (the event loop is ours)
-                    if uploads._in_flight["carol"] == 2:
+                    if uploads.in_flight("carol") == 2:
                         break
                     await asyncio.sleep(0.005)
                 third = await client.post(CODE, content=archive, headers={**carol, **GZIP})
