@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
+import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from service.domain.code_copies import build_copy, copies_root, remove_copies
 from service.jobfs import link_code
 
 DIGEST = "ab" * 32
+NOBODY = 65534
 
 
 def store_with(tmp_path: Path, files: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
@@ -126,3 +131,35 @@ def test_a_tar_whose_first_name_starts_with_pk_is_a_tar() -> None:
     data = out.getvalue()
     assert data.startswith(b"PK") and not is_zip(data)
     assert [m.path for m in check_archive(data, 1 << 20)] == ["PKG/train.py"]
+
+
+def as_account(uid: int, code: str) -> int:
+    """The exit status of `code` run by Python as `uid` (no groups)."""
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c", code],
+        timeout=60, check=False,
+    ).returncode  # fmt: skip
+
+
+def test_only_the_jobs_account_reads_its_copy_and_it_cannot_change_it() -> None:
+    """Root ignores permission bits, so each look runs as an account of its own: the copy's account
+    (nobody, 65534) reads it and can write nothing in it; another account cannot even reach it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a copy to another account")
+    base = Path(tempfile.mkdtemp(prefix="torchyard-copies-", dir="/tmp"))  # reachable by every account
+    try:
+        base.chmod(0o755)
+        store = store_with(base, {"train.py": b"print(1)\n"})
+        settings = Settings(data_dir=base / "data", dev_mode=True)
+        (base / "data").mkdir(mode=0o711)
+        nobody = Account("nobody", NOBODY, NOBODY, "/")
+        tree = build_copy(settings, DIGEST, store / f"{DIGEST}.tar.gz", nobody, float("inf"))
+        read = f"open({str(tree / 'train.py')!r}).read()"
+
+        assert as_account(NOBODY, read) == 0
+        assert as_account(NOBODY, f"open({str(tree / 'new.py')!r}, 'w')") != 0
+        assert as_account(NOBODY, f"open({str(tree / 'train.py')!r}, 'a')") != 0
+        assert as_account(NOBODY - 1, read) != 0  # another account: the gate stops it
+        assert as_account(NOBODY - 1, f"import os; os.listdir({str(tree.parent.parent)!r})") != 0
+    finally:
+        shutil.rmtree(base)
