@@ -26,6 +26,7 @@ import contextlib
 import os
 import shutil
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -83,12 +84,18 @@ def build_copy(settings: Settings, digest: str, archive: Path, account: Account,
 
 def remove_copies(settings: Settings, digests: list[str]) -> None:
     """Every account's copy of these snapshots (the caller has forgotten them, and no unfinished job
-    uses them)."""
+    uses them), and the partial trees of builds a stopped service left (older than a deadline's
+    double: no build still running is that old)."""
     root = copies_root(settings)
     wanted = set(digests)
+    left_before = time.time() - 2 * settings.code_unpack_timeout_s
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(root):
-            if name.split(".", 1)[0] in wanted and not name.startswith("."):
+            if name.startswith("."):
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(root / name, follow_symlinks=False).st_mtime < left_before:
+                        _remove(root / name)
+            elif name.split(".", 1)[0] in wanted:
                 _remove(root / name)
 
 

@@ -15,9 +15,11 @@ each owner with the archive: `unpacked_bytes`, summed at upload as the archive i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ _BYTES_HELD = select(
     func.coalesce(func.sum(col(CodeSnapshot.bytes) + col(CodeSnapshot.unpacked_bytes)), 0)
 ).where(col(CodeSnapshot.owner) == bindparam("owner"))
 STORE_MODE = 0o700  # the service's alone: jobs read their shared copy (service.domain.code_copies)
+STALE_STAGING_S = 3600.0
 STAGING = "code-staging"  # beside the store, the service's alone too: uploads in flight, a file each
 
 
@@ -242,9 +245,16 @@ def collect(session: Session, settings: Settings) -> list[str]:
 
 
 def remove_files(settings: Settings, digests: list[str]) -> None:
-    """The snapshots' archives, file lists and unpacked copies."""
+    """The snapshots' archives, file lists and unpacked copies; and what uploads cut short by a
+    stopped service left in staging (an upload in flight is never that old: its connection's own
+    timeouts end it first)."""
     root = store_root(settings)
     for digest in digests:
         for name in (f"{digest}.tar.gz", f"{digest}.json"):
             (root / name).unlink(missing_ok=True)
     remove_copies(settings, digests)
+    left_before = time.time() - STALE_STAGING_S
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(staging_root(settings)):
+            if entry.stat(follow_symlinks=False).st_mtime < left_before:
+                Path(entry.path).unlink(missing_ok=True)
