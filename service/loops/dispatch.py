@@ -53,7 +53,7 @@ _V = TypeVar("_V")
 # A job folder that cannot be made for one of these reasons waits for a later tick instead of failing
 # the job: a full disk or quota, a shared file system's stale handle or I/O error, no memory.
 PASSING_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ESTALE, errno.EIO, errno.ENOMEM, errno.EAGAIN})
-# A claim whose folders take long to make (a large sweep, large code snapshots) is renewed this
+# A claim whose folders take long to make (a large sweep) is renewed this
 # often: one older than CLAIM_TTL is another replica's to take over.
 CLAIM_RENEW_S = CLAIM_TTL.total_seconds() / 6
 # How often a dispatcher looks for claims a dead one left (and at every tick while some are left):
@@ -150,7 +150,7 @@ class Dispatcher:
         Core rather than ORM objects: a batch is hundreds of rows, and the claim is bookkeeping only
         (no state change, nothing a reader sees), so it is one SELECT and one UPDATE. The job folders
         are made after it commits (_prepare_all): on SQLite the claim holds the one write lock, and
-        a sweep's hundreds of folders (or a large code snapshot) would hold every new job's commit.
+        a sweep's hundreds of folders would hold every new job's commit.
         """
         with write_scope(self._engine) as session:
             unpacking = self._code.waiting()  # not claimed again until their code copy is made

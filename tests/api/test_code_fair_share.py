@@ -188,10 +188,13 @@ def test_concurrent_uploads_do_not_hold_their_bodies_in_memory(settings: Setting
     assert peak < users * body / 4, f"peak {peak / 2**20:.1f} MiB for {users} bodies of {body / 2**20} MiB"
 
 
-def test_a_users_uploads_in_flight_are_capped_with_429(settings: Settings) -> None:
-    """Carol's two uploads hold their places (their bodies still coming); a third is 429 at once,
-    with Retry-After, naming the limit; dave's upload is not hers to count."""
-    app = create_app(settings, backends={"local": FakeBackend("local")})
+def test_uploads_in_flight_are_capped_per_user_and_in_all_with_429(settings: Settings) -> None:
+    """Carol's two uploads hold their places (their bodies still coming): her third is 429 at once,
+    with Retry-After, naming her limit; dave's is not hers to count, and holds the last of the
+    service's three places, so erin's is 429 naming the service's limit."""
+    app = create_app(
+        settings.model_copy(update={"max_uploads_in_flight": 3}), {"local": FakeBackend("local")}
+    )
     archive = random_archive(1024)
 
     async def held_body(gate: asyncio.Event) -> AsyncIterator[bytes]:
@@ -202,29 +205,39 @@ def test_a_users_uploads_in_flight_are_capped_with_429(settings: Settings) -> No
     async def uploads() -> list[httpx.Response]:
         async with app.router.lifespan_context(app):
             engine = app.state.runtime.engine
-            carol = bearer(issue_token(engine, "carol", allow_code=True))
-            dave = bearer(issue_token(engine, "dave", allow_code=True))
+            carol, dave, erin = (
+                bearer(issue_token(engine, user, allow_code=True)) for user in ("carol", "dave", "erin")
+            )
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as client:
                 gate = asyncio.Event()
-                held = [
-                    asyncio.create_task(client.post(CODE, content=held_body(gate), headers={**carol, **GZIP}))
-                    for _ in range(2)
-                ]
-                uploads = app.state.runtime.code_uploads
-                for _ in range(1000):  # until both hold their places (the event loop is ours)
-                    if uploads.in_flight("carol") == 2:
-                        break
-                    await asyncio.sleep(0.005)
-                third = await client.post(CODE, content=archive, headers={**carol, **GZIP})
-                daves = await client.post(CODE, content=archive, headers={**dave, **GZIP})
-                gate.set()
-                return [third, daves, *(await asyncio.gather(*held))]
 
-    third, daves, *held = asyncio.run(uploads())
+                async def hold(
+                    headers: dict[str, str], user: str, count: int
+                ) -> asyncio.Task[httpx.Response]:
+                    task = asyncio.create_task(
+                        client.post(CODE, content=held_body(gate), headers={**headers, **GZIP})
+                    )
+                    for _ in range(1000):  # until it holds its place (the event loop is ours)
+                        if app.state.runtime.code_uploads.in_flight(user) == count:
+                            break
+                        await asyncio.sleep(0.005)
+                    else:
+                        pytest.fail(f"{user}'s upload {count} never took its place in flight")
+                    return task
+
+                held = [await hold(carol, "carol", 1), await hold(carol, "carol", 2)]
+                third = await client.post(CODE, content=archive, headers={**carol, **GZIP})
+                held.append(await hold(dave, "dave", 1))
+                erins = await client.post(CODE, content=archive, headers={**erin, **GZIP})
+                gate.set()
+                return [third, erins, *(await asyncio.gather(*held))]
+
+    third, erins, *held = asyncio.run(uploads())
 
     assert third.status_code == 429, third.text
     assert "TORCHYARD_MAX_UPLOADS_IN_FLIGHT_PER_USER" in message(third) and "limit is 2" in message(third)
     assert int(third.headers["Retry-After"]) >= 1
-    assert daves.status_code == 201, daves.text
-    assert sorted(answer.status_code for answer in held) == [200, 201]
+    assert erins.status_code == 429, erins.text
+    assert "TORCHYARD_MAX_UPLOADS_IN_FLIGHT)" in message(erins) and "limit is 3" in message(erins)
+    assert sorted(answer.status_code for answer in held) == [200, 201, 201]  # carol's twice, dave's
