@@ -119,8 +119,21 @@ class Settings(BaseSettings):
     max_code_bytes_per_user: int | None = Field(
         None,
         ge=1024,
-        description="Most bytes of code snapshots one user may have stored (their archives); default: "
+        description="Most bytes of code snapshots one user may have stored (archives and unpacked files); "
+        "default: "
         f"{CODE_BYTES_PER_USER_FACTOR} times max_code_bytes.",
+    )
+    max_uploads_in_flight_per_user: int = Field(
+        2, ge=1, description="Code uploads one user may have in flight at once (429 past it)."
+    )
+    max_uploads_in_flight: int = Field(
+        16, ge=1, description="Code uploads in flight on a replica, all users' together (429 past it)."
+    )
+    code_unpack_workers: int = Field(
+        2, ge=1, description="Threads that unpack code snapshots for the dispatcher (one at a time per user)."
+    )
+    code_unpack_timeout_s: float = Field(
+        300.0, gt=0, description="Most seconds one code snapshot may take to unpack; past it its jobs fail."
     )
     code_keep_h: float = Field(
         24.0 * 7, ge=0, description="Hours a snapshot no unfinished job uses is kept before it is collected."

@@ -1,7 +1,7 @@
 """Checking a code snapshot's archive: a user's project as a .tar.gz, .tar or zip, untrusted.
 
-It is checked whole, in memory, before anything is written: a path that is absolute or climbs out
-with `..`, a link that leads out of the project or through another link, a hard link, a device or
+It is checked whole, from the upload's staging file, before it is stored: a path that is absolute or
+climbs out with `..`, a link that leads out of the project or through another link, a hard link, a device or
 FIFO, more unpacked bytes than 4 x TORCHYARD_MAX_CODE_BYTES or more than MAX_FILES members are
 refused with a 422 naming the problem (field `archive`). The same rules guard the unpacking of a
 stored snapshot into a job's folder (`unpack_filter`). The store itself is service.domain.code_store.
@@ -12,14 +12,15 @@ from __future__ import annotations
 import io
 import os
 import posixpath
-import shutil
 import stat
 import tarfile
+import time
 import zipfile
 import zlib
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from service.errors import InvalidRequest, TooLarge
 from service.jobfs import new_file
@@ -44,18 +45,39 @@ class Member:
 # ---------------------------------------------------------------- checking an archive
 
 
-def is_zip(data: bytes) -> bool:
+def is_zip(data: bytes | BinaryIO) -> bool:
     """A zip (a local file header, or the end record of an empty one); anything else is read as tar."""
-    return data[:4] in (b"PK\x03\x04", b"PK\x05\x06")
+    return _head(data) in (b"PK\x03\x04", b"PK\x05\x06")
 
 
-def check_archive(data: bytes, max_bytes: int) -> list[Member]:
-    """Every member of a .tar.gz / .tar / zip, checked; InvalidRequest (field `archive`) for the first
-    problem. Nothing is written."""
-    if len(data) > max_bytes:
-        raise TooLarge(f"the archive is {len(data)} bytes, over TORCHYARD_MAX_CODE_BYTES ({max_bytes})")
+def _head(data: bytes | BinaryIO, size: int = 4) -> bytes:
+    if isinstance(data, bytes):
+        return data[:size]
+    data.seek(0)
+    head = data.read(size)
+    data.seek(0)
+    return head
+
+
+def _as_file(data: bytes | BinaryIO) -> BinaryIO:
+    return io.BytesIO(data) if isinstance(data, bytes) else data
+
+
+def unpacked_size(members: list[Member]) -> int:
+    """The bytes a checked archive's files take once unpacked: what a snapshot's copy costs its owner."""
+    return sum(member.size for member in members)
+
+
+def check_archive(data: bytes | BinaryIO, max_bytes: int) -> list[Member]:
+    """Every member of a .tar.gz / .tar / zip (its bytes, or a seekable file of them), checked;
+    InvalidRequest (field `archive`) for the first problem. Nothing is written."""
+    source = _as_file(data)
+    size = source.seek(0, os.SEEK_END)
+    source.seek(0)
+    if size > max_bytes:
+        raise TooLarge(f"the archive is {size} bytes, over TORCHYARD_MAX_CODE_BYTES ({max_bytes})")
     budget = _Budget(UNPACKED_FACTOR * max_bytes)
-    members = _zip_members(data, budget) if is_zip(data) else _tar_members(data, budget)
+    members = _zip_members(source, budget) if is_zip(source) else _tar_members(source, budget)
     kinds: dict[str, str] = {}
     for member in members:  # a folder may be listed again; nothing else, nor in a folder's place
         earlier = kinds.get(member.path)
@@ -117,11 +139,11 @@ class _Budget:
         return member
 
 
-def _tar_members(data: bytes, budget: _Budget) -> list[Member]:
+def _tar_members(data: BinaryIO, budget: _Budget) -> list[Member]:
     try:
-        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")  # noqa: SIM115 - closed below
+        archive = tarfile.open(fileobj=data, mode="r:*")  # noqa: SIM115 - closed below
     except (tarfile.TarError, EOFError, OSError, zlib.error):
-        if data.startswith(GZIP_MAGIC):
+        if _head(data, len(GZIP_MAGIC)) == GZIP_MAGIC:
             raise InvalidRequest("the archive is damaged or cut short", field=FIELD) from None
         raise InvalidRequest("is not a .tar.gz, .tar or zip archive", field=FIELD) from None
     members: list[Member] = []
@@ -147,9 +169,9 @@ def _tar_member(info: tarfile.TarInfo) -> Member:
     return Member(path, "file", size=info.size, mode=info.mode & 0o777)
 
 
-def _zip_members(data: bytes, budget: _Budget) -> list[Member]:
+def _zip_members(data: BinaryIO, budget: _Budget) -> list[Member]:
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
+        archive = zipfile.ZipFile(data)
         infos = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError):
         raise InvalidRequest("is not a .tar.gz, .tar or zip archive", field=FIELD) from None
@@ -211,10 +233,10 @@ def _inside_target(path: str, target: str) -> str:
     return target
 
 
-def zip_as_tar_gz(data: bytes) -> bytes:
-    """A checked zip's members as a .tar.gz, so that one unpacker (`unpack`) serves both."""
-    out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(data)) as archive, tarfile.open(fileobj=out, mode="w:gz") as tar:
+def zip_as_tar_gz(data: bytes | BinaryIO, out: BinaryIO) -> None:
+    """A checked zip's members as a .tar.gz written to `out`, so that one unpacker (`unpack`) serves
+    both. A member at a time: a zip's files are never all in memory at once."""
+    with zipfile.ZipFile(_as_file(data)) as archive, tarfile.open(fileobj=out, mode="w:gz") as tar:
         for info in archive.infolist():
             member = tarfile.TarInfo(_inside_path(info.filename))
             mode = info.external_attr >> 16
@@ -225,16 +247,19 @@ def zip_as_tar_gz(data: bytes) -> bytes:
                 member.type, member.linkname = tarfile.SYMTYPE, _zip_link(archive, info)
                 tar.addfile(member)
             else:
-                content = archive.read(info)
-                member.size, member.mode = len(content), (mode & 0o777) or 0o644
-                tar.addfile(member, io.BytesIO(content))
-    return out.getvalue()
+                member.size, member.mode = info.file_size, (mode & 0o777) or 0o644
+                with archive.open(info) as content:
+                    tar.addfile(member, content)
 
 
 # ---------------------------------------------------------------- unpacking
 
 
-def unpack(tar: tarfile.TarFile, building: Path) -> None:
+class TooSlow(tarfile.TarError):
+    """An unpack past its deadline (TORCHYARD_CODE_UNPACK_TIMEOUT_S)."""
+
+
+def unpack(tar: tarfile.TarFile, building: Path, deadline: float = float("inf")) -> None:
     """Every member of a stored snapshot into `building` (a folder only the service can enter), each
     held to check_archive's rules against the members unpacked before it: a snapshot stored before a
     rule was made is held to it too, at the cost of no second read of the archive. Its refusal is a
@@ -243,9 +268,11 @@ def unpack(tar: tarfile.TarFile, building: Path) -> None:
     Written member by member rather than by tarfile's extractall: its `filter` argument, the only
     guard it has against an archive's own owners, modes and links, is missing from Python 3.11.2
     (Debian 12's), and the rules above are stricter than any of its filters anyway. A file is created
-    anew (never through a link), read-only to the job; a folder is readable by it."""
+    anew (never through a link), read-only to the job; a folder is readable by it. Past `deadline`
+    (time.monotonic()) it stops with TooSlow, between members and between a file's chunks."""
     links: set[str] = set()
     for info in tar:
+        _check_deadline(deadline)
         try:
             member = _tar_member(info)
             _check_not_through_links(member, links)
@@ -265,5 +292,15 @@ def unpack(tar: tarfile.TarFile, building: Path) -> None:
         if source is None:  # pragma: no cover - a regular member always has content
             raise tarfile.TarError(f"the code snapshot: '{member.path}' has no content")
         with source, new_file(target, 0o600) as out:
-            shutil.copyfileobj(source, out)
+            while chunk := source.read(CHUNK):
+                out.write(chunk)
+                _check_deadline(deadline)
             os.fchmod(out.fileno(), 0o555 if member.mode & 0o100 else 0o444)
+
+
+CHUNK = 1 << 20
+
+
+def _check_deadline(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise TooSlow("the code snapshot took longer to unpack than TORCHYARD_CODE_UNPACK_TIMEOUT_S")

@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from service.config import Settings
+from service.domain.code_store import staging_root
 from service.errors import InsufficientStorage
 from service.jobfs.names import DATA_DIR_MODE, jobs_root
 
@@ -31,11 +32,13 @@ _PG_DISK_FULL = "53100"  # SQLSTATE disk_full
 
 def prepare_data_dir(settings: Settings) -> None:
     """The data directory and its jobs/ folder, made traversable but not listable: a job's account
-    must reach its own folder, and must not see (or write) the ledger or other jobs' folders."""
+    must reach its own folder, and must not see (or write) the ledger or other jobs' folders. And the
+    code uploads' staging folder, the service's alone."""
     for folder in (settings.data_dir, jobs_root(settings)):
         folder.mkdir(parents=True, exist_ok=True)
         if folder.stat().st_uid == os.geteuid():  # an operator's folder of its own is left as it is
             folder.chmod(DATA_DIR_MODE)
+    staging_root(settings).mkdir(mode=0o700, exist_ok=True)
 
 
 def check_room(settings: Settings) -> None:

@@ -15,7 +15,7 @@ a FIFO to hang a thread, or more names and bytes than any reader should take. So
   recorder dumps, bounded;
 - checkpoints.py: a bounded page of rank 0's checkpoints, and one opened for download;
 - writes.py: the job folder made, an attempt's files moved aside, the backends' pickles and scripts,
-  the job's copy of its code snapshot moved in whole;
+  the link to the job's code snapshot's shared copy;
 - folders.py: a whole folder measured, and removed through the trash.
 """
 
@@ -61,9 +61,9 @@ from service.jobfs.stacks import (
 )
 from service.jobfs.writes import (
     archive_attempt,
+    link_code,
     make_job_folder,
     names_in,
-    place_code,
     remove_from,
     rename_in,
     write_new_file,
@@ -87,6 +87,7 @@ __all__ = [
     "is_external_id",
     "job_folder",
     "jobs_root",
+    "link_code",
     "log_file",
     "log_name",
     "log_tail",
@@ -97,7 +98,6 @@ __all__ = [
     "new_file",
     "open_checkpoint_file",
     "open_log",
-    "place_code",
     "rank_errors",
     "read_activity",
     "read_flight_records",

@@ -1,6 +1,6 @@
 """What the service (root in production) writes in a job's folder: the folder itself, submitit's pickle
-and batch script (the backends'), an earlier attempt's files moved aside, and the job's copy of its code
-snapshot.
+and batch script (the backends'), an earlier attempt's files moved aside, and the link to its code
+snapshot's shared copy.
 
 The job's account owns the job folder, and a job of that account still running could swap any name in
 it (`submitit` included) for a link to any folder while we write: so every write, rename and removal
@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -123,29 +121,27 @@ def _exists(name: str, folder: int) -> bool:
     return True
 
 
-def place_code(folder: Path, staging_root: Path, build: Callable[[Path], None]) -> Path:
-    """`<folder>/code`, the job's copy of its code snapshot, built by `build(staging)` and moved in
-    whole. A retry finds it there already and keeps it.
+def link_code(folder: Path, tree: Path) -> Path:
+    """`<folder>/code` as a link to `tree`, the snapshot's copy its account's jobs share
+    (service.domain.code_copies): a link costs no bytes however many jobs run the snapshot. A retry
+    whose folder holds a copy of its own (made before copies were shared) keeps it.
 
-    The job folder is the job's account's, which could swap any name in it for a link while we
-    write: so the tree is built (and made read-only by `build`) in a staging folder below
-    `staging_root`, which only the service can enter, and moved in by one rename relative to a handle
-    on the job folder opened without following links."""
-    with folder_handle(folder) as handle:  # first: a job folder that is a link leaves nothing behind
-        staging_root.mkdir(mode=0o700, exist_ok=True)
-        building = staging_root / uuid.uuid4().hex
-        building.mkdir(mode=0o755)
+    The job folder is the job's account's, which could put anything at `code` while we write: so the
+    link is made at a new name and renamed over `code`, relative to a handle on the job folder opened
+    without following links (a link at `code` is replaced, never followed)."""
+    with folder_handle(folder) as handle:
         try:
-            try:
-                existing = os.stat(CODE, dir_fd=handle, follow_symlinks=False)
-            except FileNotFoundError:
-                pass
-            else:
-                if stat.S_ISDIR(existing.st_mode):
-                    return folder / CODE
-                raise NotADirectoryError(f"{folder / CODE} is not a folder (a link the job made?)")
-            build(building)
-            os.rename(building, CODE, dst_dir_fd=handle)  # a link planted at `code` is replaced, not followed
+            existing = os.stat(CODE, dir_fd=handle, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:
+            if stat.S_ISDIR(existing.st_mode):
+                return folder / CODE
+        building = f".{CODE}-{uuid.uuid4().hex}"
+        os.symlink(tree, building, dir_fd=handle)
+        try:
+            os.rename(building, CODE, src_dir_fd=handle, dst_dir_fd=handle)
         finally:
-            shutil.rmtree(building, ignore_errors=True)  # gone already when the rename was made
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(building, dir_fd=handle)
     return folder / CODE

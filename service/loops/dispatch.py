@@ -34,15 +34,15 @@ from service.backends.base import Backend, SubmitOutcome
 from service.bulkhead import Bulkhead, Fault
 from service.config import Settings
 from service.domain import dependencies
-from service.domain.code_store import store_root, unpack_into
 from service.domain.transitions import Submission, record_submissions, record_transition
 from service.errors import BackendError
-from service.jobfs import archive_attempt, make_job_folder
+from service.jobfs import archive_attempt, link_code, make_job_folder
 from service.ledger.db import write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
 from service.ledger.sql import id_conditions
 from service.loops import sweep_claims
+from service.loops.code_prep import CodePreparation, Unpacking
 from service.loops.recovery import CLAIM_TTL, ClaimRecovery, due
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
 from worker.spec import ArrayGroup, RunSpec, UpstreamJob, tracker_run_id
@@ -53,7 +53,7 @@ _V = TypeVar("_V")
 # A job folder that cannot be made for one of these reasons waits for a later tick instead of failing
 # the job: a full disk or quota, a shared file system's stale handle or I/O error, no memory.
 PASSING_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ESTALE, errno.EIO, errno.ENOMEM, errno.EAGAIN})
-# A claim whose folders take long to make (a large sweep, large code snapshots) is renewed this
+# A claim whose folders take long to make (a large sweep) is renewed this
 # often: one older than CLAIM_TTL is another replica's to take over.
 CLAIM_RENEW_S = CLAIM_TTL.total_seconds() / 6
 # How often a dispatcher looks for claims a dead one left (and at every tick while some are left):
@@ -62,6 +62,7 @@ STALE_CHECK_EVERY_S = 5.0
 _CLAIM_COLUMNS = (
     col(Job.id),
     col(Job.name),
+    col(Job.owner),
     col(Job.backend),
     col(Job.attempt),
     col(Job.folder),
@@ -97,6 +98,7 @@ class Dispatcher:
         self.waiting_bulkhead = Bulkhead("settling dependencies")
         self._recovery = ClaimRecovery(engine, backends, self._replica, self.bulkhead)
         self._upstream: dict[int, list[UpstreamJob]] = {}  # the claimed jobs' (dependencies.upstream_jobs)
+        self._code = CodePreparation(settings, self.wake)  # code copies, made off this thread
 
     # ---------------------------------------------------------------- loop
 
@@ -107,6 +109,7 @@ class Dispatcher:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
+        self._code.stop()
 
     def wake(self) -> None:
         """Called when new jobs are committed: dispatch now, not at the next interval."""
@@ -141,17 +144,17 @@ class Dispatcher:
 
     # ---------------------------------------------------------------- claim
 
-
     def _claim(self) -> list[tuple[RowMapping, ArrayGroup | None]]:
         """Up to a batch of queued jobs, marked as this replica's (those cancelled meanwhile end here).
 
         Core rather than ORM objects: a batch is hundreds of rows, and the claim is bookkeeping only
         (no state change, nothing a reader sees), so it is one SELECT and one UPDATE. The job folders
         are made after it commits (_prepare_all): on SQLite the claim holds the one write lock, and
-        a sweep's hundreds of folders (or a large code snapshot) would hold every new job's commit.
+        a sweep's hundreds of folders would hold every new job's commit.
         """
         with write_scope(self._engine) as session:
-            waiting = and_(due(), col(Job.claimed_by).is_(None))
+            unpacking = self._code.waiting()  # not claimed again until their code copy is made
+            waiting = and_(due(), col(Job.claimed_by).is_(None), col(Job.id).not_in(unpacking))
             seen = sweep_claims.room_left(session, waiting, self._backends)
             query = (
                 core_select(*_CLAIM_COLUMNS)
@@ -199,6 +202,8 @@ class Dispatcher:
                 (unfit if prepared.gives_up else later).append((row["id"], prepared.reason))
             elif isinstance(prepared, str):
                 unfit.append((row["id"], prepared))
+            elif isinstance(prepared, Unpacking):
+                later.append((row["id"], str(prepared)))
             elif isinstance(prepared, OSError):
                 text = f"cannot write the job folder: {prepared}"
                 later.append((row["id"], f"dispatch failed, will retry: {text}"))
@@ -230,11 +235,14 @@ class Dispatcher:
 
     def _prepare(
         self, job: RowMapping, group: ArrayGroup | None, accounts: Callable[[str | None], Account]
-    ) -> RunSpec | str | OSError:
-        """The job's spec, its folder made; else why the job cannot go (a text: it fails), or the
-        passing error its folder met (an OSError of PASSING_ERRNOS: a later tick tries again)."""
+    ) -> RunSpec | str | OSError | Unpacking:
+        """The job's spec, its folder made; else why the job cannot go (a text: it fails), the
+        passing error its folder met (an OSError of PASSING_ERRNOS: a later tick tries again), or
+        Unpacking (its code copy is being made: it waits, and no tick waits for it)."""
         try:
             return self._prepare_folder(job, group, accounts)
+        except Unpacking as waiting:
+            return waiting
         except OSError as error:
             if error.errno in PASSING_ERRNOS:
                 return error
@@ -261,18 +269,19 @@ class Dispatcher:
             run_id=tracker_run_id(job["id"], job["created_at"]),
             **job["spec"],
         )
-        files = spec.files
-        if spec.attempt > 1:
-            archive_attempt(files, spec.attempt - 1, spec.resources.world_size)
         try:  # pwd's and grp's KeyError: the account or the group is gone since admission
-            make_job_folder(files, accounts(spec.run_as), self._settings.job_folder_group)
+            account = accounts(spec.run_as)
+            tree = None if spec.code is None else self._code.ready(job["owner"], spec, account)
+            if spec.attempt > 1:
+                archive_attempt(spec.files, spec.attempt - 1, spec.resources.world_size)
+            make_job_folder(spec.files, account, self._settings.job_folder_group)
         except KeyError:
             raise _AccountGone(
                 f"the Unix account '{spec.run_as}' (or the job folder group) no longer exists on the "
                 "service's host"
             ) from None
-        if spec.code is not None:  # the job's own copy: what it runs cannot change under it
-            unpack_into(store_root(self._settings), spec.code, files.folder)
+        if tree is not None:
+            link_code(spec.files.folder, tree)
         return spec
 
     # ---------------------------------------------------------------- submit

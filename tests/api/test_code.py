@@ -385,14 +385,21 @@ def test_uploading_an_old_snapshot_again_keeps_it_from_collection(
     assert job.status_code == 201, job.text
 
 
-def test_simultaneous_uploads_of_the_same_files_all_succeed(api: TestClient, coder: dict[str, str]) -> None:
+def test_simultaneous_uploads_of_the_same_files_all_succeed(settings: Settings) -> None:
     data = pack_text("twice at once")
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: api.post(CODE, content=data, headers={**coder, **GZIP}), range(8)))
+    eight_at_once = settings.model_copy(update={"max_uploads_in_flight_per_user": 8})  # the default: 2
+    with TestClient(create_app(eight_at_once, backends={"local": FakeBackend("local")})) as api:
+        coder = bearer(issue_token(runtime_of(api).engine, "carol", allow_code=True))
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(
+                pool.map(lambda _: api.post(CODE, content=data, headers={**coder, **GZIP}), range(8))
+            )
 
-    assert sorted(answer.status_code for answer in answers) == [200] * 7 + [201], [a.text for a in answers]
-    with Session(runtime_of(api).engine) as session:
-        assert len(session.exec(select(CodeSnapshot)).all()) == 1
+        assert sorted(answer.status_code for answer in answers) == [200] * 7 + [201], [
+            a.text for a in answers
+        ]
+        with Session(runtime_of(api).engine) as session:
+            assert len(session.exec(select(CodeSnapshot)).all()) == 1
 
 
 def test_a_snapshot_whose_files_are_gone_is_404_until_uploaded_again(

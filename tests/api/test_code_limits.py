@@ -4,6 +4,8 @@ before anything is written. Real ledger, fake backends."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -43,12 +45,18 @@ def stored_files(client: TestClient) -> set[str]:
 def held_by(client: TestClient, owner: str) -> int:
     with Session(runtime_of(client).engine) as session:
         rows = session.exec(select(CodeSnapshot).where(CodeSnapshot.owner == owner)).all()
-    return sum(row.bytes for row in rows)
+    return sum(row.bytes + row.unpacked_bytes for row in rows)
+
+
+def cost(data: bytes) -> int:
+    """What a snapshot counts against its owner: its archive and its files unpacked."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return len(data) + sum(member.size for member in tar)
 
 
 def test_a_users_snapshots_are_limited_in_bytes(settings: Settings) -> None:
     one, two, three = pack_text("one"), pack_text("two"), pack_text("three")
-    most = len(one) + len(two) + len(three) - 1
+    most = cost(one) + cost(two) + cost(three) - 1
     with coder_client(settings, max_code_bytes_per_user=most) as client:
         first = upload(client, one)
         second = upload(client, two)
@@ -62,9 +70,9 @@ def test_a_users_snapshots_are_limited_in_bytes(settings: Settings) -> None:
         assert (first.status_code, second.status_code) == (201, 201)
         assert over.status_code == 403, over.text
         assert over.json()["detail"][0]["loc"] == ["body", "archive"]
-        held = len(one) + len(two)
+        held = cost(one) + cost(two)
         assert f"your code snapshots hold {held} bytes" in message(over)
-        assert f"{len(three)} more would pass your limit of {most} bytes" in message(over)
+        assert f"{cost(three)} more would pass your limit of {most} bytes" in message(over)
         assert "TORCHYARD_MAX_CODE_BYTES_PER_USER" in message(over)
         assert after == before  # nothing written for the refused one
         assert again.status_code == 200, again.text
@@ -83,8 +91,8 @@ def test_simultaneous_uploads_cannot_pass_the_limit_together(settings: Settings)
     size = max(map(len, candidates), key=[len(one) for one in candidates].count)  # the commonest size
     archives = [one for one in candidates if len(one) == size][:8]
     assert len(archives) == 8
-    most = 3 * size - 1  # room for two of them
-    with coder_client(settings, max_code_bytes_per_user=most) as client:
+    most = 3 * cost(archives[0]) - 1  # room for two of them (their files are of one size too)
+    with coder_client(settings, max_code_bytes_per_user=most, max_uploads_in_flight_per_user=8) as client:
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda data: upload(client, data), archives))
 
@@ -103,7 +111,7 @@ def test_uploads_count_against_the_submissions_of_the_minute(settings: Settings)
         assert "3 submissions per minute" in message(over) and "code uploads" in message(over)
         assert 1 <= int(over.headers["Retry-After"]) <= 60
         assert job.status_code == 429  # one limit for jobs and uploads
-        assert held_by(client, "carol") == answers[0].json()["bytes"]
+        assert held_by(client, "carol") == answers[0].json()["bytes"] + answers[0].json()["unpacked_bytes"]
 
 
 def test_an_upload_to_a_full_data_directory_is_507_and_writes_nothing(settings: Settings) -> None:

@@ -47,8 +47,11 @@ def test_a_project_uploaded_by_the_cli_runs_on_two_ranks_as_it_was_when_submitte
 
     assert before["version"] == "v1" and after["version"] == "v2"
     assert before["sum"] == 3.0 and before["world_size"] == 2  # 1 + 2 over the two ranks
-    assert before["cwd"] == before["path0"] == str(folder / "code")
-    assert before["code_writable"] is False  # the job's copy is read-only to the job
+    # `code` links to the copy the snapshot's jobs share (one per account), where the ranks work
+    shared = (folder / "code").resolve()
+    assert shared.name == "tree" and shared.parent.parent.name == "code-copies"
+    assert Path(before["cwd"]) == Path(before["path0"]).resolve() == shared
+    assert before["code_writable"] is False  # the shared copy is read-only to the job
     assert before["checkpoint_dir"] == str(folder / "checkpoints")
     assert before["executable"] == job_python()
     assert files == ["job.yaml", "model/__init__.py", "model/net.py", "requirements.txt", "train.py"]

@@ -39,9 +39,10 @@ ARCHIVE_BODY = {
 )
 async def upload_code(request: Request, runtime: RuntimeDep, user: CurrentUser) -> Response:
     """Check the archive, store it once by its SHA-256, and answer its id; needs the allow-code
-    permission, counts against your submissions a minute, and your snapshots together may hold
-    TORCHYARD_MAX_CODE_BYTES_PER_USER bytes."""
-    snapshot, created = await runtime.code_uploads.upload(user, request.body)  # reads it once allowed
+    permission, counts against your submissions a minute, and your snapshots together (archives and
+    unpacked files) may hold TORCHYARD_MAX_CODE_BYTES_PER_USER bytes. A few uploads of yours may be in
+    flight at once (429 past TORCHYARD_MAX_UPLOADS_IN_FLIGHT_PER_USER)."""
+    snapshot, created = await runtime.code_uploads.upload(user, request.stream())  # read once allowed
     return Response(snapshot.model_dump_json(), status_code=201 if created else 200,
                     media_type="application/json")  # fmt: skip
 

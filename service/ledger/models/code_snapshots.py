@@ -19,6 +19,9 @@ class CodeSnapshot(SQLModel, table=True):
     digest: str = Field(primary_key=True, max_length=64)  # SHA-256 of the archive, hex
     owner: str = Field(primary_key=True, max_length=100)
     bytes: int = Field(sa_type=BigInteger)
+    # What its files take unpacked: the copy its jobs share costs this much disk, so it counts against
+    # the owner's TORCHYARD_MAX_CODE_BYTES_PER_USER with the archive (service.domain.code_store).
+    unpacked_bytes: int = Field(default=0, sa_type=BigInteger)
     files: int
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     # Its latest upload by this owner: collection keeps a snapshot TORCHYARD_CODE_KEEP_H after it.
@@ -30,6 +33,9 @@ class CodeSnapshotPublic(BaseModel):
 
     id: str = pydantic.Field(description="`sha256:<hex>`: what a job's `code` names.")
     bytes: int = pydantic.Field(description="The archive's size.")
+    unpacked_bytes: int = pydantic.Field(
+        0, description="What its files take unpacked; counted with `bytes` against your limit."
+    )
     files: int = pydantic.Field(description="Files in it (links included, folders not).")
     created_at: datetime = pydantic.Field(description="When you first uploaded it.")
     uploaded_at: datetime = pydantic.Field(

@@ -1,5 +1,6 @@
 """Your own code on the real cluster: a project uploaded by the CLI runs `train:main` on 2 nodes, as
-its owner, from the job's own copy; editing the project after submitting changes nothing it runs."""
+its owner, from the read-only copy its jobs share; editing the project after submitting changes
+nothing it runs."""
 
 from __future__ import annotations
 
@@ -38,7 +39,10 @@ def test_a_project_uploaded_by_the_cli_runs_on_two_slurm_nodes(shared_root: Path
     folder = Path(job["folder"])
     assert result["version"] == "v1"
     assert result["sum"] == 3.0 and result["world_size"] == 2
-    assert result["cwd"] == result["path0"] == str(folder / "code")
+    # `code` links to the copy the snapshot's jobs share (one per account), where the ranks work
+    shared = (folder / "code").resolve()
+    assert shared.name == "tree" and shared.parent.parent.name == "code-copies"
+    assert Path(result["cwd"]) == Path(result["path0"]).resolve() == shared
     assert result["code_writable"] is False
     assert result["executable"] == job_python()
     hosts = {json.loads((folder / "placement" / f"rank{rank}.json").read_text())["host"] for rank in (0, 1)}
