@@ -16,7 +16,6 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from service.backends.base import StackRequest
-from service.domain.capture import capture_stacks
 from tests.api.test_cancel import row_is_free_and_flagged
 from tests.conftest import Login
 from tests.fakes import FakeBackend
@@ -211,8 +210,9 @@ def test_one_capture_at_a_time_per_job_shared_by_callers_that_come_meanwhile(
 
     fake.on_stacks = slow
     results: list[Any] = []
+
     def run() -> None:
-        results.append(capture_stacks(runtime.engine, runtime.backends, job_id, "stall"))
+        results.append(runtime.captures.submit(job_id, "alice", "stall").result(timeout=20))
 
     threads = [threading.Thread(target=run) for _ in range(4)]
     for thread in threads:
