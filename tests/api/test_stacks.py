@@ -7,6 +7,7 @@ ranks: tests/integration/test_stacks_local.py."""
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 import time
 import tracemalloc
@@ -260,3 +261,23 @@ def test_a_ranks_host_comes_from_its_activity_file_until_its_placement_is_read(
     assert [rank["host"] for rank in capture["ranks"]] == ["n1", "n2", "n1"]
     assert capture["summary"].startswith("rank 1 on n2 ")
     assert "ranks 0, 2 on n1 wait in all_reduce" in capture["summary"]
+
+
+def test_a_flight_recorder_dump_with_a_5000_digit_int_notes_its_rank_and_answers_200(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    """Issue 43, finding 9: Python's int-to-text limit made the route 500."""
+    job_id = hung_job(api, fake)
+    files = fake.specs[job_id].files
+    last = {"collective_seq_id": 7, "profiling_name": "nccl:all_reduce", "state": "started"}
+    good = {"version": "2.10", "entries": [{**last, "process_group": ("0", "default_pg")}]}
+    hostile = {"version": "2.10", "entries": [{**last, "pg_id": 10**5000 - 1}]}  # 5,000 digits
+    for rank, dump in ((0, good), (1, hostile), (2, good)):
+        files.flight_recorder(rank).write_bytes(pickle.dumps(dump, protocol=2))
+
+    capture = stacks(api, job_id)
+
+    notes = {rank["rank"]: rank["note"] for rank in capture["ranks"]}
+    assert notes[0] is None and notes[2] is None
+    assert "flight recorder dump could not be read" in notes[1]
+    assert capture["groups"][0]["ranks"] == [1]  # its stacks read as ever
