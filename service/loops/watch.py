@@ -133,6 +133,8 @@ class Watch:
 
     def _flag(self, suspect: Suspect, captured: Captured) -> None:
         try:
+            if captured.cancelled():  # the service stops: the next one judges the job again
+                return
             summary = _summary(suspect, captured)
             reason = f"{suspect.idle}; {summary}" if summary else suspect.reason
             if self._record(suspect, reason[:MAX_REASON_CHARS]):
@@ -166,9 +168,7 @@ class Watch:
 
 
 def _summary(suspect: Suspect, captured: Captured) -> str | None:
-    """The stacks summary of the capture made at the stall, or None (none made: stopped, failed)."""
-    if captured.cancelled():
-        return None
+    """The stacks summary of the capture made at the stall, or None (it failed, or had none)."""
     error = captured.exception()
     if error is not None:
         log.warning("job %s: stacks not captured at its stall: %s", suspect.job_id, error)

@@ -22,6 +22,7 @@ from service.app import create_app
 from service.backends.base import StackRequest
 from service.config import Settings
 from service.domain import capture, captures
+from tests.api.test_metrics import sample
 from tests.fakes import FakeBackend
 from tests.serving import LiveServer, serve
 from tests.support import wait_for
@@ -148,6 +149,7 @@ def test_one_users_captures_stop_at_their_cap_while_another_users_still_start(
     waiting.append(threading.Thread(target=ask, args=(bob, bobs)))
     waiting[-1].start()
     wait_for(lambda: live.runtime.captures.under_way() == 3, 10, "bob's capture to start beside them")
+    gauge = sample(bob.get("/metrics").text, "torchyard_stack_captures_under_way")
     held.release.set()
     for thread in waiting:
         thread.join(30)
@@ -157,6 +159,7 @@ def test_one_users_captures_stop_at_their_cap_while_another_users_still_start(
     assert "2 stacks captures of alice's jobs are under way" in message
     assert "TORCHYARD_MAX_CAPTURES_PER_USER" in message
     assert [answers[job_id].status_code for job_id in [*alices[:2], bobs]] == [200, 200, 200]
+    assert gauge == 3
 
 
 def test_a_waiter_whose_capture_outlives_its_deadline_gets_409_with_retry_after(
