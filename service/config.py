@@ -80,6 +80,16 @@ class Settings(BaseSettings):
     )
     max_long_polls: int = Field(1000, ge=1, description="Long polls held at once, in all (more get 429).")
     max_long_polls_per_user: int = Field(50, ge=1, description="Long polls one user may hold at once.")
+    capture_threads: int = Field(
+        4, ge=1, description="Threads that capture stacks (requests and the watchdog), owners in turn."
+    )
+    max_captures: int = Field(16, ge=1, description="Stacks captures asked by requests under way, in all.")
+    max_captures_per_user: int = Field(
+        2, ge=1, description="Stacks captures under way of one user's jobs before a request gets 429."
+    )
+    max_capture_waiters_per_user: int = Field(
+        16, ge=1, description="Stacks requests one user may have waiting on captures at once."
+    )
     token_cache_s: float = Field(2.0, ge=0, description="How long a checked token is remembered.")
     opentelemetry: bool = Field(
         False, description="FastAPI's OpenTelemetry spans, metrics and logs, for a service under an OTel SDK."

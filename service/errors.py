@@ -24,6 +24,14 @@ class Conflict(ServiceError):
     """The request clashes with the current state."""
 
 
+class Busy(Conflict):
+    """The same work, asked by another, is under way and did not end in time: retry after a while."""
+
+    def __init__(self, message: str, *, retry_after_s: float, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = retry_after_s
+
+
 class LimitExceeded(ServiceError):
     """A quota or rate limit says no."""
 

@@ -16,6 +16,7 @@ from service.backends import make_backends
 from service.backends.base import Backend
 from service.config import Settings
 from service.domain.auth import TokenCheck
+from service.domain.captures import Captures
 from service.domain.code_store import CodeStore
 from service.domain.code_uploads import CodeUploads
 from service.domain.quotas import QuotaBook
@@ -50,6 +51,7 @@ class Runtime:
     code: CodeStore
     code_uploads: CodeUploads  # permission, rate, room and per-user bytes before the store
     notifier: Notifier  # webhooks: the outbox's notices delivered
+    captures: Captures  # stacks captures, for requests and the watchdog, on threads of their own
     fragments: Fragments = field(default_factory=Fragments)  # each job's JSON per version
     pages: LastPages = field(default_factory=LastPages)  # list pages while the clock stands still
     writers: WritersFirst = field(default_factory=WritersFirst)  # polls wait for POSTs in flight
@@ -64,7 +66,8 @@ class Runtime:
         backends = backends if backends is not None else make_backends(settings)
         dispatcher = Dispatcher(engine, backends, settings)
         intake = JobIntake(engine, str(jobs_root(settings)), dispatcher.wake)
-        reconciler = Reconciler(engine, backends)
+        captures = Captures(engine, backends, settings)
+        reconciler = Reconciler(engine, backends, captures)
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)
         reader = LedgerReader(engine)
@@ -88,6 +91,7 @@ class Runtime:
             code,
             CodeUploads(settings, engine, code, quotas, room),
             Notifier(engine, settings),
+            captures,
         )
         on_stamped_commit(engine, runtime.job_watch.changed)
         return runtime
@@ -110,6 +114,7 @@ class Runtime:
         self.intake.stop()
         self.dispatcher.stop()
         self.reconciler.stop()
+        self.captures.stop()  # after the watchdog's last tick
         self.housekeeper.stop()
         self.notifier.stop()
         for backend in self.backends.values():

@@ -20,6 +20,7 @@ from service.domain.quotas import RetryLater
 from service.domain.storage import ledger_storage_problem
 from service.errors import (
     BackendError,
+    Busy,
     Conflict,
     Forbidden,
     InsufficientStorage,
@@ -81,11 +82,12 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     403: "Not allowed: not an admin, over a per-job limit or your code storage, refused by an allow-list, "
     "or a dev-mode service asked from another machine or another site",
     404: "No such job, or one the caller may not see",
-    409: "Clashes with the current state (an Idempotency-Key reused with another body), or a count at "
-    "its limit (webhook subscriptions)",
+    409: "Clashes with the current state (an Idempotency-Key reused with another body), a count at its "
+    "limit (webhook subscriptions), or the same work under way did not end in time (retry after "
+    "Retry-After seconds)",
     413: "The body is over TORCHYARD_MAX_BODY_BYTES",
     422: "Invalid input; `loc` names the field",
-    429: "Too many unfinished jobs or submissions; retry after Retry-After seconds",
+    429: "Over a limit (unfinished jobs, submissions, captures, ...); retry after Retry-After seconds",
     502: "The scheduler refused or could not be reached",
     503: "The job database is unavailable; retry after Retry-After seconds",
     507: "The data directory is full or not writable",
@@ -146,7 +148,7 @@ def service_error_response(error: ServiceError) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(error, Unauthenticated):
         headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(error, RetryLater):
+    if isinstance(error, RetryLater | Busy):
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
     return JSONResponse(error_body(text, error.field), status_code=status, headers=headers)
 

@@ -102,6 +102,11 @@ class LedgerCollector:
             value=runtime.job_watch.waiters(),
         )
         yield GaugeMetricFamily(
+            "torchyard_stack_captures_under_way",
+            "Stacks captures queued or running (service.domain.captures), for requests and the watchdog.",
+            value=runtime.captures.under_way(),
+        )
+        yield GaugeMetricFamily(
             "torchyard_nodes_unprotected_hardlinks",
             "Nodes whose ranks said fs.protected_hardlinks is not 1 there, since start (their placement "
             "files; the log names them).",

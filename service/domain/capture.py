@@ -8,17 +8,16 @@ call per job), waits until every rank's file grew (or WAIT_S passed), and reads 
 bounded (service.jobfs), parsed and grouped by the pure service.domain.stacks.
 
 No transaction is open while the ranks are waited for: the job is read in one short transaction, the
-capture stored in another. One capture at a time per job in this process: a caller that comes while
-one is under way waits for it and shares its answer. Call it with no write scope held on the thread.
+capture stored in another. Who captures when (one capture per job, a few per user, fair turns by
+owner, a total deadline) is service.domain.captures's; this module makes one capture, on its thread.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 WAIT_S = 3.0  # the most a capture waits for the ranks to write
 POLL_S = 0.05  # how often the stacks files' sizes are looked at meanwhile
 STACK_BYTES = 64 * 1024  # the most read of one rank's capture
-SHARED_WAIT_S = 60.0  # a caller that shares another's capture gives up after this long
+UNREADABLE_DUMP = "its NCCL flight recorder dump could not be read (not a dump, or past the reader's bounds)"
 
 
 @dataclass(frozen=True)
@@ -59,60 +58,21 @@ class _Target:
     hosts: dict[int, str]
 
 
-@dataclass
-class _Flight:
-    """One capture under way for one job: the callers that come meanwhile wait on `done`."""
+@dataclass(frozen=True)
+class Asked:
+    """What a stacks request asked of a job the viewer may see, read in one short transaction."""
 
-    done: threading.Event = field(default_factory=threading.Event)
-    result: StackCapturePublic | None = None
-    error: BaseException | None = None
-
-
-_flights: dict[tuple[int, int], _Flight] = {}  # (id of the engine, job id) -> the capture under way
-_flights_lock = threading.Lock()
+    job_id: int
+    owner: str
+    state: JobState
+    capture: bool  # capture now (the job runs), else answer the last capture kept
+    last: StackCapturePublic | None
 
 
-def capture_stacks(
-    engine: Engine,
-    backends: Mapping[str, Backend],
-    job_id: int,
-    trigger: Trigger = "request",
-    *,
-    wait_s: float = WAIT_S,
-) -> StackCapturePublic | None:
-    """Capture the stacks of every rank of this job now, store them as its attempt's last capture and
-    return them; None when the job is not running (or its ranks could not be signalled: it ended
-    meanwhile). No visibility check: the caller has made it (the route through job_stacks)."""
-    key = (id(engine), job_id)
-    with _flights_lock:
-        flight = _flights.get(key)
-        leading = flight is None
-        if flight is None:
-            flight = _flights[key] = _Flight()
-    if not leading:
-        if not flight.done.wait(SHARED_WAIT_S):
-            raise Conflict(f"a capture of job {job_id}'s stacks is still under way", field="job_id")
-        if flight.error is not None:
-            raise flight.error
-        return flight.result
-    try:
-        flight.result = _capture(engine, backends, job_id, trigger, wait_s)
-        return flight.result
-    except BaseException as error:
-        flight.error = error
-        raise
-    finally:
-        with _flights_lock:
-            _flights.pop(key, None)
-        flight.done.set()
-
-
-def job_stacks(
-    engine: Engine, backends: Mapping[str, Backend], job_id: int, viewer: Principal, capture: bool | None
-) -> StackCapturePublic:
-    """What GET /api/v1/jobs/{id}/stacks answers: for a running job a capture made now (unless
-    `capture` is False), else the last capture kept. NotFound for a job `viewer` may not see (stacks
-    may hold data from the job's memory: its owner and admins only); Conflict when there is none."""
+def asked(engine: Engine, job_id: int, viewer: Principal, capture: bool | None) -> Asked:
+    """Read what GET /api/v1/jobs/{id}/stacks needs before any capture: NotFound for a job `viewer`
+    may not see (stacks may hold data from the job's memory: its owner and admins only); Conflict
+    for a capture asked of a job that is not running. An admin's read of another's job is audited."""
     with session_scope(engine) as session:
         job = get_job(session, job_id, viewer)
         state, owner = JobState(job.state), job.owner
@@ -122,21 +82,27 @@ def job_stacks(
             audit.record(session, viewer.user, "job.stacks", f"job {job_id}", f"owner={owner}")
     if capture is None:
         capture = state is JobState.running
-    if capture:
-        if state is not JobState.running:
-            raise Conflict(
-                f"job {job_id} is {state.value}: stacks are captured from a running job only"
-                + ("; its last capture is shown without ?capture=1" if last else ""),
-                field="capture",
-            )
-        fresh = capture_stacks(engine, backends, job_id, "request")
-        if fresh is not None:
-            return fresh
+    if capture and state is not JobState.running:
+        raise Conflict(
+            f"job {job_id} is {state.value}: stacks are captured from a running job only"
+            + ("; its last capture is shown without ?capture=1" if last else ""),
+            field="capture",
+        )
+    return Asked(job_id, owner, state, capture, last)
+
+
+def kept(engine: Engine, asking: Asked, reread: bool) -> StackCapturePublic:
+    """The last capture kept (read again when `reread`: a capture was tried meanwhile), or Conflict."""
+    last = asking.last
+    if reread:
         with session_scope(engine) as session:
-            last = last_capture(session, job_id)
+            last = last_capture(session, asking.job_id)
     if last is None:
-        why = "it is not running" if state is not JobState.running else "its ranks could not be signalled"
-        raise Conflict(f"job {job_id} has no stacks captured, and {why} ({state.value})", field="job_id")
+        running = asking.state is JobState.running
+        why = "its ranks could not be signalled" if running else "it is not running"
+        raise Conflict(
+            f"job {asking.job_id} has no stacks captured, and {why} ({asking.state.value})", field="job_id"
+        )
     return last
 
 
@@ -155,9 +121,13 @@ def last_capture(session: Session, job_id: int) -> StackCapturePublic | None:
 # ---------------------------------------------------------------- one capture
 
 
-def _capture(
-    engine: Engine, backends: Mapping[str, Backend], job_id: int, trigger: Trigger, wait_s: float
+def capture_now(
+    engine: Engine, backends: Mapping[str, Backend], job_id: int, trigger: Trigger, deadline: float
 ) -> StackCapturePublic | None:
+    """Capture the stacks of every rank of this job now, store them as its attempt's last capture and
+    return them; None when the job is not running (or its ranks could not be signalled: it ended
+    meanwhile). The ranks are waited for WAIT_S at most, and never past `deadline` (monotonic). No
+    visibility check, no limit: the caller (service.domain.captures) has made them."""
     with session_scope(engine) as session:  # read, and the transaction closed before the signal
         target = _target(session, job_id)
     if target is None:
@@ -168,7 +138,7 @@ def _capture(
     if not backend.signal_stacks(target.request):
         log.info("job %d: its ranks could not be signalled for their stacks", job_id)
         return None
-    after = _wait_for_ranks(target, before, started + wait_s)
+    after = _wait_for_ranks(target, before, min(started + WAIT_S, deadline))
     took = time.monotonic() - started
     texts = read_stack_texts(target.folder, before, STACK_BYTES)
     row = _parsed(target, _hosts(target), before, after, texts, trigger, took)
@@ -226,6 +196,7 @@ def _parsed(
     took: float,
 ) -> StackCapture:
     captured_at = utcnow()
+    behind, unreadable = _behind(target)
     ranks = []
     for rank in range(target.world):
         read = texts.get(rank)
@@ -234,11 +205,12 @@ def _parsed(
             note: str | None = "its stacks file is not a regular file: not read"
         else:
             note = _note(after.get(rank, 0) - before.get(rank, 0), read, bool(threads))
+        if rank in unreadable:
+            note = "; ".join(filter(None, [note, UNREADABLE_DUMP]))
         host, at = hosts.get(rank), captured_at.timestamp()
         ranks.append(stacks.RankStacks(rank=rank, host=host, captured_at=at, threads=threads, note=note))
     groups = stacks.group_ranks(ranks)
     summary = stacks.summarize(groups, hosts)
-    behind = _behind(target)
     if behind:
         summary = f"{summary}; {behind}"
     return StackCapture(
@@ -268,15 +240,18 @@ def _note(grew_by: int, read: StackText | None, parsed: bool) -> str | None:
     return "; ".join(notes) or None
 
 
-def _behind(target: _Target) -> str | None:
-    """Which rank the NCCL flight recorder dumps say is behind (a GPU job's), or None."""
+def _behind(target: _Target) -> tuple[str | None, set[int]]:
+    """Which rank the NCCL flight recorder dumps say is behind (a GPU job's), or None; and the ranks
+    whose dump could not be read (service.domain.flight_recorder refused it)."""
     dumps = read_flight_records(target.folder, target.world)
-    records = {}
+    records, unreadable = {}, set()
     for rank, data in dumps.items():
         record = stacks.parse_flight_recorder(data)
-        if record is not None:
+        if record is None:
+            unreadable.add(rank)
+        else:
             records[rank] = record
-    return stacks.behind_ranks(records) if len(records) > 1 else None
+    return (stacks.behind_ranks(records) if len(records) > 1 else None), unreadable
 
 
 def _store(engine: Engine, row: StackCapture, attempts: int = 2) -> None:

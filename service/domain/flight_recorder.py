@@ -17,8 +17,10 @@ pickle (torch::jit::Pickler, protocol 2) of plain containers, in its documented 
 A job writes those bytes, and pickle.loads runs whatever a pickle names. So: the bytes are bounded by
 the reader (service.jobfs), and the unpickler here resolves no name at all but the four list and type
 builders PyTorch's own pickler writes for typed lists (`torch.jit._pickle.build_intlist`, ...), which
-it maps to functions of its own; every other global, extension or persistent id is refused. What it
-keeps is only numbers and short cleaned text.
+it maps to functions of its own; every other global, extension or persistent id is refused. A dump
+that holds a number of absurd size (past MAX_INT_DIGITS digits: Python would refuse even to write it
+as text) is refused whole, in either format, and its rank reported as unreadable. What it keeps is
+only numbers and short cleaned text.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ MAX_DUMP_BYTES = 1024 * 1024  # a dump past this is not parsed (the reader reads
 MAX_ENTRIES = 10_000  # entries looked at in one dump (PyTorch keeps 2,000 by default)
 MAX_GROUPS = 64  # process groups kept of one dump
 MAX_SEQ = 2**62
+MAX_INT_DIGITS = 40  # a number longer than this in a dump is no counter, id or size of PyTorch's
+MAX_INT = 10**MAX_INT_DIGITS
 MAX_TEXT = 200
 
 
@@ -96,10 +100,35 @@ def load_dump(data: bytes) -> Any:
         return None
     try:
         if data[:1] == b"{":
-            return json.loads(data)
-        return _Refusing(io.BytesIO(data)).load()
+            return json.loads(data, parse_int=_json_int)
+        loaded = _Refusing(io.BytesIO(data)).load()
     except Exception:  # any malformed byte string: UnpicklingError, EOFError, ValueError, TypeError, ...
         return None
+    return None if _holds_absurd_int(loaded) else loaded
+
+
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError("a number of absurd size")
+    return int(text)
+
+
+def _holds_absurd_int(loaded: Any) -> bool:
+    """Whether any int in the loaded pickle is MAX_INT or more in size; each container looked at once
+    (a pickle's objects may share themselves), without recursion (they may nest deep)."""
+    seen: set[int] = set()
+    todo = [loaded]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, int):
+            if not -MAX_INT < value < MAX_INT:
+                return True
+        elif isinstance(value, list | tuple | dict) and id(value) not in seen:
+            seen.add(id(value))
+            todo.extend(value.values() if isinstance(value, dict) else value)
+            if isinstance(value, dict):
+                todo.extend(value.keys())
+    return False
 
 
 def parse_flight_recorder(data: bytes) -> FlightRecord | None:
@@ -138,7 +167,8 @@ def _collective(entry: Any) -> tuple[str, LastCollective] | None:
     if not isinstance(name, str | int) or isinstance(name, bool):
         return None
     return clean_text(str(name), MAX_TEXT), LastCollective(
-        seq=seq, op=clean_text(op, MAX_TEXT), state=clean_text(state, 20) if isinstance(state, str) else "")
+        seq=seq, op=clean_text(op, MAX_TEXT), state=clean_text(state, 20) if isinstance(state, str) else ""
+    )
 
 
 def _usable_seq(value: Any) -> bool:

@@ -26,6 +26,7 @@ from sqlmodel import Session, col
 from service.accounts import NodeHardlinks
 from service.backends.base import Backend, BackendStatus
 from service.bulkhead import Bulkhead, Fault
+from service.domain.captures import Captures
 from service.domain.endings import Ending, from_rank_errors, settle, with_stacks
 from service.domain.transitions import end_attempt, record_transition, record_waiting
 from service.errors import BackendError
@@ -61,7 +62,7 @@ MAX_LEDGER_BACKOFF_S = 5.0  # the database is down: it is ours, and the ledger s
 class Reconciler:
     """One thread per backend, each on its own interval, woken early by its backend."""
 
-    def __init__(self, engine: Engine, backends: Mapping[str, Backend]) -> None:
+    def __init__(self, engine: Engine, backends: Mapping[str, Backend], captures: Captures) -> None:
         self._engine = engine
         self._backends = backends
         self._stop = threading.Event()
@@ -79,7 +80,7 @@ class Reconciler:
         self._cancels: dict[str, set[str]] = {name: set() for name in backends}
         self.last_duration_s: dict[str, float] = dict.fromkeys(backends, 0.0)
         self.bulkhead = Bulkhead("reconciling")
-        self.watch = Watch(engine, backends, self._cancel_later)  # stalls (service.loops.watch)
+        self.watch = Watch(engine, backends, captures, self._cancel_later)  # stalls (service.loops.watch)
         self.watch_bulkhead = Bulkhead("watching")  # its faults are counted, never fail a job
         self.hardlinks = NodeHardlinks()  # what the ranks' placement files say of their nodes
         for name, backend in backends.items():
@@ -95,7 +96,6 @@ class Reconciler:
             wake.set()
         for thread in self._threads:
             thread.join(timeout=10)
-        self.watch.stop()
 
     def wake(self, backend_name: str) -> None:
         if backend_name in self._wakes:

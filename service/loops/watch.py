@@ -5,19 +5,21 @@ Inside the tick (`Watch.check`, in the job's own savepoint: a fault costs that j
 is judged at most every CHECK_EVERY_S from what the ledger holds (its reports' times) and its
 ranks' activity files (service.jobfs): no scheduler query. A job that makes progress again loses its
 flag there and then. A job newly judged stalled is only noted: once the tick's transaction has
-committed (`Watch.after_tick`), a worker thread captures its ranks' stacks (no transaction open
-while the ranks write them), then flags it in a short transaction of its own, the reason naming
-which rank is where; with `on_stall: "fail"` it also ends the attempt as `hang` (a retry follows when
-`retries.on` holds it) and has the backend stop the run.
+committed (`Watch.after_tick`), its ranks' stacks are captured by the Runtime's capture service
+(service.domain.captures: one capture per job, owners served in turn, a total deadline; no
+transaction open while the ranks write them), and once that capture ends the job is flagged in a
+short transaction of its own, the reason naming which rank is where; with `on_stall: "fail"` it
+also ends the attempt as `hang` (a retry follows when `retries.on` holds it) and has the backend
+stop the run.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +29,8 @@ from sqlmodel import Session
 
 from service.backends.base import Backend
 from service.domain import watchdog
-from service.domain.capture import capture_stacks, last_capture
+from service.domain.capture import last_capture
+from service.domain.captures import Captured, Captures
 from service.domain.endings import Ending
 from service.domain.transitions import clear_stall, end_attempt, record_stall
 from service.jobfs import read_activity
@@ -40,7 +43,6 @@ from worker.spec import Watchdog
 log = logging.getLogger(__name__)
 
 CHECK_EVERY_S = 2.0  # a job is judged at most this often (its ranks' activity files change every 5 s)
-CAPTURE_WORKERS = 2
 MAX_CHECKED = 10_000
 MAX_REASON_CHARS = 4000
 
@@ -50,6 +52,7 @@ class Suspect:
     """A job the tick found stalled, as it found it: flagged only if nothing moved since."""
 
     job_id: int
+    owner: str
     backend: str
     external_id: str
     attempt: int
@@ -62,21 +65,21 @@ class Watch:
     """The watchdog of one Reconciler (all its backends)."""
 
     def __init__(
-        self, engine: Engine, backends: Mapping[str, Backend], cancel: Callable[[str, str], None]
+        self,
+        engine: Engine,
+        backends: Mapping[str, Backend],
+        captures: Captures,
+        cancel: Callable[[str, str], None],
     ) -> None:
         self._engine = engine
-        self._backends = backends
+        self._captures = captures
         self._cancel = cancel  # (backend name, run id): stop that run
         self._checked: dict[int, float] = {}  # job id -> when (monotonic) it was last judged
         self._suspects: dict[str, list[Suspect]] = {name: [] for name in backends}
         self._in_flight: set[int] = set()
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(CAPTURE_WORKERS, thread_name_prefix="torchyard-watchdog")
         self.stalls_total = 0  # since start, for /metrics
         self.clock: Callable[[], float] = time.time  # epoch seconds (tests move it on)
-
-    def stop(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def check(self, session: Session, job: Job, backend_name: str) -> None:
         """Judge the running `job` (due at most every CHECK_EVERY_S): clear its flag when it moves
@@ -100,12 +103,20 @@ class Watch:
                 return
         attempt = job.run_attempt or job.attempt
         suspect = Suspect(
-            job.id, backend_name, job.external_id, attempt, job.progress_at, verdict.reason, verdict.idle
+            job.id,
+            job.owner,
+            backend_name,
+            job.external_id,
+            attempt,
+            job.progress_at,
+            verdict.reason,
+            verdict.idle,
         )
         self._suspects[backend_name].append(suspect)
 
     def after_tick(self, backend_name: str) -> None:
-        """The tick committed: capture and flag the jobs it found stalled, on the watchdog's threads."""
+        """The tick committed: the jobs it found stalled are captured (in their owners' turns) and
+        flagged once each capture ends, on the capture's thread."""
         suspects, self._suspects[backend_name] = self._suspects[backend_name], []
         for suspect in suspects:
             with self._lock:
@@ -113,14 +124,18 @@ class Watch:
                     continue
                 self._in_flight.add(suspect.job_id)
             try:
-                self._pool.submit(self._flag, suspect)
+                captured = self._captures.submit(suspect.job_id, suspect.owner, "stall")
             except RuntimeError:  # shutting down
                 with self._lock:
                     self._in_flight.discard(suspect.job_id)
+                continue
+            captured.add_done_callback(functools.partial(self._flag, suspect))
 
-    def _flag(self, suspect: Suspect) -> None:
+    def _flag(self, suspect: Suspect, captured: Captured) -> None:
         try:
-            summary = self._capture(suspect)
+            if captured.cancelled():  # the service stops: the next one judges the job again
+                return
+            summary = _summary(suspect, captured)
             reason = f"{suspect.idle}; {summary}" if summary else suspect.reason
             if self._record(suspect, reason[:MAX_REASON_CHARS]):
                 self._cancel(suspect.backend, suspect.external_id)
@@ -129,15 +144,6 @@ class Watch:
         finally:
             with self._lock:
                 self._in_flight.discard(suspect.job_id)
-
-    def _capture(self, suspect: Suspect) -> str | None:
-        """The stacks summary of a capture made now (service.domain.capture), or None."""
-        try:
-            captured = capture_stacks(self._engine, self._backends, suspect.job_id, "stall")
-        except Exception as error:
-            log.warning("job %s: stacks not captured at its stall: %s", suspect.job_id, error)
-            return None
-        return captured.summary if captured is not None and captured.summary else None
 
     def _record(self, suspect: Suspect, reason: str) -> bool:
         """Flag the job, if it is still the run found stalled and nothing moved since; with
@@ -159,6 +165,16 @@ class Watch:
                 return False
             end_attempt(session, job, Ending(JobState.failed, "hang", f"stalled: {reason}"))
             return True
+
+
+def _summary(suspect: Suspect, captured: Captured) -> str | None:
+    """The stacks summary of the capture made at the stall, or None (it failed, or had none)."""
+    error = captured.exception()
+    if error is not None:
+        log.warning("job %s: stacks not captured at its stall: %s", suspect.job_id, error)
+        return None
+    found = captured.result()
+    return found.summary if found is not None and found.summary else None
 
 
 def judge(job: Job, now: float) -> watchdog.Verdict:

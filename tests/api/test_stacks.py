@@ -7,6 +7,7 @@ ranks: tests/integration/test_stacks_local.py."""
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 import time
 import tracemalloc
@@ -16,7 +17,6 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from service.backends.base import StackRequest
-from service.domain.capture import capture_stacks
 from tests.api.test_cancel import row_is_free_and_flagged
 from tests.conftest import Login
 from tests.fakes import FakeBackend
@@ -211,8 +211,9 @@ def test_one_capture_at_a_time_per_job_shared_by_callers_that_come_meanwhile(
 
     fake.on_stacks = slow
     results: list[Any] = []
+
     def run() -> None:
-        results.append(capture_stacks(runtime.engine, runtime.backends, job_id, "stall"))
+        results.append(runtime.captures.submit(job_id, "alice", "stall").result(timeout=20))
 
     threads = [threading.Thread(target=run) for _ in range(4)]
     for thread in threads:
@@ -260,3 +261,23 @@ def test_a_ranks_host_comes_from_its_activity_file_until_its_placement_is_read(
     assert [rank["host"] for rank in capture["ranks"]] == ["n1", "n2", "n1"]
     assert capture["summary"].startswith("rank 1 on n2 ")
     assert "ranks 0, 2 on n1 wait in all_reduce" in capture["summary"]
+
+
+def test_a_flight_recorder_dump_with_a_5000_digit_int_notes_its_rank_and_answers_200(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    """Issue 43, finding 9: Python's int-to-text limit made the route 500."""
+    job_id = hung_job(api, fake)
+    files = fake.specs[job_id].files
+    last = {"collective_seq_id": 7, "profiling_name": "nccl:all_reduce", "state": "started"}
+    good = {"version": "2.10", "entries": [{**last, "process_group": ("0", "default_pg")}]}
+    hostile = {"version": "2.10", "entries": [{**last, "pg_id": 10**5000 - 1}]}  # 5,000 digits
+    for rank, dump in ((0, good), (1, hostile), (2, good)):
+        files.flight_recorder(rank).write_bytes(pickle.dumps(dump, protocol=2))
+
+    capture = stacks(api, job_id)
+
+    notes = {rank["rank"]: rank["note"] for rank in capture["ranks"]}
+    assert notes[0] is None and notes[2] is None
+    assert "flight recorder dump could not be read" in notes[1]
+    assert capture["groups"][0]["ranks"] == [1]  # its stacks read as ever

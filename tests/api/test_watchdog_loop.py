@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -15,16 +16,17 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.config import Settings
+from service.domain import capture
 from tests.fakes import FakeBackend
-from tests.support import JOBS, authorize, get_job, runtime_of, submit, wait_for, wait_state
+from tests.support import JOBS, authorize, get_job, login_headers, runtime_of, wait_for, wait_state
 from worker.spec import JobFiles
 
 LATER_S = 100.0  # how far the watchdog's clock is moved on: past the threshold below
 WATCH = {"stall_after_s": 30}
 
 
-@pytest.fixture
-def quiet_api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) -> Iterator[TestClient]:
+@contextmanager
+def quiet_service(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) -> Iterator[TestClient]:
     """The service with reconcile loops that never tick on their own: the test drives each tick."""
     fake.poll_interval_s = fake_slurm.poll_interval_s = 3600.0
     with TestClient(create_app(settings, backends={"local": fake, "slurm": fake_slurm})) as client:
@@ -32,15 +34,24 @@ def quiet_api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) ->
         yield authorize(client)
 
 
+@pytest.fixture
+def quiet_api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) -> Iterator[TestClient]:
+    with quiet_service(settings, fake, fake_slurm) as client:
+        yield client
+
+
 def tick(api: TestClient) -> None:
     runtime_of(api).reconciler.reconcile_once("local")
 
 
-def running(api: TestClient, **fields: Any) -> int:
-    job_id = int(submit(api, name="watched", **{"watchdog": WATCH, **fields})["id"])
-    wait_state(api, job_id, "submitted")
+def running(api: TestClient, headers: dict[str, str] | None = None, **fields: Any) -> int:
+    body = {"name": "watched", "entrypoint": "worker.tasks.seed:ddp_step", "watchdog": WATCH, **fields}
+    response = api.post(JOBS, json=body, headers=headers)
+    assert response.status_code == 201, response.text
+    job_id = int(response.json()["id"])
+    wait_state(api, job_id, "submitted", headers=headers)
     tick(api)
-    assert get_job(api, job_id)["state"] == "running"
+    assert get_job(api, job_id, headers)["state"] == "running"
     return job_id
 
 
@@ -121,3 +132,38 @@ def test_a_fault_of_the_watchdog_costs_no_job_anything(
     assert job["state"] == "running" and job["progress"]["step"] == 3
     assert "broke" not in (job["reason"] or "")
     assert reconciler.watch_bulkhead.faults_total == 4
+
+
+def test_one_users_stalling_jobs_do_not_delay_another_users_stall_past_one_capture(
+    settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43, finding 7: the captures at stalls are served owners in turn. Ranks that ignore the
+    signal make each capture last WAIT_S (1 s here); alice's 8 stalling jobs are queued before bob's
+    one with on_stall "fail" on 2 capture threads, and bob's still fails about as soon as alone."""
+    monkeypatch.setattr(capture, "WAIT_S", 1.0)
+    two = settings.model_copy(update={"capture_threads": 2})
+    with quiet_service(two, fake, fake_slurm) as api:
+        bob = login_headers(api.app, "bob")
+        quiet = time_to_fail(api, fake, running(api, headers=bob, **FAIL), bob)
+        later(api, 0)
+        alices = [running(api) for _ in range(8)]
+        for job_id in alices:
+            stand_still(fake, job_id)
+        busy = time_to_fail(api, fake, running(api, headers=bob, **FAIL), bob)
+
+        assert busy < quiet + capture.WAIT_S, (quiet, busy)  # before: about 4 captures more
+        flagged = lambda: all(get_job(api, job_id)["stalled_at"] for job_id in alices)  # noqa: E731
+        wait_for(flagged, 20, "alice's stalls flagged too")
+
+
+FAIL = {"watchdog": {**WATCH, "on_stall": "fail"}, "retries": {"max": 0}}
+
+
+def time_to_fail(api: TestClient, fake: FakeBackend, job_id: int, headers: dict[str, str]) -> float:
+    """How long from the tick that finds `job_id` stalled until it has failed as hang."""
+    stand_still(fake, job_id)
+    later(api, LATER_S)
+    started = time.monotonic()
+    tick(api)
+    wait_state(api, job_id, "failed", timeout=30, headers=headers)
+    return time.monotonic() - started

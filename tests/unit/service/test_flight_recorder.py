@@ -124,3 +124,22 @@ def test_hostile_entries_cost_their_entry_only() -> None:
     for _ in range(60):  # a pickle whose objects share themselves: 2**60 paths, few bytes
         nested = [nested, nested]
     assert parse_flight_recorder(pickle.dumps({"version": "2.10", "entries": nested}, protocol=2)) is not None
+
+
+HUGE = 10**5000 - 1  # 5,000 digits: past Python's int-to-text limit (4,300)
+
+
+@pytest.mark.parametrize("value", [
+    {"version": "2.10", "entries": [{**entry(0, 1, "started"), "pg_id": HUGE, "process_group": None}]},
+    {"version": "2.10", "entries": [entry(0, HUGE, "started")]},
+    {"version": "2.10", "entries": [], "pg_status": {HUGE: {"last_enqueued_collective": 1}}},
+    {"version": "2.10", "entries": [{**entry(0, 1, "started"), "frames": [{"line": -HUGE}]}]},
+])  # fmt: skip
+def test_a_dump_holding_a_number_of_absurd_size_is_refused_not_raised(value: dict[str, Any]) -> None:
+    assert parse_flight_recorder(pickle.dumps(value, protocol=2)) is None
+    text = '{"version": "2.10", "entries": [{"collective_seq_id": ' + "9" * 5000 + "}]}"
+    assert parse_flight_recorder(text.encode()) is None
+    protocol_0 = b"(dp0\nVversion\np1\nV2.10\np2\nsVentries\np3\n(lp4\nL" + b"9" * 5000 + b"L\nas."
+    assert parse_flight_recorder(protocol_0) is None
+    large = {"version": "2.10", "entries": [{**entry(0, 1, "started"), "time_created_ns": 10**39}]}
+    assert parse_flight_recorder(pickle.dumps(large, protocol=2)) is not None  # large, not absurd
