@@ -202,7 +202,10 @@ def where_in(stack: list[tuple[str, int, str]], library: tuple[str, ...]) -> str
     return None
 
 
-BUSY_SHARE = 0.2  # of a core, between two samples: the main thread is working, not waiting
+# Of a core, between two samples: the main thread is working, not waiting. Low, because a working rank
+# on an oversubscribed node gets only its share of a core (a tenth, with ten busy threads a core),
+# while a rank that waits (a sleep, a collective whose peer is missing) spends next to nothing.
+BUSY_SHARE = 0.03
 
 
 def _cpu_clock_of(thread_ident: int | None) -> int | None:

@@ -273,3 +273,18 @@ def test_a_rank_that_cannot_be_watched_still_runs(tmp_path: Path) -> None:
         install_stack_dumps(JobFiles(tmp_path), 0, 1, "n1")  # logs, does not raise
     finally:
         uninstall_stack_dumps()
+
+
+@pytest.mark.parametrize(("cpu_share", "worked"), [(0.06, True), (0.5, True), (0.005, False), (0.0, False)])
+def test_a_main_thread_working_on_a_crowded_node_counts_as_working(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_share: float, worked: bool
+) -> None:
+    """A healthy rank computing on a node with 16 busy threads a core gets a sixteenth of one: it
+    works, though at the same stack every sample; a waiting rank spends next to nothing."""
+    sampler = ActivitySampler(tmp_path / "activity", attempt=1, rank=0, host="h1")
+    sampler._cpu_clock = 7
+    cpu = iter([10.0, 10.0 + 5.0 * cpu_share])
+    monkeypatch.setattr("worker.stacks.time.clock_gettime", lambda clock: next(cpu))
+
+    assert sampler._main_thread_worked(100.0) is False  # the first sample only notes the clock
+    assert sampler._main_thread_worked(105.0) is worked
