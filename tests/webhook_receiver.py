@@ -1,7 +1,7 @@
 """A real HTTP receiver for webhooks on 127.0.0.1 (a ThreadingHTTPServer on a thread of the test): it
-records every POST (headers, raw body) and answers with the statuses it is told, 200 once they run out
-(a 3xx with a Location, anything else with a body, both carrying a token that must not leak). And a
-slow-drip receiver that answers a byte a second, never done."""
+records every POST (headers, raw body, when it came) and answers with the statuses it is told, 200 once
+they run out (a 3xx with a Location, anything else with a body, both carrying a token that must not
+leak). And a slow-drip receiver that answers a byte a second, never done."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    arrived_at: float = field(default_factory=time.time)  # when its body was read (wall clock)
 
     @property
     def json(self) -> dict[str, Any]:
