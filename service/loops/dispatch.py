@@ -41,7 +41,7 @@ from service.ledger.db import write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
 from service.ledger.sql import id_conditions
-from service.loops import sweep_claims
+from service.loops import fair_claims, sweep_claims
 from service.loops.code_prep import CodePreparation, Unpacking
 from service.loops.recovery import CLAIM_TTL, ClaimRecovery, due
 from service.states import DISPATCHABLE_STATES, JobState, is_terminal
@@ -156,14 +156,15 @@ class Dispatcher:
             unpacking = self._code.waiting()  # not claimed again until their code copy is made
             waiting = and_(due(), col(Job.claimed_by).is_(None), col(Job.id).not_in(unpacking))
             seen = sweep_claims.room_left(session, waiting, self._backends)
+            candidates = and_(waiting, sweep_claims.not_full(seen))
+            turns = fair_claims.owners_in_turn(candidates, self._settings.dispatch_batch_size)
             query = (
                 core_select(*_CLAIM_COLUMNS)
-                .where(waiting, sweep_claims.not_full(seen))
+                .where(waiting, col(Job.id).in_(turns))
                 .order_by(col(Job.id))
-                .limit(self._settings.dispatch_batch_size)
                 .with_for_update(skip_locked=True)
             )
-            found = list(session.connection().execute(query).mappings())
+            found = fair_claims.in_owners_turn(list(session.connection().execute(query).mappings()))
             room = sweep_claims.room_now(session, [row["sweep_id"] for row in found], self._backends)
             rows = sweep_claims.within_room(found, room)
             rest = sweep_claims.rest_of_sweeps(rows, self._backends, room)
