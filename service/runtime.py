@@ -64,7 +64,7 @@ class Runtime:
         backends = backends if backends is not None else make_backends(settings)
         dispatcher = Dispatcher(engine, backends, settings)
         intake = JobIntake(engine, str(jobs_root(settings)), dispatcher.wake)
-        reconciler = Reconciler(engine, backends)
+        reconciler = Reconciler(engine, backends, settings.ending_files_grace_s)
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)
         reader = LedgerReader(engine)

@@ -122,6 +122,7 @@ def settings(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         default_backend="local",
         reconcile_interval_s=0.05,
         local_reconcile_interval_s=0.05,
+        ending_files_grace_s=0.2,  # a few ticks: short, so that endings without files are not waited on
         dispatch_interval_s=0.05,
         max_nodes=4,
         max_tasks_per_node=8,
