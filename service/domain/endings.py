@@ -107,7 +107,9 @@ def settle(
     if status.state is JobState.timeout or _ran_out_of_time(job):
         return Ending(JobState.timeout, "timeout", status.reason or "exceeded its time limit")
     if status.state is JobState.cancelled:
-        return Ending(JobState.cancelled, "cancel", status.reason or "cancelled")
+        # A user's cancel reads the same whether this tick or the cancel's own transition ends it.
+        reason = CANCELLED_BY_USER if job.cancel_requested else status.reason or "cancelled"
+        return Ending(JobState.cancelled, "cancel", reason)
     if files_may_follow:
         return None
     code = f" (exit code {status.exit_code})" if status.exit_code is not None else ""
