@@ -113,5 +113,6 @@ step job-python job_python
 step ruff "$PY/ruff" check .
 # `ruff format --check` is left out while parts of the tree are not formatted yet.
 step mypy "$PY/mypy"
-step pytest "$PY/pytest" -p no:cacheprovider "$@"
+# --durations: every run says where its time went (the slowest 50 tests and fixtures).
+step pytest "$PY/pytest" -p no:cacheprovider --durations=50 "$@"
 finish

@@ -31,6 +31,9 @@ class Settings(BaseSettings):
 
     reconcile_interval_s: float = Field(2.0, gt=0, description="Seconds between scheduler queries.")
     local_reconcile_interval_s: float = Field(0.25, gt=0, description="Local jobs are cheap to check.")
+    ending_files_grace_s: float = Field(
+        2.0, ge=0, description="How long an attempt the scheduler says ended waits for its ranks' files."
+    )
     dispatch_interval_s: float = Field(1.0, gt=0, description="Retry period for queued jobs.")
     dispatch_batch_size: int = Field(100, ge=1)
 

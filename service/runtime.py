@@ -67,7 +67,7 @@ class Runtime:
         dispatcher = Dispatcher(engine, backends, settings)
         intake = JobIntake(engine, str(jobs_root(settings)), dispatcher.wake)
         captures = Captures(engine, backends, settings)
-        reconciler = Reconciler(engine, backends, captures)
+        reconciler = Reconciler(engine, backends, captures, settings.ending_files_grace_s)
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)
         reader = LedgerReader(engine)

@@ -33,16 +33,28 @@ def missing_dependency(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def wait_for(probe: Callable[[], T | None], timeout: float = 10.0, what: str = "condition") -> T:
-    """Poll `probe` until it returns something truthy; fail the test after `timeout` seconds."""
+# A deadline for what the service does in well under a second when the machine is quiet. CI shares 2
+# cores between the suite, its PostgreSQL and the service's threads: 10 s was once too short there
+# (test_polling, test_cancel), and waiting longer costs a passing test nothing.
+WAIT_S = 30.0
+MOST_PAUSE_S = 0.05  # between looks, once the first few found nothing
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float = WAIT_S, what: str = "condition") -> T:
+    """Poll `probe` until it returns something truthy; fail the test after `timeout` seconds.
+
+    The pause between looks grows from 5 ms to MOST_PAUSE_S: a probe is often a request to the service
+    in this process, and looking every 10 ms took the GIL from the very threads being waited for."""
     deadline = time.monotonic() + timeout
+    pause = 0.005
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last value {value!r}")
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(MOST_PAUSE_S, pause * 1.5)
 
 
 class PostgresServer:
@@ -165,7 +177,7 @@ def wait_state(
     client: TestClient,
     job_id: int,
     state: str,
-    timeout: float = 10.0,
+    timeout: float = WAIT_S,
     headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Wait until the ledger shows the job in `state` (the service's loops move it)."""

@@ -125,8 +125,9 @@ def _run_script(spec: RunSpec, env: RankEnv, contexts: list[JobContext]) -> Any:
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *spec.args]
     sys.path.insert(0, str(script.parent))
-    log.info("running script %s %s (master %s:%d)", script, " ".join(spec.args), env.master_addr,
-             env.master_port)
+    log.info(
+        "running script %s %s (master %s:%d)", script, " ".join(spec.args), env.master_addr, env.master_port
+    )
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exit_:
@@ -162,16 +163,23 @@ def _on_failure(spec: RunSpec, env: RankEnv, error: BaseException, preempted: bo
         log.warning("cancelled (KeyboardInterrupt)")
         return
     text = traceback.format_exc()
-    try:
-        write_error(spec.files.error(env.rank), spec.attempt, text)
-    except OSError:
-        log.exception("could not write %s", spec.files.error(env.rank))
+    # An error file this rank wrote during this run (run_rank removed any older one) tells the first
+    # error, the cause; what ends the rank after it, often because of it, goes to the log only. Else
+    # the service's reason would depend on whether it read the file before this line or after it.
+    if spec.files.error(env.rank).exists():
+        log.warning("rank %d already wrote its error file; this one goes to the log only", env.rank)
+    else:
+        try:
+            write_error(spec.files.error(env.rank), spec.attempt, text)
+        except OSError:
+            log.exception("could not write %s", spec.files.error(env.rank))
     log.error("rank %d failed:\n%s", env.rank, text)
     _arm_exit_watchdog(EXIT_GRACE_S)
 
 
 def _arm_exit_watchdog(grace_s: float) -> None:
     """End this process with status 1 if it has not exited `grace_s` from now (a hung teardown)."""
+
     def _exit() -> None:
         log.error("still alive %.0fs after failing; exiting hard", grace_s)
         logging.shutdown()

@@ -171,8 +171,8 @@ class LocalBackend:
         """Nothing to tell: the reconciler looks for a job's result itself, between its polls."""
 
     def close(self) -> None:
-        """Forget the handles; a cancel's pending SIGKILL keeps its own, and each watch thread reaps its
-        controller when it ends."""
+        """Forget the handles; a cancel's pending SIGKILL keeps its own, and each reaper thread reaps
+        its controller when it ends."""
         with self._lock:
             self._processes.clear()
 
@@ -187,7 +187,24 @@ class LocalBackend:
         external_id = str(process.pid)
         with self._lock:
             self._processes[external_id] = process
+        reaper = threading.Thread(target=self._reap_when_ended, args=(process,), name=f"reap-{process.pid}")
+        reaper.daemon = True
+        reaper.start()
         return SubmitOutcome(job_id=spec.job_id, external_id=external_id)
+
+    def _reap_when_ended(self, process: subprocess.Popen[bytes]) -> None:
+        """Wait for the controller to end, then reap it under the lock: a job the reconciler stops
+        polling (ended by a rank's error, cancelled) would otherwise stay a zombie for good.
+
+        The wait leaves the child unreaped (WNOWAIT), so its PID stays its own until the reap, which
+        happens under the lock as every signal to its group does; Popen keeps the exit status for
+        the next poll to report."""
+        try:
+            os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # reaped already, by a poll
+            return
+        with self._lock:
+            process.poll()
 
     def _start(self, spec: RunSpec) -> subprocess.Popen[bytes]:
         """Start the job's controller (submitit's, which starts and watches the ranks) and give it
@@ -296,5 +313,3 @@ def signal_group(pgid: int, signum: int) -> None:
 def _ended(exit_code: int | None) -> BackendStatus:
     """The controller is gone; the job folder's files say how it went (the reconciler reads them)."""
     return BackendStatus(JobState.succeeded, reason="process ended", exit_code=exit_code)
-
-

@@ -54,8 +54,9 @@ class Ending:
 
 STACKS_TOLD: frozenset[EndingKind | None] = frozenset({"node_failure", "timeout"})
 # A rank's own error that is a collective giving up on its peers (gloo's words): the stacks say why.
-COLLECTIVE_TIMEOUT = re.compile(r"timed out waiting \d+ ?ms for (recv|send)|collective operation timeout",
-                                re.IGNORECASE)
+COLLECTIVE_TIMEOUT = re.compile(
+    r"timed out waiting \d+ ?ms for (recv|send)|collective operation timeout", re.IGNORECASE
+)
 
 
 def with_stacks(ending: Ending, summary: str | None) -> Ending:
@@ -87,8 +88,13 @@ def from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:
     return Ending(JobState.failed, "node_failure", reason)
 
 
-def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -> Ending:
-    """The ending of an attempt whose processes have ended, from the scheduler's word and the files."""
+def settle(
+    job: Job, files: JobFiles, status: BackendStatus, backend: Backend, *, files_may_follow: bool = False
+) -> Ending | None:
+    """The ending of an attempt whose processes have ended, from the scheduler's word and the files.
+
+    None while `files_may_follow` (service.loops.files_grace) and neither the folder nor the scheduler
+    names the cause: a rank's error file or rank 0's result may not be visible here yet."""
     result = read_result(files, job.run_attempt)
     if result is not None and status.state in (JobState.succeeded, JobState.failed):
         return Ending(JobState.succeeded, None, "completed", result["value"])
@@ -101,7 +107,10 @@ def settle(job: Job, files: JobFiles, status: BackendStatus, backend: Backend) -
     if status.state is JobState.timeout or _ran_out_of_time(job):
         return Ending(JobState.timeout, "timeout", status.reason or "exceeded its time limit")
     if status.state is JobState.cancelled:
+        # A user's cancel: the transitions door names it so, whoever ends the job.
         return Ending(JobState.cancelled, "cancel", status.reason or "cancelled")
+    if files_may_follow:
+        return None
     code = f" (exit code {status.exit_code})" if status.exit_code is not None else ""
     if status.exit_code == SIGKILL_EXIT:
         reason = f"every rank was killed without a word{code}: out of memory, most likely"

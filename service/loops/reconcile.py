@@ -4,8 +4,7 @@ Per backend and per interval it makes ONE batched status query for all the jobs 
 API readers never cause one. Several replicas may reconcile the same jobs: each job is updated under
 a row lock (FOR UPDATE SKIP LOCKED on PostgreSQL), and never from a status older than its last change.
 A terminal state from the scheduler is confirmed against the job folder (rank 0's result, the ranks'
-error files) before it is written. Each job's part of a tick runs in its own savepoint
-(service.bulkhead): what one job wrote or raised costs that job, never the tick.
+error files) before it is written. Each job's part of a tick runs in its own savepoint (a bulkhead).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from service.ledger.db import session_scope, write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
 from service.ledger.sql import id_conditions
+from service.loops.files_grace import FilesGrace
 from service.loops.progress import ingest_progress
 from service.loops.watch import Watch, stacks_summary
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
@@ -42,14 +42,8 @@ from worker.spec import JobFiles
 
 log = logging.getLogger(__name__)
 
-WATCHED_COLUMNS = (
-    col(Job.id),
-    col(Job.external_id),
-    col(Job.state),
-    col(Job.reason),
-    col(Job.folder),
-    col(Job.expected_start_at),
-)
+WATCHED_COLUMNS = (col(Job.id), col(Job.external_id), col(Job.state), col(Job.reason), col(Job.folder),
+                   col(Job.expected_start_at))  # fmt: skip
 # SLURM's backfill pass moves a waiting job's estimate by seconds; writing each move would restamp
 # (and so re-send to every follower) a long queue every pass.
 ESTIMATE_SLACK = timedelta(seconds=60)
@@ -62,8 +56,11 @@ MAX_LEDGER_BACKOFF_S = 5.0  # the database is down: it is ours, and the ledger s
 class Reconciler:
     """One thread per backend, each on its own interval, woken early by its backend."""
 
-    def __init__(self, engine: Engine, backends: Mapping[str, Backend], captures: Captures) -> None:
+    def __init__(
+        self, engine: Engine, backends: Mapping[str, Backend], captures: Captures, grace_s: float
+    ) -> None:
         self._engine = engine
+        self.files_grace = FilesGrace(grace_s)  # an ended attempt's files may show up late
         self._backends = backends
         self._stop = threading.Event()
         self._wakes = {name: threading.Event() for name in backends}
@@ -197,8 +194,7 @@ class Reconciler:
     def _cancel_pending(self, backend_name: str) -> None:
         """Cancel what the ticks decided to stop; what the backend refuses now is asked again next tick
         (a previous attempt left running would share its folder with the next one)."""
-        pending = self._cancels[backend_name]
-        if pending:
+        if pending := self._cancels[backend_name]:
             runs = sorted(pending)  # the watchdog's threads add to it too (_cancel_later)
             self._backends[backend_name].cancel(runs)
             pending.difference_update(runs)
@@ -333,8 +329,12 @@ class Reconciler:
         if not is_terminal(target):
             self._move(session, job, target, status.reason)
             return False
-        ending = settle(job, files, status, self._backends[backend_name])
-        end_attempt(session, job, with_stacks(ending, stacks_summary(session, job)), status.exit_code)
+        waiting = self.files_grace.still_open(job.id or 0)
+        settled = settle(job, files, status, self._backends[backend_name], files_may_follow=waiting)
+        if settled is None:
+            return False  # nothing says how it ended yet: the next tick looks again
+        self.files_grace.forget(job.id or 0)
+        end_attempt(session, job, with_stacks(settled, stacks_summary(session, job)), status.exit_code)
         return False
 
     @staticmethod

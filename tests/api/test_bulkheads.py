@@ -32,6 +32,7 @@ def quiet_api(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) ->
     """The service with reconcile loops that never tick on their own: the test drives each tick (the
     loop between ticks still ends jobs whose result appears)."""
     fake.poll_interval_s = fake_slurm.poll_interval_s = 3600.0
+    settings = settings.model_copy(update={"ending_files_grace_s": 0.0})  # each tick decides what it sees
     with TestClient(create_app(settings, backends={"local": fake, "slurm": fake_slurm})) as client:
         fake.set_wakeup(lambda: None)  # a scripted status wakes no tick of the loop's own
         yield authorize(client)

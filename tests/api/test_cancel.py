@@ -144,3 +144,26 @@ def test_a_cancel_the_scheduler_refuses_leaves_the_job_running_and_can_be_retrie
     fake.cancel = real_cancel  # type: ignore[method-assign]
     assert cancel(api, job_id)["state"] == "cancelled"
     assert cancelled_events(api, job_id) == 1
+
+
+def test_a_cancel_the_reconciler_sees_first_still_reads_cancelled_by_user(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    """The scheduler's word that the job was cancelled can reach a reconcile tick between the cancel's
+    call to the scheduler and its own transition (under load, often). The reason must not depend on
+    which writes first: pipelines recognise a user's cancel by it."""
+    job_id = submit(api)["id"]
+    wait_state(api, job_id, "running")
+    real_cancel = fake.cancel
+
+    def cancel_then_tick(external_ids: Sequence[str]) -> None:
+        real_cancel(external_ids)
+        runtime_of(api).reconciler.reconcile_once("local")  # the tick that comes first
+
+    fake.cancel = cancel_then_tick  # type: ignore[method-assign]
+
+    ended = cancel(api, job_id)
+
+    assert (ended["state"], ended["reason"]) == ("cancelled", "cancelled by user")
+    assert get_job(api, job_id)["reason"] == "cancelled by user"
+    assert cancelled_events(api, job_id) == 1

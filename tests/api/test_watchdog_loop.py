@@ -29,6 +29,7 @@ WATCH = {"stall_after_s": 30}
 def quiet_service(settings: Settings, fake: FakeBackend, fake_slurm: FakeBackend) -> Iterator[TestClient]:
     """The service with reconcile loops that never tick on their own: the test drives each tick."""
     fake.poll_interval_s = fake_slurm.poll_interval_s = 3600.0
+    settings = settings.model_copy(update={"ending_files_grace_s": 0.0})  # each tick decides what it sees
     with TestClient(create_app(settings, backends={"local": fake, "slurm": fake_slurm})) as client:
         fake.set_wakeup(lambda: None)
         yield authorize(client)

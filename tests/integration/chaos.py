@@ -184,8 +184,11 @@ def check_chaos(
     assert all(one["state"] in TERMINAL_STATE_NAMES for one in hostile), ends
     for one in hostile:
         assert "\x00" not in (one["reason"] or "")
-    assert ends["hostile-nul-in-error"][0] == "failed" and "ValueError" in (
-        ends["hostile-nul-in-error"][1] or ""
+    nul_state, nul_reason = ends["hostile-nul-in-error"]
+    assert nul_state == "failed" and "ValueError" in (nul_reason or ""), (
+        "hostile-nul-in-error",
+        nul_state,
+        nul_reason,
     )
     assert ends["hostile-planted-tools"][0] == "succeeded", ends["hostile-planted-tools"]
     as_root = sorted(mark.name for mark in marks.iterdir() if mark.name.endswith("-as-0"))
