@@ -121,7 +121,44 @@ def session_scope(engine: Engine) -> Iterator[Session]:
             raise
 
 
-_sqlite_writers: weakref.WeakKeyDictionary[Engine, threading.Lock] = weakref.WeakKeyDictionary()
+class TurnLock:
+    """A lock taken in the order it was asked for. threading.Lock lets the thread that releases it
+    take it again before a waiter wakes, so a writer in a loop (a fan-out's chunks, a burst of
+    commits) could keep another user's write waiting for the whole loop: here each waits at most
+    for the writers that asked before it."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self._next_ticket = 0
+        self._serving = 0
+        self._left: set[int] = set()  # tickets whose waiter gave up (an exception while it waited)
+
+    def __enter__(self) -> None:
+        with self._changed:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            try:
+                while ticket != self._serving:
+                    self._changed.wait()
+            except BaseException:  # given up: its turn is passed on, or the turns would stop here
+                self._left.add(ticket)
+                self._pass_on()
+                raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._changed:
+            self._serving += 1
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        """Skip the turns of those who gave up, and wake the waiters to look whose turn it is."""
+        while self._serving in self._left:
+            self._left.discard(self._serving)
+            self._serving += 1
+        self._changed.notify_all()
+
+
+_sqlite_writers: weakref.WeakKeyDictionary[Engine, TurnLock] = weakref.WeakKeyDictionary()
 _writers_guard = threading.Lock()
 _turns_held = threading.local()  # .engines: ids of the engines whose turn this thread holds
 
@@ -134,8 +171,8 @@ def write_scope(engine: Engine) -> Iterator[Session]:
     SQLite lets one writer in at a time and makes the others wait in its busy handler, which sleeps
     between tries (up to 100 ms a sleep). Under a burst of POSTs the intake commits again and again,
     and the dispatcher's claim waited many sleeps for a turn. So on SQLite this process's
-    writers take turns on a lock, and the next one starts as soon as the last commits. PostgreSQL
-    locks rows, not the database: no lock there.
+    writers take turns on a lock, in the order they asked (TurnLock), and the next one starts as
+    soon as the last commits. PostgreSQL locks rows, not the database: no lock there.
     """
     with writer_turn(engine), session_scope(engine) as session:
         if is_sqlite(str(engine.url)):
@@ -161,7 +198,7 @@ def writer_turn(engine: Engine) -> Iterator[None]:
     if id(engine) in held:
         raise RuntimeError("a write scope inside another on this thread would wait for itself")
     with _writers_guard:
-        lock = _sqlite_writers.setdefault(engine, threading.Lock())
+        lock = _sqlite_writers.setdefault(engine, TurnLock())
     with lock:
         held.add(id(engine))
         try:
