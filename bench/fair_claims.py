@@ -15,9 +15,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from sqlalchemy import ColumnElement, Select, String, cast, insert, literal, update
+from sqlalchemy import ColumnElement, String, Subquery, cast, insert, literal, update
 from sqlalchemy import select as core_select
 from sqlmodel import col
 
@@ -56,9 +55,9 @@ class TimedBackend:
         return outcomes
 
 
-def by_id(candidates: ColumnElement[bool], most: int) -> Select[Any]:
-    """The claim before fair_claims: the oldest queued jobs, whoever owns them."""
-    return core_select(col(Job.id)).where(candidates).order_by(col(Job.id)).limit(most)
+def by_id(candidates: ColumnElement[bool]) -> Subquery:
+    """The claim before fair_claims: the oldest queued jobs, whoever owns them (each its own turn)."""
+    return core_select(col(Job.id), col(Job.id).label("turn")).where(candidates).subquery("turns")
 
 
 def queue(url: str, data: Path, flood: int) -> int:
@@ -93,15 +92,15 @@ def alice_waits(url: str | None, flood: int, cost_s: float, fair: bool) -> float
         engine = make_engine(ledger)
         backend = TimedBackend(cost_s, alice)
         dispatcher = Dispatcher(engine, {"local": backend}, settings)  # type: ignore[dict-item]
-        kept = fair_claims.owners_in_turn
-        fair_claims.owners_in_turn = kept if fair else by_id
+        kept = fair_claims.turns
+        fair_claims.turns = kept if fair else by_id
         try:
             started = time.perf_counter()
             while backend.handed_at is None:
                 dispatcher.dispatch_once()
             return backend.handed_at - started
         finally:
-            fair_claims.owners_in_turn = kept
+            fair_claims.turns = kept
             engine.dispose()
 
 
