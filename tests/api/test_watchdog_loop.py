@@ -140,7 +140,9 @@ def test_one_users_stalling_jobs_do_not_delay_another_users_stall_past_one_captu
 ) -> None:
     """Issue 43, finding 7: the captures at stalls are served owners in turn. Ranks that ignore the
     signal make each capture last WAIT_S (1 s here); alice's 8 stalling jobs are queued before bob's
-    one with on_stall "fail" on 2 capture threads, and bob's still fails about as soon as alone."""
+    one with on_stall "fail" on 2 capture threads. In turn, bob's capture waits for one of alice's
+    under way to end (up to WAIT_S); first come first served, it waited four rounds of them (4 s).
+    The bound sits between the two, with room for a loaded machine."""
     monkeypatch.setattr(capture, "WAIT_S", 1.0)
     two = settings.model_copy(update={"capture_threads": 2})
     with quiet_service(two, fake, fake_slurm) as api:
@@ -152,7 +154,7 @@ def test_one_users_stalling_jobs_do_not_delay_another_users_stall_past_one_captu
             stand_still(fake, job_id)
         busy = time_to_fail(api, fake, running(api, headers=bob, **FAIL), bob)
 
-        assert busy < quiet + capture.WAIT_S, (quiet, busy)  # before: about 4 captures more
+        assert busy < quiet + 2.5 * capture.WAIT_S, (quiet, busy)  # before: about 4 captures more
         flagged = lambda: all(get_job(api, job_id)["stalled_at"] for job_id in alices)  # noqa: E731
         wait_for(flagged, 20, "alice's stalls flagged too")
 
