@@ -178,7 +178,9 @@ def test_a_waiter_whose_capture_outlives_its_deadline_gets_409_with_retry_after(
 
     assert answer.status_code == 409 and answer.headers["Retry-After"] == "3"
     assert "did not end within 2 s" in answer.json()["detail"][0]["msg"]
-    assert took < 2.0 + captures.SLACK_S + 1.0  # not the 60 s a sharer used to sit
+    # The deadline's 2 s, not the 60 s a sharer used to sit; the rest is room for a loaded machine's
+    # request (4.6 s was seen in a CI run beside other tests).
+    assert took < 2.0 + captures.SLACK_S + 5.0
     wait_for(lambda: live.runtime.captures.under_way() == 0, 10, "the capture to end")
     again = alice.get(f"{JOBS}/{job_id}/stacks", params={"capture": "false"})
     assert again.status_code == 200 and again.json()["fresh"] is False  # what it captured is kept
