@@ -57,6 +57,18 @@ class JobFiles:
         "gpu"} (parse_placement), so the service knows where each rank of the attempt runs."""
         return self.folder / "placement" / f"rank{rank}.json"
 
+    @property
+    def restarts(self) -> Path:
+        """JSON lines appended by the job's supervisor (worker.supervisor), one per restart in place
+        and one when it gives up: {"attempt", "restart", "outcome", "cause", ...} (parse_restart_line)."""
+        return self.folder / "restarts.jsonl"
+
+    @property
+    def restart_request(self) -> Path:
+        """Written atomically by the service (its watchdog, for a hung attempt): {"attempt", "run",
+        "cause", "detail"} (parse_restart_request); the supervisor restarts that run in place."""
+        return self.folder / "restart-request.json"
+
     def rendezvous(self, key: str) -> Path:
         """Written atomically by rank 0 before the others connect: {"addr", "port", "host", "pid"}.
 

@@ -242,3 +242,95 @@ def parse_activity(text: str) -> RankActivity | None:
     where = clean_text(where, MAX_WHERE_CHARS) if isinstance(where, str) and where else None
     return RankActivity(attempt=attempt, rank=rank, host=host, pid=pid, time=time,
                         changed_at=min(changed_at, time), where=where)  # fmt: skip
+
+
+# ---------------------------------------------------------------- restarts in place (worker.supervisor)
+
+RESTART_OUTCOMES = ("restarted", "gave_up")
+RESTART_CAUSES = ("node_failure", "hang", "failure")
+MAX_RESTART_TEXT = 500  # a restart record's detail and reason
+MAX_RESTART_NODES = 1024
+
+
+class RestartRecord(BaseModel):
+    """A line of restarts.jsonl, written by the job's supervisor (it runs as the job's account, so the
+    service reads it as any file the job wrote: parse_restart_line).
+
+    - outcome "restarted": restart number `restart` (1 for the first) of the attempt; the run that was
+      lost (`cause`, the `rank` and `node` first lost, `detail` in words) was stopped at `lost_at` and a
+      new run started on `nodes` at `started_at`, resuming from `resumed_from` (step `resumed_step`).
+    - outcome "gave_up": the attempt ends here and the service settles it as before; `reason` says why
+      it was not restarted in place (restarts spent, too few usable nodes), `restart` how many were done.
+    """
+
+    attempt: int
+    restart: int
+    outcome: str
+    cause: str
+    rank: int | None = None
+    node: str | None = None
+    detail: str = ""
+    lost_at: float | None = None
+    started_at: float | None = None
+    resumed_from: str | None = None
+    resumed_step: int | None = None
+    nodes: list[str] = Field(default_factory=list)
+    max: int | None = None
+    reason: str = ""
+
+
+def parse_restart_line(line: str | bytes) -> RestartRecord | None:
+    """One line of restarts.jsonl as a record; None for a blank, torn or unusable line (a job may write
+    anything there). Texts are cleaned and cut to MAX_RESTART_TEXT, node names that are not short
+    printable text dropped, numbers that are not usable made None."""
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    attempt, restart = _count(data.get("attempt")), _count(data.get("restart"))
+    outcome, cause = data.get("outcome"), data.get("cause")
+    if attempt is None or restart is None or outcome not in RESTART_OUTCOMES or cause not in RESTART_CAUSES:
+        return None
+    node = data.get("node")
+    nodes = data.get("nodes")
+    path = data.get("resumed_from")
+    usable_path = isinstance(path, str) and len(path) <= MAX_PATH_CHARS and not unservable_text(path)
+    return RestartRecord(
+        attempt=attempt, restart=restart, outcome=outcome, cause=cause, rank=_count(data.get("rank")),
+        node=node if _short_text(node, MAX_HOST_CHARS) else None, detail=_restart_text(data.get("detail")),
+        lost_at=_number(data.get("lost_at")), started_at=_number(data.get("started_at")),
+        resumed_from=path if usable_path else None, resumed_step=_count(data.get("resumed_step")),
+        nodes=[one for one in nodes[:MAX_RESTART_NODES] if _short_text(one, MAX_HOST_CHARS)]
+        if isinstance(nodes, list) else [],
+        max=_count(data.get("max")), reason=_restart_text(data.get("reason")),
+    )
+
+
+class RestartRequest(BaseModel):
+    """restart-request.json, written by the service: restart run `run` (0: the attempt's first run,
+    k: the run after restart k) of `attempt` in place, because of `cause`."""
+
+    attempt: int
+    run: int
+    cause: str
+    detail: str = ""
+
+
+def parse_restart_request(text: str | bytes) -> RestartRequest | None:
+    """The request in restart-request.json, None for a torn or unusable one."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    attempt, run, cause = _count(data.get("attempt")), _count(data.get("run")), data.get("cause")
+    if attempt is None or run is None or cause not in RESTART_CAUSES:
+        return None
+    return RestartRequest(attempt=attempt, run=run, cause=cause, detail=_restart_text(data.get("detail")))
+
+
+def _restart_text(value: Any) -> str:
+    return clean_text(value, MAX_RESTART_TEXT) if isinstance(value, str) else ""

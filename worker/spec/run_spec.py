@@ -17,6 +17,7 @@ ENTRYPOINT_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_
 SLURM_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"
 # A node feature expression for sbatch --constraint: names joined by & | , with counts and brackets.
 SLURM_CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.\-&|,*\[\]()]+$"
+MAX_SPARE_NODES = 64
 CODE_ID_PREFIX = "sha256:"
 CODE_ID_PATTERN = rf"^{CODE_ID_PREFIX}[0-9a-f]{{64}}$"  # a code snapshot's id: the SHA-256 of its archive
 
@@ -53,6 +54,11 @@ class Resources(BaseModel):
     account: str | None = Field(None, max_length=128, pattern=SLURM_NAME_PATTERN)
     qos: str | None = Field(None, max_length=128, pattern=SLURM_NAME_PATTERN)
     constraint: str | None = Field(None, max_length=256, pattern=SLURM_CONSTRAINT_PATTERN)
+    spare_nodes: int = Field(
+        0, ge=0, le=MAX_SPARE_NODES,
+        description="SLURM only: nodes more than `nodes` that wait idle in the allocation; a restart in place "
+        "takes one in place of a lost node, so the world size stays the same.",
+    )
 
     @property
     def world_size(self) -> int:
@@ -93,6 +99,33 @@ class CheckpointPolicy(BaseModel):
 
     keep_last: int | None = Field(None, ge=1, le=100_000, description="Keep the newest N checkpoints.")
     keep_best: KeepBest | None = Field(None, description="Also keep the best one by a reported metric.")
+
+
+RestartCause = Literal["node_failure", "hang", "failure"]
+DEFAULT_RESTART_ON: tuple[RestartCause, ...] = ("node_failure", "hang")  # not the job's own exception
+MAX_RESTARTS = 100
+
+
+class RestartPolicy(BaseModel):
+    """When an attempt is restarted in place (every rank stopped and started again inside the same
+    allocation, from the newest whole checkpoint), by the job's own supervisor (worker.supervisor)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max: int = Field(2, ge=0, le=MAX_RESTARTS, description="Restarts in place per attempt; 0: none.")
+    on: list[RestartCause] = Field(
+        default_factory=lambda: list(DEFAULT_RESTART_ON),
+        max_length=3,
+        description="What is restarted in place: node_failure (a rank vanished or its node was lost), hang "
+        "(the watchdog found it stalled, with `watchdog.on_stall: fail`), failure (the job's own exception).",
+    )
+
+    @field_validator("on")
+    @classmethod
+    def _each_once(cls, value: list[RestartCause]) -> list[RestartCause]:
+        if len(set(value)) != len(value):
+            raise ValueError("names a cause twice")
+        return value
 
 
 MIN_STALL_AFTER_S = 15.0  # three of a rank's activity samples (worker.stacks samples every 5 s)
@@ -163,6 +196,7 @@ class RunSpec(BaseModel):
     code: str | None = Field(None, pattern=CODE_ID_PATTERN)  # unpacked in JobFiles.code by the service
     python: str | None = None  # the interpreter the ranks run; None: the service's job Python
     watchdog: Watchdog | None = None  # the service's stall rules; the ranks ignore it
+    restarts: RestartPolicy = Field(default_factory=RestartPolicy)  # the supervisor's (worker.supervisor)
     upstream: list[UpstreamJob] = Field(default_factory=list)  # the jobs it ran after, in `after` order
     # The same over the job's retries and requeues, and unique beyond this ledger's ids (a new ledger
     # counts from 1 again): what an experiment tracker resumes one run by. Empty: `job-<id>`.
