@@ -298,13 +298,22 @@ def parse_restart_line(line: str | bytes) -> RestartRecord | None:
     path = data.get("resumed_from")
     usable_path = isinstance(path, str) and len(path) <= MAX_PATH_CHARS and not unservable_text(path)
     return RestartRecord(
-        attempt=attempt, restart=restart, outcome=outcome, cause=cause, rank=_count(data.get("rank")),
-        node=node if _short_text(node, MAX_HOST_CHARS) else None, detail=_restart_text(data.get("detail")),
-        lost_at=_number(data.get("lost_at")), started_at=_number(data.get("started_at")),
-        resumed_from=path if usable_path else None, resumed_step=_count(data.get("resumed_step")),
+        attempt=attempt,
+        restart=restart,
+        outcome=outcome,
+        cause=cause,
+        rank=_count(data.get("rank")),
+        node=node if _short_text(node, MAX_HOST_CHARS) else None,
+        detail=_restart_text(data.get("detail")),
+        lost_at=_number(data.get("lost_at")),
+        started_at=_number(data.get("started_at")),
+        resumed_from=path if usable_path else None,
+        resumed_step=_count(data.get("resumed_step")),
         nodes=[one for one in nodes[:MAX_RESTART_NODES] if _short_text(one, MAX_HOST_CHARS)]
-        if isinstance(nodes, list) else [],
-        max=_count(data.get("max")), reason=_restart_text(data.get("reason")),
+        if isinstance(nodes, list)
+        else [],
+        max=_count(data.get("max")),
+        reason=_restart_text(data.get("reason")),
     )
 
 

@@ -55,9 +55,11 @@ class Resources(BaseModel):
     qos: str | None = Field(None, max_length=128, pattern=SLURM_NAME_PATTERN)
     constraint: str | None = Field(None, max_length=256, pattern=SLURM_CONSTRAINT_PATTERN)
     spare_nodes: int = Field(
-        0, ge=0, le=MAX_SPARE_NODES,
-        description="SLURM only: nodes more than `nodes` that wait idle in the allocation; a restart in place "
-        "takes one in place of a lost node, so the world size stays the same.",
+        0,
+        ge=0,
+        le=MAX_SPARE_NODES,
+        description="SLURM only: nodes more than `nodes` that wait idle in the allocation; a restart in "
+        "place takes one in place of a lost node, so the world size stays the same.",
     )
 
     @property
