@@ -219,8 +219,9 @@ def authorize(client: TestClient, user: str = "alice", admin: bool = False) -> T
 
 
 def rank_pid(folder: str, rank: int, rank_variable: str) -> int:
-    """The process of `rank` of the job in `folder`: its ranks run submitit's `_submit <folder>/submitit`
-    and carry their rank in `rank_variable` (SLURM_PROCID, SUBMITIT_LOCAL_GLOBALID)."""
+    """The process of `rank` of the job in `folder`: the job's supervisor starts each rank as
+    `python -m worker.rank_main <folder>/spec.json`, with its rank in `rank_variable` (SLURM_PROCID,
+    SUBMITIT_LOCAL_GLOBALID)."""
     marker = f"{rank_variable}={rank}\0".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -230,7 +231,7 @@ def rank_pid(folder: str, rank: int, rank_variable: str) -> int:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if folder.encode() in cmdline and marker in environ and b"_submit" in cmdline:
+        if folder.encode() in cmdline and marker in environ and b"worker.rank_main" in cmdline:
             return int(entry.name)
     raise AssertionError(f"no process of rank {rank} of {folder}")
 

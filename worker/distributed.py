@@ -34,6 +34,10 @@ UNSET_PORT = 0  # RankEnv.master_port before the rendezvous has chosen the port
 
 LOCAL_MASTER_ADDR = "127.0.0.1"
 
+# Set by the job's supervisor (worker.supervisor) on every rank it starts:
+RUN_ENV = "TORCHYARD_RUN"  # which run of the ranks in this allocation: 0, then 1 after a restart in place
+REQUEUES_ENV = "TORCHYARD_REQUEUES"  # how often submitit handed the supervisor back (local requeues)
+
 PEER_GRACE_S = 5.0  # after a failed rendezvous: how long the other ranks may take to fail by themselves
 PEER_KILL_S = 3.0  # then SIGINT, and SIGKILL this long after it (as the local backend's cancel does)
 
@@ -58,6 +62,7 @@ class RankEnv:
     gpu: int | None = None
     visible_gpus: tuple[str, ...] = ()
     restart: int = 0  # SLURM_RESTART_COUNT, or how often submitit's local controller requeued the job
+    run: int = 0  # restarts in place before this run of the ranks (RUN_ENV)
 
     @property
     def is_main(self) -> bool:
@@ -110,12 +115,15 @@ def scheduler_job_id(environ: Mapping[str, str], *, fallback: int | str) -> str:
 
 
 def derive_rank_env(environ: Mapping[str, str], *, job_id: int | str, gpus_per_node: int,
-                    requeues: int = 0) -> RankEnv:
+                    requeues: int | None = None) -> RankEnv:
     """This rank's RankEnv from the scheduler's variables (see rank_source for which source wins).
 
-    `requeues`: how many times the launcher was handed back through checkpoint(); it is the restart
-    count everywhere but on SLURM, where SLURM_RESTART_COUNT counts every requeue (whoever asked).
+    `requeues`: how many times the launcher was handed back through checkpoint() (default: the
+    supervisor's REQUEUES_ENV); it is the restart count everywhere but on SLURM, where
+    SLURM_RESTART_COUNT counts every requeue (whoever asked). RUN_ENV numbers the runs in place.
     """
+    if requeues is None:
+        requeues = _count(environ.get(REQUEUES_ENV))
     source = rank_source(environ)
     if source == "torchrun":
         env = _from_torchrun(environ, str(job_id))
@@ -126,11 +134,15 @@ def derive_rank_env(environ: Mapping[str, str], *, job_id: int | str, gpus_per_n
     else:
         env = RankEnv(0, 1, 0, 1, 0, LOCAL_MASTER_ADDR, UNSET_PORT, "single", str(job_id))
     restart = int(environ.get("SLURM_RESTART_COUNT") or 0) if source == "slurm" else requeues
-    env = replace(env, restart=restart)
+    env = replace(env, restart=restart, run=_count(environ.get(RUN_ENV)))
     _validate(env)
     gpu, visible = bind_gpu(environ, local_rank=env.local_rank, local_world_size=env.local_world_size,
                             gpus_per_node=gpus_per_node)
     return replace(env, gpu=gpu, visible_gpus=visible)
+
+
+def _count(value: str | None) -> int:
+    return int(value) if value is not None and value.isascii() and value.isdigit() else 0
 
 
 def guess_rank(environ: Mapping[str, str]) -> int:

@@ -51,7 +51,7 @@ class RankLauncher:
         try:
             job_id = scheduler_job_id(os.environ, fallback=spec.job_id)
             env = derive_rank_env(os.environ, job_id=job_id, gpus_per_node=spec.resources.gpus_per_node,
-                                  requeues=self.requeues)
+                                  requeues=self.requeues or None)  # 0: the supervisor's count
         except Exception:
             # Without a rank we cannot do anything sensible; leave the reason where the service looks.
             rank = guess_rank(os.environ)
@@ -98,6 +98,48 @@ class RankLauncher:
                 f"name={spec.name!r})")
 
 
+class Supervisor:
+    """What submitit runs once per allocation (the local controller's one task, SLURM's batch script):
+    the job's supervisor, which starts the ranks and restarts them in place (worker.supervisor).
+
+    Torch-free, as RankLauncher is; only the RunSpec's JSON is kept. `requeues` counts the times
+    checkpoint() handed this attempt back (submitit's requeue on preemption or time-out)."""
+
+    requeues: int = 0
+
+    def __init__(self, spec: RunSpec | str, *, requeues: int = 0) -> None:
+        self.spec_json = spec if isinstance(spec, str) else spec.model_dump_json()
+        self.requeues = requeues
+
+    @property
+    def spec(self) -> RunSpec:
+        return RunSpec.model_validate_json(self.spec_json)
+
+    def __call__(self) -> None:
+        from worker.supervisor import run_supervised
+
+        spec = self.spec
+        setup_logging(-1)
+        take_cancel_signal()
+        run_supervised(spec, requeues=self.requeues)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called by submitit when the job is preempted or times out: what to requeue, resuming from
+        the newest whole checkpoint (saved by the entrypoint; nothing is saved here, in a handler)."""
+        from submitit.helpers import DelayedSubmission
+
+        spec = self.spec
+        latest = spec.files.latest_checkpoint()
+        if latest is not None:
+            spec = spec.model_copy(update={"resume_from": str(latest)})
+        log.info("requeueing job %s attempt %d, resume_from=%s", spec.job_id, spec.attempt, spec.resume_from)
+        return DelayedSubmission(Supervisor(spec, requeues=self.requeues + 1))
+
+    def __repr__(self) -> str:
+        spec = self.spec
+        return f"Supervisor(job_id={spec.job_id}, attempt={spec.attempt}, requeues={self.requeues})"
+
+
 class _RankFilter(logging.Filter):
     """Drops submitit's own records (it has its handlers) so they are not printed twice."""
 
@@ -106,13 +148,15 @@ class _RankFilter(logging.Filter):
 
 
 def setup_logging(rank: int, level: int = logging.INFO) -> None:
-    """One stderr handler on the root logger whose lines start with `[rank N]`; idempotent."""
+    """One stderr handler on the root logger whose lines start with `[rank N]` (`[supervisor]` for a
+    negative rank); idempotent."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_torchyard_rank", None) is not None:
             root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s %(name)s: %(message)s"))
+    who = "supervisor" if rank < 0 else f"rank {rank}"
+    handler.setFormatter(logging.Formatter(f"[{who}] %(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_RankFilter())
     handler._torchyard_rank = rank  # type: ignore[attr-defined]
     root.addHandler(handler)

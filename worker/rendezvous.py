@@ -67,19 +67,22 @@ class Endpoint:
 
 
 def rendezvous_key(env: RankEnv, attempt: int) -> str:
-    """`<scheduler job id>-a<attempt>-r<restart>`: the same on every rank, new for every run of the ranks.
+    """`<scheduler job id>-a<attempt>-r<restart>[-p<run>]`: the same on every rank, new for every run of
+    the ranks.
 
     - the scheduler's job id: the SLURM job id (array tasks `<array>_<task>`), or the local controller's
       PID, unique among live processes; either stays the same through a requeue;
     - attempt: the service's attempt number, new for every retry in the same job folder;
     - restart (RankEnv.restart): SLURM_RESTART_COUNT, which every requeue bumps whoever asked for it;
       locally the number of times RankLauncher.checkpoint() handed the job back, the only way
-      submitit's local controller restarts its tasks.
+      submitit's local controller restarts its tasks;
+    - run (RankEnv.run): the restarts in place before this run (worker.supervisor), when there were any.
     What is left: a later local controller that is handed a dead one's PID AND runs the same attempt of
     the same job in the same folder, which the service does not do.
     """
     job = re.sub(r"[^A-Za-z0-9_.\-]", "_", env.job_id) or "job"
-    return f"{job}-a{attempt}-r{env.restart}"
+    run = f"-p{env.run}" if env.run else ""
+    return f"{job}-a{attempt}-r{env.restart}{run}"
 
 
 def publish(path: Path, endpoint: Endpoint) -> None:

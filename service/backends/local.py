@@ -35,7 +35,7 @@ from service.backends.submitit_adapter import CONTROLLER_MARK, local_controller,
 from service.jobfs import SUBMITTED_SUFFIX, log_file, remove_from, rename_in, write_new_file
 from service.programs import run_bounded
 from service.states import JobState
-from worker.launch import RankLauncher
+from worker.launch import Supervisor
 from worker.spec import JobFiles, RunSpec, ascii_int
 
 log = logging.getLogger(__name__)
@@ -219,11 +219,11 @@ class LocalBackend:
         folder = spec.files.submitit.absolute()
         timeout_min = int(spec.resources.timeout_min)
         staged = f".pickle-{uuid.uuid4().hex}.tmp"
-        write_new_file(folder, staged, pickled_call(RankLauncher(spec.model_dump_json()), timeout_min))
+        write_new_file(folder, staged, pickled_call(Supervisor(spec.model_dump_json()), timeout_min))
         controller = local_controller(
             environment.python,
             str(folder),
-            tasks=spec.resources.tasks_per_node,
+            tasks=1,  # the job's supervisor, which starts the ranks (worker.supervisor)
             gpus=spec.resources.gpus_per_node,
             timeout_min=timeout_min,
         )

@@ -27,20 +27,12 @@ from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
 from service.states import EndingKind, JobState
 from worker.hostlist import expand_hostlist
-from worker.spec import JobFiles
+from worker.spec import LOST_PEER, JobFiles
 
 # Reasons other modules recognise a job's ending by (service.domain.pipeline_state reads them back).
 CANCELLED_BY_USER = "cancelled by user"  # the reason of every job a user's cancel ends
 DEPENDENCY = "dependency job "  # how a job cancelled by a dependency that cannot be met says why
 
-# What the ranks that survive a lost peer raise: gloo's and NCCL's words for a vanished process.
-LOST_PEER = re.compile(
-    r"connection (closed|reset) by peer|broken pipe|communicator was aborted|remote process exited"
-    r"|watchdog caught collective operation timeout|DistNetworkError|(recv|send)Bytes failed"
-    r"|socket timeout|ProcessGroupNCCL.*(error|abort)"
-    r"|wait timeout after|waiting for clients",  # the rendezvous store: a rank never joined
-    re.IGNORECASE,
-)
 SIGKILL_EXIT = 137  # 128 + 9: the kernel's OOM killer, or `kill -9`
 
 

@@ -28,12 +28,12 @@ LOG_NAME = re.compile(r"^.+_log\.(out|err)$")  # submitit's per-rank logs: what 
 
 def log_name(external_id: str, rank: int, stream: str = "out") -> str:
     """submitit's `<id>_<rank>_log.out|err`; an array element's id is `<array>_<index>`."""
-    return f"{external_id}_{rank}_log.{stream}"
+    return JobFiles(Path(".")).rank_log(external_id, rank, stream).name
 
 
 def log_file(folder: Path, external_id: str, rank: int, stream: str = "out") -> Path:
     """Where submitit writes rank `rank`'s log of the run `external_id` of the job in `folder`."""
-    return JobFiles(folder).submitit / log_name(external_id, rank, stream)
+    return JobFiles(folder).rank_log(external_id, rank, stream)
 
 
 def submitted_name(external_id: str) -> str:

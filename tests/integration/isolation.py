@@ -44,6 +44,8 @@ BASE_KEYS = {
     "TMPDIR", "TORCHYARD_JOB_DIR", "TORCHYARD_CHECKPOINT_DIR", "OMP_NUM_THREADS",
     # worker.runner.identity_vars: the job, its run (for experiment trackers) and attempt, its upstream
     "TORCHYARD_JOB_ID", "TORCHYARD_RUN_ID", "TORCHYARD_ATTEMPT", "TORCHYARD_UPSTREAM",
+    # worker.supervisor: which run of the ranks in the allocation, and the requeues before it
+    "TORCHYARD_RUN", "TORCHYARD_REQUEUES",
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
 }  # fmt: skip
 # What the scheduler adds: submitit's local controller, or SLURM (SLURM_*, SLURMD_NODENAME, SRUN_DEBUG).

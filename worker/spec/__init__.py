@@ -32,6 +32,7 @@ from worker.spec.job_files import (
 from worker.spec.records import (
     ACTIVITY_INTERVAL_S,
     ERROR_ATTEMPT_PREFIX,
+    LOST_PEER,
     MAX_COUNT,
     MAX_HOST_CHARS,
     MAX_METRIC_NAME_CHARS,
@@ -92,6 +93,7 @@ __all__ = [
     "ERROR_ATTEMPT_PREFIX",
     "JOB_DIR_ENV",
     "JOB_ID_ENV",
+    "LOST_PEER",
     "MAX_COUNT",
     "MAX_DIGITS",
     "MAX_HOST_CHARS",

@@ -118,6 +118,12 @@ class JobFiles:
         """submitit's own folder: pickles and per-rank logs (`<id>_<rank>_log.out|err`)."""
         return self.folder / "submitit"
 
+    def rank_log(self, external_id: str, rank: int, stream: str = "out") -> Path:
+        """Rank `rank`'s stdout (`out`) or stderr (`err`) in the run `external_id` (the scheduler's id:
+        a SLURM job, `<array>_<index>`, a local controller's PID): submitit's names, which the
+        supervisor keeps for the ranks it starts. The supervisor's own lines go to rank 0's."""
+        return self.submitit / f"{external_id}_{rank}_log.{stream}"
+
     def checkpoint_file(self, epoch_or_step: int) -> Path:
         """Where rank 0 saves the checkpoint of this epoch or step (zero-padded, so names sort)."""
         return self.checkpoints / f"ckpt-{epoch_or_step:08d}.pt"

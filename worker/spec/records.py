@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,15 @@ from pydantic import BaseModel, Field, model_validator
 
 from worker.spec.cleaning import ascii_int, clean_text, storable, unservable_text
 
+# What the ranks that survive a lost peer raise: gloo's and NCCL's words for a vanished process. The
+# service tells a job's own failure from a lost rank by it, and so does the job's supervisor.
+LOST_PEER = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|communicator was aborted|remote process exited"
+    r"|watchdog caught collective operation timeout|DistNetworkError|(recv|send)Bytes failed"
+    r"|socket timeout|ProcessGroupNCCL.*(error|abort)"
+    r"|wait timeout after|waiting for clients",  # the rendezvous store: a rank never joined
+    re.IGNORECASE,
+)
 ERROR_ATTEMPT_PREFIX = "attempt: "  # the first line of an error file: `attempt: <n>`
 MAX_COUNT = 2**31 - 1  # steps and attempts: the ledger keeps them in 32-bit INTEGER columns
 PROGRESS_KEYS = ("step", "total", "metrics", "time", "attempt")  # a progress line, as ctx.report writes it

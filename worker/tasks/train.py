@@ -58,7 +58,6 @@ def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int 
     if first_loss is None:
         first_loss = evaluate(model, dataset, ctx.device)
 
-    ddp = DistributedDataParallel(model, device_ids=ctx.device_ids)
     sampler: DistributedSampler[Any] = DistributedSampler(dataset, shuffle=True, seed=seed)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     total = epochs * len(loader)
@@ -67,8 +66,14 @@ def train(ctx: JobContext, epochs: int = 5, samples: int = 512, batch_size: int 
     began, first_step = time.perf_counter(), step
     for epoch in range(start_epoch, epochs):
         sampler.set_epoch(epoch)  # a new, agreed shuffle every epoch
+        # A new DDP wrapper every epoch: DDP lays its gradient buckets out anew after its first step, and
+        # with 3 or more ranks the order gloo sums a bucket's chunks in follows that layout. A run
+        # resumed at an epoch boundary starts a fresh wrapper there; so does an uninterrupted one, and
+        # the two stay equal bit for bit (2 ranks are, either way: a + b == b + a).
+        ddp = DistributedDataParallel(model, device_ids=ctx.device_ids)
         step = _train_epoch(ctx, ddp, optimizer, loader, epoch, step, total, report_every, sleep_per_step,
                             timing)
+        del ddp  # its reducer's hooks go with it, before the next epoch's wrapper adds its own
         final_loss = evaluate(model, dataset, ctx.device)
         with timing.measure("report_s"):
             ctx.report(step, total=total, loss=final_loss, epoch=epoch)

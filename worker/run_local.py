@@ -1,0 +1,102 @@
+"""Runs of the ranks on this machine: the supervisor (under submitit's local controller) starts one
+process per rank, `python -m worker.rank_main <spec>`, as submitit's controller started its tasks
+(the same SUBMITIT_LOCAL_* variables, the same per-rank log files), and watches them itself.
+
+The ranks stay in the controller's process group, so the local backend's cancel (SIGINT, then
+SIGKILL, to the group) and its stacks signal (SIGURG) reach them as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from worker.distributed import REQUEUES_ENV, RUN_ENV
+from worker.spec import RunSpec
+from worker.supervisor import RunEnd, classify
+
+log = logging.getLogger("worker.supervisor")
+
+STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL this long after: a stopped run leaves nothing to finish
+
+
+class LocalRuns:
+    """Runs on this machine, one process per rank."""
+
+    def __init__(self, spec: RunSpec, *, requeues: int, external_id: str) -> None:
+        self.spec = spec
+        self.requeues = requeues
+        self.external_id = external_id  # the controller's PID: the job's id, and its logs' names
+
+    def hosts(self) -> list[str]:
+        return [socket.gethostname()]
+
+    def start(self, spec_path: Path, run: int, hosts: list[str]) -> LocalRun:
+        ranks = self.spec.resources.world_size  # one node
+        processes = {}
+        for rank in range(ranks):
+            env = {
+                **os.environ,
+                "SUBMITIT_LOCAL_GLOBALID": str(rank),
+                "SUBMITIT_LOCAL_LOCALID": str(rank),
+                "SUBMITIT_LOCAL_NTASKS": str(ranks),
+                RUN_ENV: str(run),
+                REQUEUES_ENV: str(self.requeues),
+            }
+            files = self.spec.files
+            with open(files.rank_log(self.external_id, rank, "out"), "ab") as out, \
+                    open(files.rank_log(self.external_id, rank, "err"), "ab") as err:
+                # cwd "/": `-m` puts the working folder first on sys.path, and the job's folder holds
+                # what the job wrote; the rank moves to its folder itself (worker.launch.apply_env).
+                processes[rank] = subprocess.Popen(
+                    [sys.executable, "-u", "-m", "worker.rank_main", str(spec_path)],
+                    env=env, stdout=out, stderr=err, cwd="/")
+        log.info("run %d: %d ranks started (pids %s)", run, ranks, [p.pid for p in processes.values()])
+        return LocalRun(self.spec, processes, hosts[0] if hosts else socket.gethostname())
+
+
+class LocalRun:
+    """One run's rank processes."""
+
+    def __init__(self, spec: RunSpec, processes: dict[int, subprocess.Popen[bytes]], host: str) -> None:
+        self.spec = spec
+        self.processes = processes
+        self.host = host
+
+    def ended(self) -> RunEnd | None:
+        codes = {rank: process.poll() for rank, process in self.processes.items()}
+        if all(code == 0 for code in codes.values()):
+            return RunEnd(ok=True)
+        failed = {rank: code for rank, code in codes.items() if code is not None and code != 0}
+        if not failed:
+            return None
+        time.sleep(0.05)  # a killed rank's peers fail within milliseconds: see which went first
+        codes = {rank: process.poll() for rank, process in self.processes.items()}
+        exits = {rank: code for rank, code in codes.items() if code is not None}
+        end = classify(exits, self.spec.files, self.spec.attempt, dict.fromkeys(self.processes, self.host))
+        self.stop()
+        return end
+
+    def stop(self) -> None:
+        alive = [process for process in self.processes.values() if process.poll() is None]
+        for process in alive:
+            _signal(process, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in alive:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(process, signal.SIGKILL)
+                process.wait()
+
+
+def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signum)
