@@ -11,6 +11,7 @@ Failure policy, so that no rank waits forever for a dead peer:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from worker.checkpoints import CheckpointWriteError
 from worker.context import JobContext, set_current
 from worker.distributed import RankEnv, init_process_group, teardown
 from worker.files import atomic_write_text, write_error, write_placement, write_result
@@ -57,7 +59,7 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
         else:
             value = _run_script(spec, env, contexts)
         for ctx in contexts:
-            ctx.close()  # progress lines land before the result does
+            ctx.close()  # the last checkpoint whole and the progress lines landed before the result
         if env.is_main:
             write_result(files.result, spec.attempt, value)
             log.info("result written to %s", files.result)
@@ -67,7 +69,9 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
         raise
     finally:
         for ctx in contexts:
-            ctx.close()
+            # A failed run's own error is the one to tell; a checkpoint write that failed too was logged.
+            with contextlib.suppress(CheckpointWriteError):
+                ctx.close()
         set_current(None)
         teardown()
 
