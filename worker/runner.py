@@ -11,7 +11,6 @@ Failure policy, so that no rank waits forever for a dead peer:
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import logging
@@ -65,15 +64,25 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
             log.info("result written to %s", files.result)
         return value
     except BaseException as error:
+        _close(contexts)  # the last checkpoint whole before the service hears of the failure
         _on_failure(spec, env, error, preempted is not None and preempted.is_set())
         raise
     finally:
-        for ctx in contexts:
-            # A failed run's own error is the one to tell; a checkpoint write that failed too was logged.
-            with contextlib.suppress(CheckpointWriteError):
-                ctx.close()
+        _close(contexts)
         set_current(None)
         teardown()
+
+
+def _close(contexts: list[JobContext]) -> None:
+    """Close each context (again: it is idempotent) on the way out of a failed run, whose own error is
+    the one to tell: a checkpoint write that failed too was logged when it failed."""
+    for ctx in contexts:
+        try:
+            ctx.close()
+        except CheckpointWriteError:
+            pass
+        except OSError:  # progress lines that could not be written must not hide the run's error
+            log.warning("could not close the job context", exc_info=True)
 
 
 def identity_vars(spec: RunSpec) -> dict[str, str]:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.unit.worker.test_worker_context import make
+from tests.unit.worker.test_worker_errors import run_script
 from worker import checkpoints
 from worker.checkpoints import CheckpointWriteError
 from worker.context import JobContext
@@ -123,6 +124,7 @@ from pathlib import Path
 import torch
 from worker import checkpoints
 from tests.unit.worker.test_worker_context import make
+from tests.unit.worker.test_worker_errors import run_script
 
 folder, where = Path(sys.argv[1]), sys.argv[2]
 ctx = make(folder)
@@ -180,3 +182,40 @@ def test_a_rank_killed_while_it_writes_leaves_the_previous_checkpoint_the_latest
     assert torch.load(latest, weights_only=True)["step"] == 1  # what a restart loads
     resumed = make(folder)
     assert resumed.resume_from is not None and resumed.resume_from.resolve() == latest.resolve()
+
+
+SAVES_THEN = """
+from worker.context import current
+current().save_checkpoint({"step": 4}, 4)
+"""
+
+
+class SlowSave:
+    """torch.save that takes a while, noting which of the rank's own files existed once it was done."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, files: JobFiles) -> None:
+        self.files = files
+        self.seen: list[tuple[bool, bool]] = []
+        self._save = torch.save
+        monkeypatch.setattr(checkpoints.torch, "save", self)
+
+    def __call__(self, obj: Any, handle: Any) -> None:
+        time.sleep(0.5)
+        self._save(obj, handle)
+        self.seen.append((self.files.result.exists(), self.files.error(0).exists()))
+
+
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+def test_the_run_s_last_checkpoint_is_whole_before_its_result_or_error_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ends: str
+) -> None:
+    slow = SlowSave(monkeypatch, JobFiles(tmp_path))
+    body = SAVES_THEN + ("raise KeyError('after the save')\n" if ends == "raises" else "")
+    if ends == "raises":
+        spec = run_script(tmp_path, monkeypatch, body)
+        assert spec.files.error(0).exists()
+    else:
+        spec = run_script(tmp_path, monkeypatch, body, fails=False)
+        assert spec.files.result.exists()
+    assert slow.seen == [(False, False)]  # written before the runner told the service how it ended
+    assert spec.files.latest_checkpoint() == spec.files.checkpoint_file(4)
