@@ -109,6 +109,18 @@ def write_whole(state: Any, path: Path) -> None:
         raise
 
 
+def remove_unfinished(files: JobFiles) -> None:
+    """Remove the temp files of writes that never finished (a rank 0 killed while it wrote): they are
+    never listed, but they count against the job's disk. Called when rank 0 starts, the only writer."""
+    if not files.checkpoints.is_dir():
+        return
+    for path in files.checkpoints.iterdir():
+        if path.name.startswith(".ckpt-") and ".pt.tmp-" in path.name:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # a name in the job's own folder: a link goes, never its target
+            log.info("removed %s, left by a write that never finished", path.name)
+
+
 def prune(files: JobFiles, policy: CheckpointPolicy) -> None:
     """Delete the checkpoints (and their notes) that `policy` does not keep."""
     saved = files.saved_checkpoints()

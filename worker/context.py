@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from worker.checkpoints import CheckpointWriter
+from worker.checkpoints import CheckpointWriter, remove_unfinished
 from worker.distributed import RankEnv
 from worker.files import ProgressWriter
 from worker.gpu_stats import GpuSampler
@@ -78,6 +78,8 @@ class JobContext:
                                          else self.files.latest_checkpoint())
         self._progress = ProgressWriter(self.files.progress, interval_s=progress_interval_s)
         self._checkpoints = CheckpointWriter(self.files, self._progress, self.checkpoint_policy, self.attempt)
+        if self.is_main:
+            remove_unfinished(self.files)  # what a rank 0 killed mid-write left: no other writes now
         self._last_metrics: dict[str, float | None] = {}  # rank 0's latest reported value of each metric
         self._metric_names: set[str] = set()  # every name rank 0 has reported, up to MAX_METRIC_NAMES
         self._told_of_names = False

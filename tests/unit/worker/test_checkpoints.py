@@ -182,6 +182,7 @@ def test_a_rank_killed_while_it_writes_leaves_the_previous_checkpoint_the_latest
     assert torch.load(latest, weights_only=True)["step"] == 1  # what a restart loads
     resumed = make(folder)
     assert resumed.resume_from is not None and resumed.resume_from.resolve() == latest.resolve()
+    assert not any(".tmp-" in name for name in os.listdir(files.checkpoints))  # the restart cleared the half
 
 
 SAVES_THEN = """
