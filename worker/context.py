@@ -18,12 +18,9 @@ them unconditionally.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,17 +29,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from worker.checkpoints import CheckpointWriter, remove_unfinished
 from worker.distributed import RankEnv
-from worker.files import ProgressWriter, atomic_write_text
+from worker.files import ProgressWriter
 from worker.gpu_stats import GpuSampler
 from worker.spec import (
     MAX_METRIC_NAMES,
     MAX_METRICS_PER_LINE,
-    CheckpointPolicy,
     RunSpec,
     UpstreamJob,
     metrics_problem,
-    parse_checkpoint_note,
 )
 
 log = logging.getLogger(__name__)
@@ -81,6 +77,9 @@ class JobContext:
         self.resume_from: Path | None = (recorded if recorded is not None and recorded.is_file()
                                          else self.files.latest_checkpoint())
         self._progress = ProgressWriter(self.files.progress, interval_s=progress_interval_s)
+        self._checkpoints = CheckpointWriter(self.files, self._progress, self.checkpoint_policy, self.attempt)
+        if self.is_main:
+            remove_unfinished(self.files)  # what a rank 0 killed mid-write left: no other writes now
         self._last_metrics: dict[str, float | None] = {}  # rank 0's latest reported value of each metric
         self._metric_names: set[str] = set()  # every name rank 0 has reported, up to MAX_METRIC_NAMES
         self._told_of_names = False
@@ -140,50 +139,26 @@ class JobContext:
                         "is dropped", MAX_METRIC_NAMES, new[room])  # fmt: skip
         return {name: value for name, value in values.items() if name in self._metric_names}
 
-    def save_checkpoint(self, state: dict[str, Any], epoch_or_step: int) -> Path:
-        """Rank 0: torch.save `state` to checkpoints/ckpt-<n>.pt atomically and record it in progress.
+    def save_checkpoint(self, state: dict[str, Any], epoch_or_step: int, *, wait: bool = False) -> Path:
+        """Rank 0: copy `state` in memory and write it to checkpoints/ckpt-<n>.pt in the background.
 
-        The progress line {"checkpoint": path, "step": n, "time", "attempt"} is written at once (not
-        buffered), after the file is complete, so the ledger never names a half-written checkpoint.
-        A note beside it (ckpt-<n>.json) keeps the metrics last reported before it, which `keep_best`
-        compares; then the job's checkpoint policy deletes what it does not keep (never this one).
+        Training is held only for the copy: tensors detached and copied to CPU (into buffers kept from
+        the previous save), containers rebuilt, other values deep-copied. A background thread then
+        writes the file (temp, fsync, rename), the note beside it (ckpt-<n>.json: the metrics last
+        reported, which `keep_best` compares), the progress line {"checkpoint", "step", "time",
+        "attempt"}, and lets the job's checkpoint policy delete what it does not keep (never this
+        one). Only once its note is written is a checkpoint listed or resumed from, so a rank killed
+        mid-write leaves none that a restart would load (worker.checkpoints).
+
+        The path returned names the file it will be: whole once the write ends. `wait=True` returns
+        only then; so does the next save, which first waits for the one before (at most one copy in
+        memory besides the live state), and close(), which the launcher calls before it writes the
+        result. A write that failed is raised (CheckpointWriteError) by the next save or by close().
         Other ranks save nothing and get the same path back.
         """
-        path = self.files.checkpoint_file(epoch_or_step).resolve()
         if not self.is_main:
-            return path
-        temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(temp, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-        now = time.time()
-        note = {"step": int(epoch_or_step), "metrics": self._last_metrics, "time": now,
-                "attempt": self.attempt}
-        atomic_write_text(self.files.checkpoint_note(path), json.dumps(note) + "\n")
-        self._progress.append({"checkpoint": str(path), "step": int(epoch_or_step), "time": now,
-                               "attempt": self.attempt})
-        self._progress.flush()
-        log.info("saved checkpoint %s", path)
-        if self.checkpoint_policy is not None:
-            self._prune_checkpoints(self.checkpoint_policy)
-        return path
-
-    def _prune_checkpoints(self, policy: CheckpointPolicy) -> None:
-        saved = self.files.saved_checkpoints()
-        notes = {path: self._note_metrics(path) for _, path in saved} if policy.keep_best else {}
-        for path in checkpoints_to_remove([path for _, path in saved], notes, policy):
-            for name in (path, self.files.checkpoint_note(path)):
-                with contextlib.suppress(FileNotFoundError):
-                    name.unlink()  # a name in the job's own folder: a link goes, never its target
-            log.info("removed checkpoint %s (checkpoint policy)", path)
-
-    def _note_metrics(self, checkpoint: Path) -> dict[str, float | None]:
-        try:
-            return parse_checkpoint_note(self.files.checkpoint_note(checkpoint).read_text())
-        except (OSError, UnicodeDecodeError):
-            return {}
+            return self.files.checkpoint_file(epoch_or_step).resolve()
+        return self._checkpoints.save(state, epoch_or_step, self._last_metrics, wait=wait)
 
     def load_checkpoint(self, *, weights_only: bool = True) -> dict[str, Any] | None:
         """The state saved at resume_from (on CPU), or None when this attempt starts from scratch."""
@@ -219,32 +194,20 @@ class JobContext:
         return box[0]
 
     def close(self) -> None:
-        """Write the progress lines still queued (the launcher calls this on the way out)."""
+        """Wait for the checkpoint being written and write the progress lines still queued (the
+        launcher calls this on the way out, before the result). Raises CheckpointWriteError when that
+        checkpoint could not be written (once: a second close does not)."""
         if self._gpus is not None:
             self._gpus.close()
-        self._progress.close()
+        try:
+            self._checkpoints.wait()
+        finally:
+            self._progress.close()
 
     def __repr__(self) -> str:
         return (f"JobContext(job_id={self.job_id}, attempt={self.attempt}, "
                 f"rank={self.rank}/{self.world_size}, local_rank={self.local_rank}, "
                 f"node_rank={self.node_rank}, device={self.device})")
-
-
-def checkpoints_to_remove(saved: list[Path], metrics: dict[Path, dict[str, float | None]],
-                          policy: CheckpointPolicy) -> list[Path]:
-    """Which of `saved` (oldest first) `policy` lets go: all but the newest `keep_last` (the newest
-    always stays: a restart resumes from it) and the best by `keep_best` among those whose note has
-    the metric. Nothing goes when the policy has neither rule."""
-    if policy.keep_last is None and policy.keep_best is None:
-        return []
-    kept = set(saved[-(policy.keep_last or 1):])
-    if policy.keep_best is not None:
-        name, sign = policy.keep_best.metric, 1.0 if policy.keep_best.goal == "min" else -1.0
-        scored = [(sign * value, index, path) for index, path in enumerate(saved)
-                  if (value := metrics.get(path, {}).get(name)) is not None]
-        if scored:
-            kept.add(min(scored)[2])  # a tie: the older one, which reached that value first
-    return [path for path in saved if path not in kept]
 
 
 _current: JobContext | Callable[[], JobContext] | None = None  # the rank's, or how to make it

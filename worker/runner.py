@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from worker.checkpoints import CheckpointWriteError
 from worker.context import JobContext, set_current
 from worker.distributed import RankEnv, init_process_group, teardown
 from worker.files import atomic_write_text, write_error, write_placement, write_result
@@ -57,19 +58,31 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
         else:
             value = _run_script(spec, env, contexts)
         for ctx in contexts:
-            ctx.close()  # progress lines land before the result does
+            ctx.close()  # the last checkpoint whole and the progress lines landed before the result
         if env.is_main:
             write_result(files.result, spec.attempt, value)
             log.info("result written to %s", files.result)
         return value
     except BaseException as error:
+        _close(contexts)  # the last checkpoint whole before the service hears of the failure
         _on_failure(spec, env, error, preempted is not None and preempted.is_set())
         raise
     finally:
-        for ctx in contexts:
-            ctx.close()
+        _close(contexts)
         set_current(None)
         teardown()
+
+
+def _close(contexts: list[JobContext]) -> None:
+    """Close each context (again: it is idempotent) on the way out of a failed run, whose own error is
+    the one to tell: a checkpoint write that failed too was logged when it failed."""
+    for ctx in contexts:
+        try:
+            ctx.close()
+        except CheckpointWriteError:
+            pass
+        except OSError:  # progress lines that could not be written must not hide the run's error
+            log.warning("could not close the job context", exc_info=True)
 
 
 def identity_vars(spec: RunSpec) -> dict[str, str]:

@@ -9,7 +9,8 @@ a note under each cost the job nothing, and a list built from all of them (each 
 read, all sorted) would cost the service gigabytes. So a page costs a bounded walk: at most
 MAX_SCANNED_NAMES names are read from the folder (the answer says when it stopped there), each name
 is parsed for its step without a stat, only the page's entries are kept (a heap), and only those are
-stat-ed and have their notes read.
+stat-ed and have their notes read. A checkpoint is listed only with its note beside it: the one rule
+(worker.spec.checkpoint_is_whole) by which a restart resumes only from a checkpoint written whole.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from service.jobfs.handles import entry, folder_below, open_file
-from worker.spec import CHECKPOINT_NOTE_SUFFIX, CHECKPOINT_PATTERN, JobFiles, parse_checkpoint_note
+from worker.spec import (
+    CHECKPOINT_NOTE_SUFFIX,
+    CHECKPOINT_PATTERN,
+    JobFiles,
+    checkpoint_is_whole,
+    checkpoint_note_name,
+    parse_checkpoint_note,
+)
 
 MAX_NOTE_BYTES = 64 * 1024
 MAX_SCANNED_NAMES = 100_000  # names read from checkpoints/ per request, checkpoints, notes and others
@@ -65,16 +73,33 @@ def scan_checkpoints(
 
 
 def _choose(folder: int, most: int, past: Key | None, newest_first: bool) -> tuple[list[Key], bool]:
-    """The first `most` checkpoints past `past` in the list's order, from the folder's first
+    """The first `most` whole checkpoints past `past` in the list's order, from the folder's first
     MAX_SCANNED_NAMES names, and whether there were more names. Names only: no stat (scandir knows a
-    regular file from its directory entry), no note read."""
+    regular file from its directory entry), no note read. Whole is worker.spec's one rule: the note
+    is there (rank 0 writes it once the file is complete), so a checkpoint half written is not listed."""
+    notes = _NoteNames(folder)
     with os.scandir(folder) as entries:
-        keys = (key for entry in itertools.islice(entries, MAX_SCANNED_NAMES) if (key := _entry_key(entry)))
+        keys = (key for entry in itertools.islice(entries, MAX_SCANNED_NAMES)
+                if (key := _entry_key(entry)) and checkpoint_is_whole(key[1], notes))  # fmt: skip
         if past is not None:
             keys = (key for key in keys if (key < past if newest_first else key > past))
         chosen = heapq.nlargest(most, keys) if newest_first else heapq.nsmallest(most, keys)
         cut = next(entries, None) is not None
     return chosen, cut
+
+
+class _NoteNames:
+    """The notes among the folder's first MAX_SCANNED_NAMES names, read in a pass of their own. Kept
+    as hashes: a few MB at most, where the names themselves (up to 255 bytes each) could be tens; a
+    collision would only list one of the job's own checkpoints that has no note."""
+
+    def __init__(self, folder: int) -> None:
+        with os.scandir(folder) as entries:  # a handle's scandir starts from the top each time
+            self._hashes = {hash(entry.name) for entry in itertools.islice(entries, MAX_SCANNED_NAMES)
+                            if entry.name.endswith(CHECKPOINT_NOTE_SUFFIX)}  # fmt: skip
+
+    def __contains__(self, name: object) -> bool:
+        return hash(name) in self._hashes
 
 
 def _entry_key(entry: os.DirEntry[str]) -> Key | None:
@@ -91,7 +116,7 @@ def _checkpoint(folder: int, step: int, name: str) -> CheckpointFile | None:
 
 
 def _note_metrics(folder: int, checkpoint: str) -> dict[str, float | None]:
-    handle = open_file(checkpoint.removesuffix(".pt") + CHECKPOINT_NOTE_SUFFIX, dir_fd=folder)
+    handle = open_file(checkpoint_note_name(checkpoint), dir_fd=folder)
     if handle is None:
         return {}
     try:

@@ -26,6 +26,7 @@ def job_with_checkpoints(api: TestClient) -> tuple[int, JobFiles]:
     note = {"step": 8, "metrics": {"loss": 0.5}}
     files.checkpoint_note(files.checkpoint_file(8)).write_text(json.dumps(note))
     files.checkpoint_file(16).write_bytes(b"sixteen")
+    files.checkpoint_note(files.checkpoint_file(16)).write_text(json.dumps({"step": 16}))  # no metrics
     return job_id, files
 
 
@@ -43,6 +44,18 @@ def test_the_owner_lists_and_downloads_checkpoints(api: TestClient) -> None:
     assert response.headers["content-type"] == "application/octet-stream"
     assert response.headers["content-length"] == "5000"
     assert 'filename="ckpt-00000008.pt"' in response.headers["content-disposition"]
+
+
+def test_a_checkpoint_is_listed_only_once_its_note_says_it_is_whole(api: TestClient) -> None:
+    job_id, files = job_with_checkpoints(api)
+    files.checkpoint_file(24).write_bytes(b"half")  # renamed, its note not yet written: rank 0 died here
+    (files.checkpoints / ".ckpt-00000032.pt.tmp-7").write_bytes(b"half")  # before the rename
+    (files.checkpoints / "ckpt-00000040.json").write_text("{}")  # a note whose checkpoint went
+    listed = api.get(f"{JOBS}/{job_id}/checkpoints").raise_for_status().json()
+    assert [c["name"] for c in listed] == ["ckpt-00000008.pt", "ckpt-00000016.pt"]
+    assert files.latest_checkpoint() == files.checkpoint_file(16)  # the worker's listing: the same rule
+    newest = api.get(f"{JOBS}/{job_id}/checkpoints", params={"order": "newest", "limit": 1}).json()
+    assert [c["name"] for c in newest] == ["ckpt-00000016.pt"]
 
 
 def test_others_get_404_and_an_admin_may_read(api: TestClient, login: Login) -> None:
@@ -73,6 +86,8 @@ def test_links_fifos_and_folders_the_job_planted_are_neither_listed_nor_read(
     files.checkpoint_file(24).symlink_to(secret)
     os.mkfifo(files.checkpoint_file(32))  # opening it for reading would block a thread for ever
     files.checkpoint_file(40).mkdir()
+    for step in (24, 32, 40):  # each with its note: listed, were it a regular file
+        files.checkpoint_note(files.checkpoint_file(step)).write_text("{}")
     names = [c["name"] for c in api.get(f"{JOBS}/{job_id}/checkpoints").json()]
     assert names == ["ckpt-00000008.pt", "ckpt-00000016.pt"]
     for step in (24, 32, 40):

@@ -28,6 +28,8 @@ from worker.spec.job_files import (
     RUN_ID_ENV,
     UPSTREAM_ENV,
     JobFiles,
+    checkpoint_is_whole,
+    checkpoint_note_name,
 )
 from worker.spec.records import (
     ACTIVITY_INTERVAL_S,
@@ -129,6 +131,8 @@ __all__ = [
     "ascii_int",
     "check_entrypoint",
     "check_one_target",
+    "checkpoint_is_whole",
+    "checkpoint_note_name",
     "clean_text",
     "json_problem",
     "metrics_problem",

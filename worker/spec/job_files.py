@@ -4,6 +4,7 @@ variables that tell a rank where its folder is."""
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from pathlib import Path
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.pt$")  # checkpoints/ckpt-<epoch or step, 8 digits>.pt
@@ -15,6 +16,19 @@ JOB_ID_ENV = "TORCHYARD_JOB_ID"  # the service's id of the job
 RUN_ID_ENV = "TORCHYARD_RUN_ID"  # the same over the job's retries and requeues (RunSpec.run_id)
 ATTEMPT_ENV = "TORCHYARD_ATTEMPT"  # 1 for the first attempt
 UPSTREAM_ENV = "TORCHYARD_UPSTREAM"  # JobFiles.upstream: what the jobs it ran after left
+
+
+def checkpoint_note_name(checkpoint: str) -> str:
+    """ckpt-<n>.pt -> ckpt-<n>.json: the note rank 0 writes once the checkpoint's file is whole."""
+    return checkpoint.removesuffix(".pt") + CHECKPOINT_NOTE_SUFFIX
+
+
+def checkpoint_is_whole(checkpoint: str, names: Container[str]) -> bool:
+    """The one rule, for the worker and the service alike, of which checkpoints are listed and resumed
+    from: those whose note is among the folder's `names`. Rank 0 writes the note after the file is
+    whole (fsync-ed and renamed; worker.checkpoints), so a rank killed mid-write, before the rename
+    or between it and the note, leaves nothing that counts."""
+    return checkpoint_note_name(checkpoint) in names
 
 
 class JobFiles:
@@ -130,19 +144,22 @@ class JobFiles:
 
     def checkpoint_note(self, checkpoint: Path) -> Path:
         """The note beside a checkpoint: {"step", "metrics", "time", "attempt"} (parse_checkpoint_note)."""
-        return checkpoint.with_suffix(CHECKPOINT_NOTE_SUFFIX)
+        return checkpoint.with_name(checkpoint_note_name(checkpoint.name))
 
     def saved_checkpoints(self) -> list[tuple[int, Path]]:
-        """(epoch or step, path) of every checkpoint in checkpoints/, oldest first (temp files ignored)."""
+        """(epoch or step, path) of every whole checkpoint in checkpoints/, oldest first: those with
+        their note beside them (checkpoint_is_whole); temp files and half-written ones ignored."""
         if not self.checkpoints.is_dir():
             return []
+        names = {path.name for path in self.checkpoints.iterdir()}
         return sorted(
-            (int(match.group(1)), path)
-            for path in self.checkpoints.iterdir()
-            if (match := CHECKPOINT_PATTERN.fullmatch(path.name))
+            (int(match.group(1)), self.checkpoints / name)
+            for name in names
+            if (match := CHECKPOINT_PATTERN.fullmatch(name)) and checkpoint_is_whole(name, names)
         )
 
     def latest_checkpoint(self) -> Path | None:
-        """The checkpoint with the highest epoch or step in checkpoints/, or None (temp files ignored)."""
+        """The whole checkpoint with the highest epoch or step in checkpoints/, or None: what a restart
+        resumes from."""
         saved = self.saved_checkpoints()
         return saved[-1][1] if saved else None

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.context import JobContext, checkpoints_to_remove
+from worker.checkpoints import checkpoints_to_remove
+from worker.context import JobContext
 from worker.distributed import RankEnv
 from worker.spec import MAX_METRIC_NAMES, CheckpointPolicy, RunSpec, parse_progress_line
 
@@ -91,8 +92,8 @@ def test_checkpoint_is_atomic_recorded_at_once_and_resumed_from(tmp_path: Path) 
     ctx = make(tmp_path)
     assert ctx.resume_from is None and ctx.load_checkpoint() is None
     ctx.report(1, loss=1.0)  # queued before the checkpoint: must land before its line
-    first = ctx.save_checkpoint({"w": torch.ones(2), "epoch": 0}, 8)
-    second = ctx.save_checkpoint({"w": torch.full((2,), 2.0), "epoch": 1}, 16)
+    first = ctx.save_checkpoint({"w": torch.ones(2), "epoch": 0}, 8, wait=True)  # written when it returns
+    second = ctx.save_checkpoint({"w": torch.full((2,), 2.0), "epoch": 1}, 16, wait=True)
     records = [parse_progress_line(line) for line in ctx.files.progress.read_text().splitlines()]
     assert [getattr(record, "checkpoint", None) for record in records] == [None, str(first), str(second)]
     assert records[2] is not None and records[2].step == 16
@@ -113,12 +114,16 @@ def saved_names(ctx: JobContext) -> list[str]:
     return [path.name for _, path in ctx.files.saved_checkpoints()]
 
 
-def test_keep_last_prunes_as_rank_0_saves_and_a_restart_resumes_from_the_newest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wait", [True, False])
+def test_keep_last_prunes_as_rank_0_saves_and_a_restart_resumes_from_the_newest(
+    tmp_path: Path, wait: bool
+) -> None:
     ctx = make(tmp_path, checkpoints={"keep_last": 2})
     for step in range(1, 7):
         ctx.report(step, loss=1.0 / step)
-        ctx.save_checkpoint({"step": step}, step)
-        assert len(saved_names(ctx)) == min(step, 2)
+        ctx.save_checkpoint({"step": step}, step, wait=wait)
+        # In the background, a save returns once the one before it is written (and pruned).
+        assert len(saved_names(ctx)) == min(step if wait else step - 1, 2)
     ctx.close()
     assert saved_names(ctx) == ["ckpt-00000005.pt", "ckpt-00000006.pt"]
     notes = sorted(p.name for p in ctx.checkpoint_dir.glob("*.json"))

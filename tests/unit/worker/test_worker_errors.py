@@ -18,8 +18,9 @@ from worker.distributed import RankEnv
 from worker.spec import RunSpec, parse_error_text
 
 
-def run_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> RunSpec:
-    """Run `body` as a one-rank job's script in this process; returns its spec once the rank has failed."""
+def run_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, *, fails: bool = True) -> RunSpec:
+    """Run `body` as a one-rank job's script in this process; returns its spec once the rank has failed
+    (or, `fails=False`, succeeded)."""
     monkeypatch.setattr(runner, "_arm_exit_watchdog", lambda grace_s: None)  # it would end pytest
     code = tmp_path / "code"
     code.mkdir()
@@ -29,7 +30,10 @@ def run_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Ru
     env = RankEnv(0, 1, 0, 1, 0, "127.0.0.1", 0, "local", "4242")
     saved = dict(os.environ)  # the runner sets torchrun's variables, as on a real rank
     try:
-        with pytest.raises(BaseException):  # noqa: B017 (whatever the script raised)
+        if fails:
+            with pytest.raises(BaseException):  # noqa: B017 (whatever the script raised)
+                runner.run_rank(spec, env)
+        else:
             runner.run_rank(spec, env)
     finally:
         os.environ.clear()

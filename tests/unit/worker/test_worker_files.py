@@ -236,14 +236,18 @@ def test_a_checkpoint_line_needs_only_a_path_without_nul() -> None:
     assert parse_progress_line(unusable) is None  # nor is it taken for a progress line
 
 
-def test_latest_checkpoint_ignores_temp_files(tmp_path: Path) -> None:
+def test_latest_checkpoint_ignores_temp_files_and_checkpoints_without_their_note(tmp_path: Path) -> None:
     files = JobFiles(tmp_path)
     assert files.latest_checkpoint() is None
     files.checkpoints.mkdir()
     for step in (8, 16, 100):
         files.checkpoint_file(step).write_bytes(b"")
-    (files.checkpoints / ".ckpt-00000200.pt.tmp-1").write_bytes(b"")
+        files.checkpoint_note(files.checkpoint_file(step)).write_text("{}")
+    (files.checkpoints / ".ckpt-00000200.pt.tmp-1").write_bytes(b"")  # killed before the rename
+    files.checkpoint_file(300).write_bytes(b"")  # killed between the rename and the note
+    files.checkpoint_note(files.checkpoint_file(400)).write_text("{}")  # a note alone
     assert files.latest_checkpoint() == files.checkpoints / "ckpt-00000100.pt"
+    assert [step for step, _ in files.saved_checkpoints()] == [8, 16, 100]
 
 
 # ---------------------------------------------------------------- placement: where each rank runs

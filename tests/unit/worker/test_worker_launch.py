@@ -62,6 +62,8 @@ def test_checkpoint_requeues_a_fresh_launcher_resuming_from_the_newest(tmp_path:
     spec.files.checkpoints.mkdir()
     for step in (4, 12):
         spec.files.checkpoint_file(step).write_bytes(b"")
+        spec.files.checkpoint_note(spec.files.checkpoint_file(step)).write_text("{}")
+    spec.files.checkpoint_file(16).write_bytes(b"")  # no note: rank 0 was stopped while it wrote it
     delayed = RankLauncher(spec).checkpoint()
     assert isinstance(delayed, DelayedSubmission)
     fresh = delayed.function
