@@ -36,7 +36,7 @@ SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "NodeList")
 SACCT_FORMAT = ",".join(SACCT_FIELDS)
 
 _ARRAY_RANGE = re.compile(r"^(?P<base>\d+)_\[(?P<ranges>[0-9,\-]+)(%\d+)?\]$")
-_NO_NODES = {"", "None assigned", "(null)", "None"}
+_NO_NODES = {"", "None assigned", "(null)", "None", "n/a", "N/A"}  # "n/a": a pending job's BatchHost
 _WAITING = {JobState.pending, JobState.requeued, JobState.preempted}
 
 

@@ -278,3 +278,6 @@ def test_a_lost_node_that_is_not_the_batch_host_is_no_ending_of_its_own(name: st
 def test_squeue_recorded_before_batch_hosts_names_none() -> None:
     records = parse.parse_squeue(recorded("squeue_start_estimate.txt"))  # seven fields
     assert records and all(r.batch_host is None and r.lost_batch_host is None for r in records.values())
+    # A job that waits has no batch host yet: squeue prints "n/a" (recorded with --hold).
+    (held,) = parse.parse_squeue("18|PENDING|JobHeldUser|0|0||N/A|n/a\n").values()
+    assert held.batch_host is None
