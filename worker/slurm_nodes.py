@@ -31,6 +31,11 @@ from pathlib import Path
 from worker.hostlist import expand_hostlist
 
 SRUN_VARIABLE = "TORCHYARD_SRUN"  # srun's absolute path, exported by the batch script the service writes
+# What a supervisor's step needs (docs/slurm.md, "Lost nodes"): --kill-on-bad-exit ends the whole step
+# within 0.25 s when a node is marked down (srun --no-kill would let the others run to their end);
+# --overlap lets the next step start although slurmctld may keep a step of a really lost node RUNNING
+# (without it: "step creation temporarily disabled ... Requested nodes are busy", forever).
+SRUN_STEP_FLAGS = ("--kill-on-bad-exit=1", "--overlap", "--unbuffered")
 QUERY_TIMEOUT_S = 10.0
 MAX_OUTPUT_CHARS = 256 * 1024  # a few thousand nodes' lines; more is not SLURM talking
 # The base states (sinfo %T) in which a node runs job steps; any other (down, drained, draining, fail,

@@ -13,18 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.slurm_nodes import allocation_hosts, usable_hosts
-
-# What docs/slurm.md ("Lost nodes") found a supervisor's step needs: --kill-on-bad-exit ends the whole
-# step at once when a node is lost (srun --no-kill would keep the survivors running to their end);
-# --overlap lets the next step start although SLURM may keep a step of a lost node as RUNNING.
-STEP_FLAGS = ("--kill-on-bad-exit=1", "--overlap", "--unbuffered")
+from worker.slurm_nodes import SRUN_STEP_FLAGS, allocation_hosts, usable_hosts
 
 
 def step(hosts: list[str], command: str) -> subprocess.CompletedProcess[str]:
     srun = os.environ["TORCHYARD_SRUN"]
     argv = [srun, f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
-            f"--nodelist={','.join(hosts)}", *STEP_FLAGS, "sh", "-c", command]  # fmt: skip
+            f"--nodelist={','.join(hosts)}", *SRUN_STEP_FLAGS, "sh", "-c", command]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
 
 
