@@ -13,6 +13,10 @@ from the test cluster (docs/slurm.md, "Lost nodes") decide how this is asked:
   sinfo still tells the nodes that are in the allocation but not responding (`mixed*`), drained or
   draining, which a new step should avoid too.
 
+- A node that is really lost (its slurmd gone) stays in the allocation and `mixed` in sinfo until
+  slurmctld declares it down, 85 s later here (SlurmdTimeout=60): until then only the supervisor knows
+  (a rank vanished there), and it must leave that node out itself; these calls cannot tell.
+
 So `usable_hosts` makes two bounded calls, `squeue -h --jobs=<id> -o %N` and
 `sinfo -h -N --nodes=<hosts> -o "%N %T"`, and keeps the hosts both agree on, in the order given.
 The programs are the ones beside `srun`: the service exports srun's absolute path as TORCHYARD_SRUN
