@@ -8,8 +8,9 @@ callable is the job's supervisor, which starts the ranks with one `srun` step pe
 is lost, runs a new step on the nodes left and a spare, in the same allocation (issue 44). Hence
 `--no-kill` (a lost node shrinks the allocation instead of ending it), `nodes + spare_nodes` nodes,
 the checkpoint signal as `B:USR2@N` (to the batch step only: `exec` makes the supervisor that process;
-it forwards the signal to its srun, which hands it to every rank), and srun's absolute path exported
-as TORCHYARD_SRUN (the job's PATH is the job's). docs/slurm.md, "Lost nodes", has the facts.
+it forwards the signal to its srun, which hands it to every rank), srun's absolute path exported
+as TORCHYARD_SRUN (the job's PATH is the job's), and the ranks' log templates for its steps.
+docs/slurm.md, "Lost nodes", has the facts.
 Writing the script ourselves leaves us no private submitit name to call.
 
 Every value that reaches the script is checked first: the resources against patterns in worker.spec
@@ -39,6 +40,10 @@ from worker.spec import Resources, RunSpec
 # checked against a pattern in worker.spec, and goes into the script as one shell-quoted #SBATCH line.
 ALLOWED_SBATCH_OPTIONS = ("partition", "account", "qos", "constraint")
 SRUN_VARIABLE = "TORCHYARD_SRUN"  # worker.slurm_nodes.SRUN_VARIABLE: where the supervisor finds srun
+# The per-rank log templates (`%t`: the task) the supervisor gives its srun steps as --output/--error;
+# the names are worker.run_slurm's RANK_OUTPUT_VARIABLE and RANK_ERROR_VARIABLE.
+RANK_OUTPUT_VARIABLE = "TORCHYARD_RANK_OUTPUT"
+RANK_ERROR_VARIABLE = "TORCHYARD_RANK_ERROR"
 # The wckey submitit has always given our jobs: kept, so that accounting by wckey goes on as it was.
 WCKEY = "submitit"
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
@@ -178,6 +183,8 @@ class SbatchRequest:
             "# command",
             f"export {EXECUTOR_VARIABLE}=slurm",
             f"export {SRUN_VARIABLE}={shlex.quote(self.srun)}",
+            f"export {RANK_OUTPUT_VARIABLE}={shlex.quote(stdout)}",
+            f"export {RANK_ERROR_VARIABLE}={shlex.quote(stderr)}",
             f"exec {runtime_command(self.python, self.folder)}",
             "",
         ]

@@ -52,6 +52,8 @@ def test_one_job_s_script(tmp_path: Path) -> None:
             "# command",
             "export SUBMITIT_EXECUTOR=slurm",
             "export TORCHYARD_SRUN=/usr/bin/srun",
+            f"export TORCHYARD_RANK_OUTPUT={folder}/%j_%t_log.out",
+            f"export TORCHYARD_RANK_ERROR={folder}/%j_%t_log.err",
             f"exec {shlex.quote(PYTHON)} -u -m submitit.core._submit {folder}",
             "",
         ]
@@ -78,6 +80,7 @@ def test_an_array_s_script_names_each_element_s_files_by_index(tmp_path: Path) -
     assert request.array_size == 3 and request.array_parallelism == 2
     assert "#SBATCH --array=0-2%2" in script
     assert f"#SBATCH --output={root}/%a/%A_%a_0_log.out" in script
+    assert f"export TORCHYARD_RANK_ERROR={root}/%a/%A_%a_%t_log.err\n" in script  # each rank's, by index
     assert f"#SBATCH --chdir={root}\n" in script
     assert script.rstrip().endswith(f"-m submitit.core._submit {root}/%a")
     assert "#SBATCH --job-name=torchyard" in script  # several names: none of them
@@ -106,7 +109,8 @@ def stand_in_supervisor() -> dict[str, Any]:
     runs the srun the script exported, and says which process it is."""
     srun = os.environ["TORCHYARD_SRUN"]
     done = subprocess.run([srun, "--nodes=2", "hostname"], capture_output=True, text=True, check=True)
-    return {"pid": os.getpid(), "srun_said": done.stdout.strip(), "procid": os.environ.get("SLURM_PROCID")}
+    return {"pid": os.getpid(), "srun_said": done.stdout.strip(), "procid": os.environ.get("SLURM_PROCID"),
+            "rank_output": os.environ.get("TORCHYARD_RANK_OUTPUT")}  # fmt: skip
 
 
 def test_the_batch_step_execs_the_supervisor_which_finds_srun(tmp_path: Path) -> None:
@@ -137,4 +141,5 @@ def test_the_batch_step_execs_the_supervisor_which_finds_srun(tmp_path: Path) ->
     with (job / "9_0_result.pkl").open("rb") as handle:
         outcome, result = pickle.load(handle)
     assert outcome == "success", result
-    assert result == {"pid": process.pid, "srun_said": "srun --nodes=2 hostname", "procid": "0"}
+    assert result == {"pid": process.pid, "srun_said": "srun --nodes=2 hostname", "procid": "0",
+                      "rank_output": f"{job}/%j_%t_log.out"}  # fmt: skip
