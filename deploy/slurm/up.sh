@@ -3,9 +3,9 @@
 # Bring up a real SLURM cluster with accounting on this machine, as root, from nothing or from any
 # half-started state. Idempotent: with everything up it only checks and runs the smoke jobs.
 #
-#   deploy/slurm/up.sh [--nodes 1|2] [--no-smoke]
+#   deploy/slurm/up.sh [--nodes 1|2|3] [--no-smoke]
 #
-# Layout: munged, MariaDB, slurmdbd and slurmctld in the root namespaces; nodes n1[, n2], each a
+# Layout: munged, MariaDB, slurmdbd and slurmctld in the root namespaces; nodes n1[, n2[, n3]], each a
 # slurmd in its own network + UTS + mount namespace, joined by a bridge on a private /24 with no
 # default route. Partition "debug" (default) holds every node; each node declares NODE_CPUS CPUs.
 # The accounts in ACCOUNTS (alice and bob) exist on every node: the nodes share the host's files.
@@ -13,18 +13,18 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-NODES=$MAX_NODES
+NODES=$DEFAULT_NODES
 SMOKE=1
 while [ $# -gt 0 ]; do
   case $1 in
-    --nodes) NODES=${2:?--nodes needs 1 or 2}; shift 2 ;;
+    --nodes) NODES=${2:?--nodes needs 1, 2 or 3}; shift 2 ;;
     --nodes=*) NODES=${1#--nodes=}; shift ;;
     --no-smoke) SMOKE=0; shift ;;
     -h | --help) sed -n '3,11p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
-case $NODES in 1 | 2) ;; *) die "--nodes must be 1 or 2, not $NODES" ;; esac
+case $NODES in 1 | 2 | 3) ;; *) die "--nodes must be 1, 2 or 3, not $NODES" ;; esac
 [ "$(uname -s)" = Linux ] || die "needs Linux (network namespaces)"
 [ "$(id -u)" = 0 ] || die "needs root"
 
@@ -195,7 +195,7 @@ start_slurmd() {
     bash -c 'hostname "$1" && mount --bind "$2" /etc/hosts && exec slurmd -N "$1"' _ "$name" "$RUN_DIR/hosts"
 }
 
-# Nodes beyond --nodes (a 2-node cluster brought up again with --nodes 1) go away entirely.
+# Nodes beyond --nodes (a 3-node cluster brought up again with --nodes 2) go away entirely.
 remove_extra_nodes() {
   local i
   for ((i = NODES + 1; i <= MAX_NODES; i++)); do

@@ -45,6 +45,7 @@ class BackendStatus:
     nodes: str | None = None  # where it runs, when known
     kind: EndingKind | None = None  # for an ending the scheduler can name (node failure, OOM, ...)
     expected_start: datetime | None = None  # while it waits: when the scheduler expects to start it
+    lost_batch_host: str | None = None  # SLURM ended the allocation because it lost this, its batch host
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,17 @@ from datetime import datetime, timezone
 from service.backends.base import BackendStatus
 from service.backends.slurm_states import map_slurm_state, slurm_kind
 from service.states import JobState, is_terminal
+from worker.hostlist import expand_hostlist
 from worker.spec import ascii_int
 
 # squeue -O "name:|": no width means no padding and no truncation, and "|" follows the field.
 # StartTime: for a pending job, the scheduler's own estimate of its start (its backfill pass), taken
-# in the same call as the states. It came last and later: recordings made before it have six fields.
-SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "exit_code", "RestartCnt", "NodeList", "StartTime")
+# in the same call as the states. It came later: recordings made before it have six fields.
+# BatchHost: where the batch script runs, which stays named after SLURM removed that node from a
+# --no-kill allocation and ended it (NodeList then lacks it). Later still: older recordings have seven.
+SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "exit_code", "RestartCnt", "NodeList", "StartTime",
+                 "BatchHost")  # fmt: skip
+SQUEUE_MIN_FIELDS = 6
 SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
 # Which script each job was submitted with: how a submission whose sbatch never answered is found again.
 SUBMISSIONS_FORMAT = "JobArrayID:|,State:|,Command:"
@@ -31,7 +36,7 @@ SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "NodeList")
 SACCT_FORMAT = ",".join(SACCT_FIELDS)
 
 _ARRAY_RANGE = re.compile(r"^(?P<base>\d+)_\[(?P<ranges>[0-9,\-]+)(%\d+)?\]$")
-_NO_NODES = {"", "None assigned", "(null)", "None"}
+_NO_NODES = {"", "None assigned", "(null)", "None", "n/a", "N/A"}  # "n/a": a pending job's BatchHost
 _WAITING = {JobState.pending, JobState.requeued, JobState.preempted}
 
 
@@ -47,6 +52,20 @@ class SchedulerRecord:
     nodes: str | None = None  # SLURM's compact host list, e.g. "n[1-2]"
     left_queue: bool = False  # from accounting: squeue no longer lists the job
     start: datetime | None = None  # squeue's StartTime: the expected start while the job waits
+    # Where the batch script ran: squeue's BatchHost, or from sacct the first node of the allocation as
+    # it started (its first row: a --no-kill job that lost a node has a RESIZING row before the last).
+    batch_host: str | None = None
+
+    @property
+    def lost_batch_host(self) -> str | None:
+        """The batch host, when the allocation no longer holds it: SLURM removed it (lost) and ended
+        the job with it (a --no-kill job: state FAILED, signal 9, squeue's reason JobLaunchFailure)."""
+        if not self.batch_host or not self.nodes:
+            return None
+        try:
+            return None if self.batch_host in expand_hostlist(self.nodes) else self.batch_host
+        except ValueError:
+            return None
 
 
 def expand_job_ids(job_id: str) -> list[str]:
@@ -85,10 +104,11 @@ def parse_squeue(text: str) -> dict[str, SchedulerRecord]:
     records: dict[str, SchedulerRecord] = {}
     for line in text.splitlines():
         fields = line.split("|")
-        if len(fields) < len(SQUEUE_FIELDS) - 1:
+        if len(fields) < SQUEUE_MIN_FIELDS:
             continue
         job_id, state, reason, raw_exit, restarts, nodes = (field.strip() for field in fields[:6])
         start = _start_time(fields[6]) if len(fields) > 6 else None
+        batch_host = _nodes(fields[7]) if len(fields) > 7 else None
         status = ascii_int(raw_exit) or 0
         record = SchedulerRecord(
             state=state,
@@ -98,6 +118,7 @@ def parse_squeue(text: str) -> dict[str, SchedulerRecord]:
             restarts=ascii_int(restarts) or 0,
             nodes=_nodes(nodes),
             start=start,
+            batch_host=batch_host,
         )
         for one in expand_job_ids(job_id):  # only a pending array without -r prints a range
             records[one] = record
@@ -129,24 +150,37 @@ def parse_submissions(text: str) -> list[Submission]:
 
 
 def parse_sacct(text: str) -> dict[str, SchedulerRecord]:
-    """Rows of `sacct -n -P -X -o SACCT_FORMAT`; ExitCode there is "code:signal"."""
+    """Rows of `sacct -n -P -X -o SACCT_FORMAT`; ExitCode there is "code:signal". A job that lost a
+    node under --no-kill has several rows (RESIZING, with the nodes it had, then its last word): the
+    last row is its state, the first names its batch host (the first node it started with)."""
     records: dict[str, SchedulerRecord] = {}
+    first_nodes: dict[str, str | None] = {}
     for line in text.splitlines():
         fields = line.split("|")
         if len(fields) < len(SACCT_FIELDS) or "." in fields[0]:  # a step, not a job
             continue
         job_id, state, exit_pair, reason, nodes = (field.strip() for field in fields[:5])
         code, _, sig = exit_pair.partition(":")
+        started_on = first_nodes.setdefault(job_id, _nodes(nodes))
         record = SchedulerRecord(
             state=state,
             reason=_reason(reason),
             exit_code=ascii_int(code),
             signal=ascii_int(sig) or None,
             nodes=_nodes(nodes),
+            batch_host=_first_host(started_on),
         )
         for one in expand_job_ids(job_id):  # a pending or cancelled-while-pending array: "35_[0-3]"
             records[one] = record
     return records
+
+
+def _first_host(nodes: str | None) -> str | None:
+    try:
+        hosts = expand_hostlist(nodes or "")
+    except ValueError:
+        return None
+    return hosts[0] if hosts else None
 
 
 def _signal_text(number: int) -> str:
@@ -172,6 +206,12 @@ def to_status(record: SchedulerRecord) -> BackendStatus:
     if waiting:
         parts.append(record.reason)  # why it waits: Resources, Priority, JobHeldUser, BeginTime ...
     terminal = is_terminal(state)
+    lost = record.lost_batch_host if terminal else None
+    if lost:
+        # SLURM removed the batch host from the allocation and ended it (FAILED, signal 9; never
+        # requeued by SLURM): nothing inside the allocation survives to restart the ranks.
+        state, parts = JobState.failed, [f"node {lost}, the batch host, was lost: SLURM ends the allocation "
+                                         "with it, so no restart in place could follow"]  # fmt: skip
     if terminal and record.signal:
         parts.append(_signal_text(record.signal))
     reason = "; ".join(part for part in parts if part) or None
@@ -180,8 +220,9 @@ def to_status(record: SchedulerRecord) -> BackendStatus:
         reason=reason,
         exit_code=record.exit_code if terminal else None,
         nodes=record.nodes,
-        kind=slurm_kind(record.state) if terminal else None,
+        kind="node_failure" if lost else slurm_kind(record.state) if terminal else None,
         expected_start=record.start if waiting else None,
+        lost_batch_host=lost,
     )
 
 

@@ -3,8 +3,15 @@
 Modelled on TorchX's `SlurmBatchRequest.materialize()`: `SbatchRequest` holds every choice (resources,
 folders, interpreter, array and throttle), and `materialize()` turns it into the batch script with no
 file, process or clock involved, so a test, or a dry run, reads the exact script without submitting it.
-The script runs submitit's running side in every task (service.backends.submitit_adapter), which is
-all the job needs of submitit; writing the script ourselves leaves us no private submitit name to call.
+The script runs submitit's running side ONCE, in the batch step itself (`exec`, no srun): the pickled
+callable is the job's supervisor, which starts the ranks with one `srun` step per run and, when a node
+is lost, runs a new step on the nodes left and a spare, in the same allocation (issue 44). Hence
+`--no-kill` (a lost node shrinks the allocation instead of ending it), `nodes + spare_nodes` nodes,
+the checkpoint signal as `B:USR2@N` (to the batch step only: `exec` makes the supervisor that process;
+it forwards the signal to its srun, which hands it to every rank), srun's absolute path exported
+as TORCHYARD_SRUN (the job's PATH is the job's), and the ranks' log templates for its steps.
+docs/slurm.md, "Lost nodes", has the facts.
+Writing the script ourselves leaves us no private submitit name to call.
 
 Every value that reaches the script is checked first: the resources against patterns in worker.spec
 (only the ALLOWED_SBATCH_OPTIONS become options of their own), the job name cut to safe characters,
@@ -32,7 +39,11 @@ from worker.spec import Resources, RunSpec
 # The only Resources fields that reach sbatch as options of their own (the allow-list): each value is
 # checked against a pattern in worker.spec, and goes into the script as one shell-quoted #SBATCH line.
 ALLOWED_SBATCH_OPTIONS = ("partition", "account", "qos", "constraint")
-SRUN_ARGS = ("--kill-on-bad-exit=1",)  # one rank that fails ends the job, not a hang at rendezvous
+SRUN_VARIABLE = "TORCHYARD_SRUN"  # worker.slurm_nodes.SRUN_VARIABLE: where the supervisor finds srun
+# The per-rank log templates (`%t`: the task) the supervisor gives its srun steps as --output/--error;
+# the names are worker.run_slurm's RANK_OUTPUT_VARIABLE and RANK_ERROR_VARIABLE.
+RANK_OUTPUT_VARIABLE = "TORCHYARD_RANK_OUTPUT"
+RANK_ERROR_VARIABLE = "TORCHYARD_RANK_ERROR"
 # The wckey submitit has always given our jobs: kept, so that accounting by wckey goes on as it was.
 WCKEY = "submitit"
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
@@ -42,9 +53,10 @@ Options = tuple[tuple[str, Any], ...]  # sbatch options, sorted by name (undersc
 
 
 def sbatch_parameters(resources: Resources, default_partition: str | None) -> dict[str, Any]:
-    """The sbatch options of Resources, by option name with underscores (`ntasks_per_node`)."""
+    """The sbatch options of Resources, by option name with underscores (`ntasks_per_node`). `nodes`
+    counts the spare nodes too: SLURM allocates them (and `--test-only` checks them) like the others."""
     params: dict[str, Any] = {
-        "nodes": resources.nodes,
+        "nodes": resources.nodes + resources.spare_nodes,  # the spares wait idle in the allocation
         "ntasks_per_node": resources.tasks_per_node,
         "cpus_per_task": resources.cpus_per_task,
         "time": int(resources.timeout_min),
@@ -134,19 +146,21 @@ class SbatchRequest:
     signal_delay_s: int
     array_size: int | None = None
     array_parallelism: int | None = None
-    srun_args: tuple[str, ...] = SRUN_ARGS
 
     def materialize(self) -> str:
-        """The batch script: `#SBATCH` lines sorted by option, then srun starting the running side in
-        every task, each task's output in its own log file. ValueError for a value with a control
-        character: quoting does not keep a newline from starting a line of its own."""
+        """The batch script: `#SBATCH` lines sorted by option (`--no-kill` last), then the running side
+        `exec`ed in the batch step, its output in rank 0's log files (the supervisor's srun names each
+        rank's own). ValueError for a value with a control character: quoting does not keep a newline
+        from starting a line of its own."""
         stdout, stderr = log_templates(self.folder, array=self.array_size is not None)
         options: dict[str, Any] = {key.replace("_", "-"): value for key, value in self.options}
         options.update(
             {
                 "job-name": self.job_name,
                 "chdir": self.workdir,
-                "signal": f"{CHECKPOINT_SIGNAL}@{self.signal_delay_s}",
+                # B: the batch step only, which `exec` makes the supervisor; without it SLURM signals
+                # every step but not the batch step.
+                "signal": f"B:{CHECKPOINT_SIGNAL}@{self.signal_delay_s}",
                 "output": stdout.replace("%t", "0"),
                 "error": stderr.replace("%t", "0"),
                 "open-mode": "append",  # a requeued job adds to its logs
@@ -159,14 +173,19 @@ class SbatchRequest:
         for key, value in options.items():  # checked before: the script's last word on it
             _check_line(f"--{key}", str(value))
         _check_line("the interpreter", self.python)
-        srun = [self.srun, "--unbuffered", "--output", stdout, "--error", stderr, *self.srun_args]
+        _check_line("srun", self.srun)
         lines = ["#!/bin/bash", "", "# Parameters"]
         lines += [f"#SBATCH --{key}={shlex.quote(str(options[key]))}" for key in sorted(options)]
+        # A lost node that is not the batch host leaves the allocation, which goes on without it.
+        lines += ["#SBATCH --no-kill"]
         lines += [
             "",
             "# command",
             f"export {EXECUTOR_VARIABLE}=slurm",
-            f"{shlex.join(srun)} {runtime_command(self.python, self.folder)}",
+            f"export {SRUN_VARIABLE}={shlex.quote(self.srun)}",
+            f"export {RANK_OUTPUT_VARIABLE}={shlex.quote(stdout)}",
+            f"export {RANK_ERROR_VARIABLE}={shlex.quote(stderr)}",
+            f"exec {runtime_command(self.python, self.folder)}",
             "",
         ]
         return "\n".join(lines)

@@ -90,6 +90,10 @@ def settle(
     result = read_result(files, job.run_attempt)
     if result is not None and status.state in (JobState.succeeded, JobState.failed):
         return Ending(JobState.succeeded, None, "completed", result["value"])
+    if status.lost_batch_host:
+        # Before the ranks' errors: those on other nodes may have seen their peers go first, but the
+        # cause is the lost batch host, and it decides that no restart in place was possible.
+        return Ending(JobState.failed, "node_failure", status.reason or f"{status.lost_batch_host} lost")
     errors = rank_errors(files, job.run_attempt, job.resources.world_size)
     if errors:
         return from_rank_errors(job, errors)

@@ -4,9 +4,13 @@
 # takes about two minutes (one job must run into its time limit). Rewrites the *.txt beside it.
 #
 #   tests/data/slurm/capture.sh
+#
+# Not made here: *_node_lost.txt, *_batch_host_lost.txt, sinfo_nodes_*.txt and squeue_nodelist_resized.txt
+# were recorded on a 3-node cluster (up.sh --nodes 3) by the lost-node experiments of docs/slurm.md
+# ("Lost nodes"): sbatch --nodes=3 --no-kill, then scontrol update nodename=nX state=down mid-step.
 set -euo pipefail
 cd "$(dirname "$0")"
-SQUEUE_FMT='JobArrayID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,NodeList:|,StartTime:'  # as the backend asks
+SQUEUE_FMT='JobArrayID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,NodeList:|,StartTime:|,BatchHost:'  # as the backend asks
 SACCT_FMT='JobID,State,ExitCode,Reason,NodeList'  # as the backend asks
 submit() { sbatch --parsable -o /dev/null -e /dev/null "$@"; }
 state_of() { sacct -n -P -X -j "$1" -o State | head -n1; }

@@ -242,3 +242,42 @@ def test_squeue_brings_the_start_estimate_of_a_job_waiting_for_resources() -> No
 def test_squeue_recorded_before_start_times_parses_without_estimates() -> None:
     statuses = squeue("squeue_mixed.txt")  # six fields: recorded before StartTime was asked for
     assert in_state(statuses, JobState.pending) and all(s.expected_start is None for s in statuses.values())
+
+
+# A --no-kill allocation of n[1-3] (capture: docs/slurm.md, "Lost nodes"), squeue's BatchHost last.
+BATCH_HOST_LOST = "node n1, the batch host, was lost: SLURM ends the allocation with it"
+
+
+def test_squeue_names_the_batch_host_that_slurm_lost() -> None:
+    # `scontrol update nodename=n1 state=down` under the batch script: FAILED, JobLaunchFailure, signal
+    # 9, NodeList without n1. Not NODE_FAIL, and not requeued by SLURM.
+    (record,) = parse.parse_squeue(recorded("squeue_batch_host_lost.txt")).values()
+    status = parse.to_status(record)
+    assert (record.batch_host, record.nodes, record.lost_batch_host) == ("n1", "n[2-3]", "n1")
+    assert (status.state, status.kind, status.lost_batch_host) == (JobState.failed, "node_failure", "n1")
+    assert status.reason is not None and status.reason.startswith(BATCH_HOST_LOST)
+    assert "signal 9 (SIGKILL)" in status.reason
+
+
+def test_sacct_names_the_batch_host_from_the_row_before_the_resize() -> None:
+    # Two rows for one job: RESIZING with the nodes it started with, then FAILED 0:9 without n1.
+    (status,) = sacct("sacct_batch_host_lost.txt").values()
+    assert (status.state, status.kind, status.lost_batch_host) == (JobState.failed, "node_failure", "n1")
+    assert status.reason is not None and status.reason.startswith(BATCH_HOST_LOST)
+    assert status.nodes == "n[2-3]"
+
+
+@pytest.mark.parametrize("name", ["squeue_node_lost.txt", "sacct_node_lost.txt"])
+def test_a_lost_node_that_is_not_the_batch_host_is_no_ending_of_its_own(name: str) -> None:
+    # n2 marked down under a step: the allocation shrank to n[1,3] and the batch script went on.
+    (status,) = (squeue(name) if name.startswith("squeue") else sacct(name)).values()
+    assert (status.state, status.kind, status.lost_batch_host) == (JobState.succeeded, None, None)
+    assert status.nodes == "n[1,3]"
+
+
+def test_squeue_recorded_before_batch_hosts_names_none() -> None:
+    records = parse.parse_squeue(recorded("squeue_start_estimate.txt"))  # seven fields
+    assert records and all(r.batch_host is None and r.lost_batch_host is None for r in records.values())
+    # A job that waits has no batch host yet: squeue prints "n/a" (recorded with --hold).
+    (held,) = parse.parse_squeue("18|PENDING|JobHeldUser|0|0||N/A|n/a\n").values()
+    assert held.batch_host is None

@@ -90,7 +90,7 @@ def test_equal_jobs_go_out_as_one_array_with_per_job_folders(
     assert [Path(argv[0]).name for argv in commands.calls] == ["scontrol", "sbatch", "sbatch"]
     array, single = sbatch.scripts
     assert "#SBATCH --array=0-2%3" in array  # no throttle: the elements are independent jobs
-    assert "--kill-on-bad-exit=1" in array and "--kill-on-bad-exit=1" in single
+    assert "#SBATCH --no-kill" in array and "#SBATCH --no-kill" in single  # a lost node: the job goes on
     assert "#SBATCH --nodes=2" in single and "#SBATCH --ntasks-per-node=2" in single
     (output,) = [line for line in array.splitlines() if line.startswith("#SBATCH --output=")]
     assert output.endswith("/%a/%A_%a_0_log.out")

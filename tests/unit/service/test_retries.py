@@ -124,6 +124,17 @@ def test_ranks_that_only_lost_a_peer_mean_the_silent_rank_vanished(engine: Engin
         (BackendStatus(S.timeout, None), "timeout", S.timeout, "exceeded its time limit"),
         (BackendStatus(S.cancelled, "cancelled by uid 0"), "cancel", S.cancelled, "cancelled by uid 0"),
         (BackendStatus(S.failed, None, exit_code=1), "failure", S.failed, "failed"),
+        (
+            BackendStatus(
+                S.failed,
+                "node n1, the batch host, was lost: SLURM ends the allocation",
+                kind="node_failure",
+                lost_batch_host="n1",
+            ),
+            "node_failure",
+            S.failed,
+            "node n1, the batch host, was lost",
+        ),
     ],
 )
 def test_the_schedulers_word_when_no_rank_wrote_one(
@@ -135,6 +146,22 @@ def test_the_schedulers_word_when_no_rank_wrote_one(
 
     assert (ending.kind, ending.state) == (kind, state)
     assert says in ending.reason
+
+
+def test_a_lost_batch_host_is_the_cause_whatever_the_other_ranks_wrote(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Rank 1 on n2 saw rank 0 go before SLURM killed it too; the cause is n1, the batch host, whose
+    loss ended the allocation, and `retries` requeues it (node_failure) with that node named."""
+    write_error(tmp_path, 1, GLOO_LOST_PEER)
+    lost = "node n1, the batch host, was lost: SLURM ends the allocation with it; signal 9 (SIGKILL)"
+    status = BackendStatus(S.failed, lost, nodes="n2", kind="node_failure", lost_batch_host="n1")
+    with Session(engine) as session:
+        job = running_job(session, tmp_path, RetryPolicy(), nodes=2)
+        ending = settle(job, JobFiles(tmp_path / "job"), status, FakeBackend("slurm"))
+        assert (ending.state, ending.kind, ending.reason) == (S.failed, "node_failure", lost)
+        end_attempt(session, job, ending)
+        assert S(job.state) is S.retrying and "retry 1 of 2" in (job.reason or "")
 
 
 def test_ranks_fill_the_nodes_in_order(engine: Engine, tmp_path: Path) -> None:
