@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from worker.hostlist import expand_hostlist
+from worker.spec import SRUN_ENV
 
-SRUN_VARIABLE = "TORCHYARD_SRUN"  # srun's absolute path, exported by the batch script the service writes
 # What a supervisor's step needs (docs/slurm.md, "Lost nodes"): --kill-on-bad-exit ends the whole step
 # within 0.25 s when a node is marked down (srun --no-kill would let the others run to their end);
 # --overlap lets the next step start although slurmctld may keep a step of a really lost node RUNNING
@@ -67,9 +67,9 @@ def allocation_hosts(environ: Mapping[str, str]) -> list[str]:
 def scheduler_program(name: str, environ: Mapping[str, str]) -> Path:
     """SLURM's program `name` (sinfo, squeue, scontrol) from the folder of TORCHYARD_SRUN.
     ValueError when that variable is missing or not an absolute path."""
-    srun = environ.get(SRUN_VARIABLE, "")
+    srun = environ.get(SRUN_ENV, "")
     if not srun or not os.path.isabs(srun):
-        raise ValueError(f"{SRUN_VARIABLE} must be srun's absolute path, not {srun!r}")
+        raise ValueError(f"{SRUN_ENV} must be srun's absolute path, not {srun!r}")
     return Path(srun).parent / name
 
 

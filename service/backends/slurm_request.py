@@ -34,16 +34,11 @@ from service.backends.submitit_adapter import (
     log_templates,
     runtime_command,
 )
-from worker.spec import Resources, RunSpec
+from worker.spec import RANK_ERROR_ENV, RANK_OUTPUT_ENV, SRUN_ENV, Resources, RunSpec
 
 # The only Resources fields that reach sbatch as options of their own (the allow-list): each value is
 # checked against a pattern in worker.spec, and goes into the script as one shell-quoted #SBATCH line.
 ALLOWED_SBATCH_OPTIONS = ("partition", "account", "qos", "constraint")
-SRUN_VARIABLE = "TORCHYARD_SRUN"  # worker.slurm_nodes.SRUN_VARIABLE: where the supervisor finds srun
-# The per-rank log templates (`%t`: the task) the supervisor gives its srun steps as --output/--error;
-# the names are worker.run_slurm's RANK_OUTPUT_VARIABLE and RANK_ERROR_VARIABLE.
-RANK_OUTPUT_VARIABLE = "TORCHYARD_RANK_OUTPUT"
-RANK_ERROR_VARIABLE = "TORCHYARD_RANK_ERROR"
 # The wckey submitit has always given our jobs: kept, so that accounting by wckey goes on as it was.
 WCKEY = "submitit"
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
@@ -182,9 +177,9 @@ class SbatchRequest:
             "",
             "# command",
             f"export {EXECUTOR_VARIABLE}=slurm",
-            f"export {SRUN_VARIABLE}={shlex.quote(self.srun)}",
-            f"export {RANK_OUTPUT_VARIABLE}={shlex.quote(stdout)}",
-            f"export {RANK_ERROR_VARIABLE}={shlex.quote(stderr)}",
+            f"export {SRUN_ENV}={shlex.quote(self.srun)}",
+            f"export {RANK_OUTPUT_ENV}={shlex.quote(stdout)}",
+            f"export {RANK_ERROR_ENV}={shlex.quote(stderr)}",
             f"exec {runtime_command(self.python, self.folder)}",
             "",
         ]

@@ -26,7 +26,7 @@ from service.backends.slurm_recovery import StagedPickle, script_name
 from service.backends.slurm_request import request_for
 from service.backends.submitit_adapter import pickled_call
 from service.jobfs import remove_from, rename_in, write_new_file
-from worker.launch import RankLauncher
+from worker.launch import Supervisor
 from worker.spec import RunSpec, ascii_int
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def _submit(
         # Under temporary names inside each job's own folder (same filesystem: the rename is atomic).
         for index, (spec, folder) in enumerate(zip(specs, folders, strict=True)):
             staged.append(StagedPickle(folder, token, index))
-            staged[-1].write(pickled_call(RankLauncher(spec.model_dump_json()), int(params["time"])))
+            staged[-1].write(pickled_call(Supervisor(spec.model_dump_json()), int(params["time"])))
         request = request_for(
             specs, params, folder=template, workdir=workdir, python=python, parallelism=parallelism, srun=srun
         )

@@ -16,6 +16,11 @@ JOB_ID_ENV = "TORCHYARD_JOB_ID"  # the service's id of the job
 RUN_ID_ENV = "TORCHYARD_RUN_ID"  # the same over the job's retries and requeues (RunSpec.run_id)
 ATTEMPT_ENV = "TORCHYARD_ATTEMPT"  # 1 for the first attempt
 UPSTREAM_ENV = "TORCHYARD_UPSTREAM"  # JobFiles.upstream: what the jobs it ran after left
+# The SLURM batch script's, for the job's supervisor (worker.run_slurm): srun's absolute path (the job's
+# PATH is the job's), and the per-rank log templates (`%t`: the task) its steps get as --output/--error.
+SRUN_ENV = "TORCHYARD_SRUN"
+RANK_OUTPUT_ENV = "TORCHYARD_RANK_OUTPUT"
+RANK_ERROR_ENV = "TORCHYARD_RANK_ERROR"
 
 
 def checkpoint_note_name(checkpoint: str) -> str:

@@ -21,7 +21,7 @@ from service.config import Settings
 from service.errors import BackendError
 from tests.support import wait_for
 from tests.unit.backends.slurm_fakes import FakeCommands, fail, ok, recorded
-from worker.launch import RankLauncher
+from worker.launch import Supervisor
 from worker.spec import ArrayGroup, RunSpec
 
 REFUSED = (
@@ -101,7 +101,7 @@ def test_equal_jobs_go_out_as_one_array_with_per_job_folders(
         assert sorted(p.name for p in spec.files.submitit.iterdir()) == [pickled.name]  # its own only
         with pickled.open("rb") as handle:
             delayed = pickle.load(handle)
-        assert isinstance(delayed.function, RankLauncher) and delayed.function.spec == spec
+        assert isinstance(delayed.function, Supervisor) and delayed.function.spec == spec
     assert (specs[3].files.submitit / "101_submitted.pkl").exists()
     assert (specs[3].files.submitit / "101_submission.sh").exists()
 
