@@ -116,8 +116,8 @@ def supervise(spec: RunSpec, runs: Runs) -> None:
         if end.cancelled:
             raise AttemptCancelled(end.detail)
         log.warning("run %d of attempt %d ended: %s", restarts, spec.attempt, describe(end))
-        if end.cause not in policy.on:
-            raise AttemptEnded(f"{describe(end)}: {end.cause} is not restarted in place (restarts.on)")
+        if end.cause not in policy.on or policy.max == 0:  # restarts off for it: the attempt ends as ever
+            raise AttemptEnded(f"{describe(end)}: not restarted in place (restarts {policy.model_dump()})")
         if end.lost_node and end.node is not None:
             lost.append(end.node)
         usable = [host for host in runs.hosts() if host not in lost]

@@ -62,7 +62,7 @@ def test_keep_last_2_leaves_two_checkpoints_and_a_run_killed_mid_way_resumes_bit
 ) -> None:
     slow = {**KWARGS, "sleep_per_step": 0.25}  # about a second an epoch: time to kill it mid-run
     kept = submit(live, "keep-last-2", kwargs=slow, checkpoints={"keep_last": 2},
-                  retries={"max": 2, "backoff_s": 1})  # fmt: skip
+                  retries={"max": 2, "backoff_s": 1}, restarts={"max": 0})  # fmt: skip
     whole = submit(live, "whole", kwargs=KWARGS)
 
     def third_checkpoint() -> dict[str, Any] | None:

@@ -92,6 +92,7 @@ def test_a_rank_killed_mid_training_is_a_node_failure_and_the_job_is_retried(liv
         live,
         "killed",
         retries={"max": 2, "backoff_s": 1},  # the default kinds: node_failure and preemption
+        restarts={"max": 0},  # no restart in place (tests/integration/test_restarts_local.py has those)
         kwargs={**KWARGS, "epochs": 4, "sleep_per_step": 0.25},
     )
     job = wait_for(lambda: (j := live.get(f"{JOBS}/{job_id}").json())["latest_checkpoint"] and j, 180,

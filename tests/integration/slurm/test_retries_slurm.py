@@ -89,7 +89,7 @@ def test_a_run_that_raises_after_a_checkpoint_resumes_on_attempt_2_bit_for_bit(a
 def test_a_rank_killed_on_slurm_is_a_node_failure_and_the_job_is_retried(api: Api) -> None:
     """Also: a job that runs after it, on the local backend, waits out the retry (only the final
     outcome counts) and then gets the second attempt's result and checkpoint as its upstream."""
-    job_id = api.submit(name="killed", entrypoint=TRAIN, retries=FAST_RETRIES,
+    job_id = api.submit(name="killed", entrypoint=TRAIN, retries=FAST_RETRIES, restarts={"max": 0},
                         kwargs={**KWARGS, "sleep_per_step": 0.3},
                         resources={"nodes": 2, "tasks_per_node": 1, "timeout_min": 5})["id"]  # fmt: skip
     dependent = api.submit(name="after-killed", entrypoint=UPSTREAM_ECHO, backend="local", after=[job_id])
@@ -139,6 +139,7 @@ def test_a_node_that_dies_under_a_two_node_job_is_a_node_failure_retried_once_it
     its peer, the attempt is a node failure naming n2, and the retry, after a backoff long enough for
     n2 to come back, runs on both nodes again."""
     job_id = api.submit(name="node-dies", entrypoint=TRAIN, retries={**FAST_RETRIES, "backoff_s": 30},
+                        restarts={"max": 0},
                         kwargs={**KWARGS, "sleep_per_step": 0.3},
                         resources={"nodes": 2, "tasks_per_node": 1, "timeout_min": 5})["id"]  # fmt: skip
     first_checkpoint(api, job_id)
