@@ -62,8 +62,8 @@ def _one(session: Session, job: Job, record: RestartRecord) -> bool:
         job.restart_log = restarts.appended(job.restart_log, kept)
         record_restart(session, job, f"not restarted in place: {kept['reason']}", notify=False)
         return True
-    if record.restart <= restarts.runs_seen(job.restart_log, attempt) or record.lost_at is None:
-        return False  # read before (a torn read, a rewrite): once each
+    if record.restart <= restarts.runs_seen(job.restart_log, attempt):
+        return False  # read before (a line written twice): once each
     earlier = restarts.of_attempt(job.restart_log, attempt)
     run_start = earlier[-1].get("started_at") if earlier else None
     if run_start is None and job.attempt_started_at is not None:

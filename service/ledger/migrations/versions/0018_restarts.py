@@ -8,8 +8,6 @@ Revises: 0017
 import sqlalchemy as sa
 from alembic import op
 
-from service.ledger import name_index
-
 revision = "0018"
 down_revision = "0017"
 branch_labels = None
@@ -27,12 +25,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # On SQLite the batch rebuilds `job` by copy, which drops the name index's triggers: built again.
-    dialect = op.get_bind().dialect.name
-    for statement in name_index.drop_statements(dialect):
-        op.execute(statement)
-    with op.batch_alter_table("job") as batch:
-        for column in (*_COUNTS, *_RECORDS):
-            batch.drop_column(column)
-    for statement in name_index.create_statements(dialect):
-        op.execute(statement)
+    # In place (SQLite drops a plain column itself): a batch would rebuild `job` by copy, making the
+    # inline foreign keys of 0006 and 0014 table constraints that their own downgrades cannot drop.
+    for column in (*_COUNTS, *_RECORDS):
+        op.drop_column("job", column)
