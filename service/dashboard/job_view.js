@@ -325,13 +325,13 @@ function goodputBar(job) {
   if (wall <= 0) return "—";
   const parts = GOODPUT_PARTS.filter(([part]) => seconds[part] > 0);
   const label = ([part, , name]) => `${name} ${duration(seconds[part] * 1000)}`;
-  return el("div", { class: "progress goodput", dataset: { training: Math.round(100 * seconds.training / wall) } },
-    el("div", { class: "bar", style: "display: flex" }, ...parts.map((one) => el("div", {
+  return el("div", { class: "progress goodput", style: "flex-wrap: wrap", dataset: { training: Math.round(100 * seconds.training / wall) } },
+    el("div", { class: "bar", style: "display: flex; min-width: 120px" }, ...parts.map((one) => el("div", {
       class: `fill part-${one[0]}`, title: label(one),
       style: `width: ${(100 * seconds[one[0]] / wall).toFixed(2)}%; border-radius: 0; --c: var(--${one[1]})`,
     }))),
-    el("span", { class: "label" }, `${Math.round(100 * seconds.training / wall)}% training`,
-      el("span", { class: "pct" }, ` · ${parts.slice(1).map(label).join(" · ") || "nothing lost"}`)));
+    el("span", { class: "label", style: "white-space: normal" }, `${Math.round(100 * seconds.training / wall)}% training`,
+      el("span", { class: "pct" }, ` · ${parts.filter(([part]) => part !== "training").map(label).join(" · ") || "nothing lost"}`)));
 }
 
 // The job folder's size as the service last measured it (when the job ended, and hourly while it
