@@ -299,7 +299,7 @@ def goodput_parts(job: Job, now: datetime | None = None) -> dict[str, float]:
 
 def goodput_text(job: Job, now: datetime | None = None) -> str:
     """ "92% training: training 1h02m, restart downtime 12.0s, recomputed 40.0s, queue 3m10s"."""
-    if not job.get("goodput"):
+    if not (job.get("goodput") or {}).get("as_of"):  # not worked out yet (a job from before goodput)
         return ""
     parts = goodput_parts(job, now)
     wall = sum(parts.values())

@@ -318,7 +318,7 @@ const GOODPUT_PARTS = [["training", "running", "training"], ["downtime", "failed
 
 function goodputBar(job) {
   const kept = job.goodput;
-  if (!kept) return "—";
+  if (!kept || !kept.as_of) return "—"; // not worked out yet (a job from before goodput)
   const seconds = Object.fromEntries(GOODPUT_PARTS.map(([part]) => [part, kept[`${part}_s`] || 0]));
   if (kept.accruing && kept.as_of) seconds[kept.accruing] += Math.max(0, (Date.now() - Date.parse(kept.as_of)) / 1000);
   const wall = Object.values(seconds).reduce((a, b) => a + b, 0);

@@ -105,6 +105,27 @@ def spans(log: list[dict[str, Any]] | None) -> list[Span]:
     return found
 
 
+SAVED = "checkpoints"  # in Job.goodput, beside the parts: when the job's latest checkpoints were saved
+MAX_SAVED = 8
+
+
+def note_checkpoint(job: Job, path: str, saved_at: float | None) -> None:
+    """Rank 0 saved `path` at `saved_at` (its clock): a restart that resumes from it recomputes what
+    was trained since. The newest MAX_SAVED are kept."""
+    if saved_at is None:
+        return
+    kept = dict((job.goodput or {}).get(SAVED) or {})
+    kept.pop(path, None)
+    kept[path] = saved_at
+    job.goodput = {**(job.goodput or {}), SAVED: dict(list(kept.items())[-MAX_SAVED:])}
+
+
+def saved_at(job: Job, path: str | None) -> float | None:
+    """When the checkpoint `path` was saved, if the job's progress said so (note_checkpoint)."""
+    found = ((job.goodput or {}).get(SAVED) or {}).get(path) if path else None
+    return float(found) if isinstance(found, int | float) else None
+
+
 def refresh(session: Session, job: Job, now: datetime) -> None:
     """Work the job's goodput out again, as of `now`, from its state changes and its restarts."""
     query = select(JobEvent.time, JobEvent.to_state).where(JobEvent.job_id == job.id)
@@ -113,7 +134,9 @@ def refresh(session: Session, job: Job, now: datetime) -> None:
     states = [(at.timestamp(), JobState(state)) for at, state in rows]
     if not states or states[-1][1] is not JobState(job.state):  # the move being made, not flushed yet
         states.append((now.timestamp(), JobState(job.state)))
-    job.goodput = split(states, spans(job.restart_log), now.timestamp()).model_dump(mode="json")
+    parts = split(states, spans(job.restart_log), now.timestamp()).model_dump(mode="json")
+    saved = (job.goodput or {}).get(SAVED)
+    job.goodput = {**parts, SAVED: saved} if saved else parts
     session.add(job)
 
 

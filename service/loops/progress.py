@@ -23,7 +23,7 @@ from pathlib import Path
 from sqlalchemy import delete
 from sqlmodel import Session, col
 
-from service.domain import metric_series
+from service.domain import goodput, metric_series
 from service.domain.transitions import record_transition
 from service.domain.watchdog import recent_report_times
 from service.jobfs import read_new_progress
@@ -62,6 +62,7 @@ def _ingest(session: Session, job: Job, path: Path) -> bool:
     for record in records:
         if isinstance(record, CheckpointRecord):  # a checkpoint note, not a progress report
             job.latest_checkpoint = record.checkpoint
+            goodput.note_checkpoint(job, record.checkpoint, record.time)
         else:
             latest = record
             added.extend(_metrics(job, record))

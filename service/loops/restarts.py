@@ -68,7 +68,9 @@ def _one(session: Session, job: Job, record: RestartRecord) -> bool:
     run_start = earlier[-1].get("started_at") if earlier else None
     if run_start is None and job.attempt_started_at is not None:
         run_start = job.attempt_started_at.timestamp()
-    saved = _checkpoint_time(session, job, attempt, record.resumed_step)
+    saved = goodput.saved_at(job, record.resumed_from)
+    if saved is None:
+        saved = _checkpoint_time(session, job, attempt, record.resumed_step)
     kept = restarts.entry(record, run_start=run_start, checkpoint_at=saved)
     job.restart_log = restarts.appended(job.restart_log, kept)
     job.restart_count += 1
@@ -81,7 +83,8 @@ def _one(session: Session, job: Job, record: RestartRecord) -> bool:
 
 
 def _checkpoint_time(session: Session, job: Job, attempt: int, step: int | None) -> float | None:
-    """When the checkpoint of `step` was saved: when rank 0 reported that step (None: not known)."""
+    """When the checkpoint of `step` was saved, if its save was not noted: when rank 0 reported that
+    step (None: not known)."""
     if step is None:
         return None
     query = select(func.min(JobMetric.time)).where(

@@ -137,6 +137,24 @@ def test_restarts_are_read_into_the_job_past_hostile_lines_and_told(
     assert {one["event"] for one in told} == {"job.restarted"}
 
 
+def test_recomputed_work_runs_from_the_save_of_the_checkpoint_resumed_from(
+    quiet_api: TestClient, fake: FakeBackend
+) -> None:
+    job_id = running(quiet_api, watchdog=None)
+    files, t0 = fake.specs[job_id].files, time.time()
+    saved = {"checkpoint": "/j/checkpoints/ckpt-3.pt", "step": 3, "time": t0 + 0.3, "attempt": 1}
+    files.progress.write_text(json.dumps(saved) + "\n")
+    tick(quiet_api)
+    time.sleep(1.2)  # trained on; lost at t0 + 1.0
+    lost = restarted(lost_at=t0 + 1.0, started_at=t0 + 1.1, resumed_from=saved["checkpoint"], resumed_step=3)
+    append(fake, job_id, lost)
+    tick(quiet_api)
+
+    kept = get_job(quiet_api, job_id)["goodput"]
+    assert kept["recomputed_s"] == pytest.approx(0.7, abs=0.01)  # trained from its save to the loss
+    assert set(kept) == {"training_s", "downtime_s", "recomputed_s", "queue_s", "ratio", "as_of", "accruing"}
+
+
 def test_a_supervisor_giving_up_says_why_in_the_ending_and_retries_requeue_it(
     api: TestClient, fake: FakeBackend
 ) -> None:
