@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.domain import jobs, retention
+from service.domain import goodput, jobs, retention
 from service.ledger.clock import read_version
 from service.states import JobState
 
@@ -72,6 +72,7 @@ class LedgerCollector:
         with Session(runtime.engine) as session:
             counts = jobs.count_by_state_and_backend(session)
             changes = read_version(session).seq
+            kept, restarts = goodput.totals(session)
         family = GaugeMetricFamily(
             "torchyard_jobs", "Jobs in the ledger by state and backend.", labels=["state", "backend"]
         )
@@ -82,6 +83,18 @@ class LedgerCollector:
         yield family
         yield CounterMetricFamily(
             "torchyard_ledger_changes", "Committed transactions that changed a job.", value=changes
+        )
+        parts = GaugeMetricFamily(
+            "torchyard_job_goodput_seconds",
+            "Every job's wall time by part (training kept, restart downtime, recomputed work, queue "
+            "wait), summed as each job's goodput was last worked out (at its starts, ends and restarts).",
+            labels=["part"],
+        )
+        for part, seconds in kept.items():
+            parts.add_metric([part], seconds)
+        yield parts
+        yield GaugeMetricFamily(
+            "torchyard_job_restarts", "Restarts in place of every job in the ledger, summed.", value=restarts
         )
 
     @staticmethod

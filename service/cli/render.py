@@ -195,6 +195,10 @@ def job_details(
     ]
     if estimate := start_estimate(job):
         rows.append(("queue", Text(estimate)))
+    if restarts := restarts_text(job):
+        rows.append(("restarts", Text(restarts)))
+    if kept := goodput_text(job):
+        rows.append(("goodput", Text(kept)))
     if stalled := stalled_text(job):
         rows.append(("stalled", Text(stalled, style=STALLED_STYLE)))
     if job.get("exit_code") is not None:
@@ -267,6 +271,41 @@ def attempt_text(job: Job) -> str:
     if job.get("state") == "retrying" and job.get("retry_at"):
         text += f", goes out at {job['retry_at']}"
     return text
+
+
+def restarts_text(job: Job) -> str:
+    """ "1 in place (at most 2 an attempt, on node_failure, hang)"; empty when none and none allowed."""
+    policy = job.get("restarts") or {}
+    count = int(job.get("restart_count") or 0)
+    if not count and not policy.get("max"):
+        return ""
+    on = ", ".join(policy.get("on") or [])
+    return f"{count} in place (at most {policy.get('max', 0)} an attempt, on {on or 'nothing'})"
+
+
+GOODPUT_PARTS = ("training", "downtime", "recomputed", "queue")
+
+
+def goodput_parts(job: Job, now: datetime | None = None) -> dict[str, float]:
+    """The job's goodput seconds by part, the part it accrues brought up to `now` (the service works
+    it out at each change: service.domain.goodput)."""
+    goodput = job.get("goodput") or {}
+    parts = {part: float(goodput.get(f"{part}_s") or 0.0) for part in GOODPUT_PARTS}
+    as_of, accruing = parse_time(goodput.get("as_of")), goodput.get("accruing")
+    if as_of is not None and accruing in parts:
+        parts[accruing] += max(0.0, ((now or datetime.now(timezone.utc)) - as_of).total_seconds())
+    return parts
+
+
+def goodput_text(job: Job, now: datetime | None = None) -> str:
+    """ "92% training: training 1h02m, restart downtime 12.0s, recomputed 40.0s, queue 3m10s"."""
+    if not (job.get("goodput") or {}).get("as_of"):  # not worked out yet (a job from before goodput)
+        return ""
+    parts = goodput_parts(job, now)
+    wall = sum(parts.values())
+    share = f"{100 * parts['training'] / wall:.0f}% training: " if wall > 0 else ""
+    named = {"downtime": "restart downtime"}
+    return share + ", ".join(f"{named.get(part, part)} {human_seconds(sec)}" for part, sec in parts.items())
 
 
 def as_json(value: Any) -> str:

@@ -158,6 +158,8 @@ export class JobView {
       ["Owner", job.owner], ["Runs as", job.run_as || "—"], ["Backend", job.backend], ["Scheduler id", job.external_id || "—"],
       ["Nodes × tasks", resources(job)], ["Runs on", job.nodes || "—"], ["Ranks", placementText(job.placement)],
       ["Attempt", attemptText(job)],
+      ["Restarts", restartsText(job)],
+      ["Goodput", goodputBar(job)],
       ["Target", el("code", {}, target)],
       // One element for the view's life: the facts are redrawn on every change, an open list stays open.
       ["Code", job.spec.code ? (this.codeBox ??= this.codeFiles(job.spec.code)) : "—"],
@@ -300,6 +302,36 @@ function placementText(placement) {
 function attemptText(job) {
   const most = job.retries && job.retries.max ? ` of at most ${1 + job.retries.max}` : "";
   return `${job.attempt}${most}`;
+}
+
+// Restarts in place (issue 44): how many, under which policy; each is in the state history.
+function restartsText(job) {
+  const policy = job.restarts || { max: 0, on: [] };
+  if (!job.restart_count && !policy.max) return "none";
+  return `${job.restart_count || 0} in place (at most ${policy.max} an attempt, on ${policy.on.join(", ") || "nothing"})`;
+}
+
+// The job's wall time split (the service works it out at each start, end and restart), the part it
+// accrues brought up to now: a stacked bar, each part's seconds in its title and the legend.
+const GOODPUT_PARTS = [["training", "running", "training"], ["downtime", "failed", "restart downtime"],
+  ["recomputed", "timeout", "recomputed"], ["queue", "queued", "queue"]];
+
+function goodputBar(job) {
+  const kept = job.goodput;
+  if (!kept || !kept.as_of) return "—"; // not worked out yet (a job from before goodput)
+  const seconds = Object.fromEntries(GOODPUT_PARTS.map(([part]) => [part, kept[`${part}_s`] || 0]));
+  if (kept.accruing && kept.as_of) seconds[kept.accruing] += Math.max(0, (Date.now() - Date.parse(kept.as_of)) / 1000);
+  const wall = Object.values(seconds).reduce((a, b) => a + b, 0);
+  if (wall <= 0) return "—";
+  const parts = GOODPUT_PARTS.filter(([part]) => seconds[part] > 0);
+  const label = ([part, , name]) => `${name} ${duration(seconds[part] * 1000)}`;
+  return el("div", { class: "progress goodput", style: "flex-wrap: wrap", dataset: { training: Math.round(100 * seconds.training / wall) } },
+    el("div", { class: "bar", style: "display: flex; min-width: 120px" }, ...parts.map((one) => el("div", {
+      class: `fill part-${one[0]}`, title: label(one),
+      style: `width: ${(100 * seconds[one[0]] / wall).toFixed(2)}%; border-radius: 0; --c: var(--${one[1]})`,
+    }))),
+    el("span", { class: "label", style: "white-space: normal" }, `${Math.round(100 * seconds.training / wall)}% training`,
+      el("span", { class: "pct" }, ` · ${parts.filter(([part]) => part !== "training").map(label).join(" · ") || "nothing lost"}`)));
 }
 
 // The job folder's size as the service last measured it (when the job ended, and hourly while it

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from service.backends.base import Backend, BackendStatus
+from service.domain import restarts
 from service.jobfs import RankError, log_tail, rank_errors, read_result
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
@@ -62,7 +63,28 @@ def with_stacks(ending: Ending, summary: str | None) -> Ending:
 
 
 def from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:
-    """The ending told by the ranks' error files (at least one)."""
+    """The ending told by the ranks' error files (at least one), and by the job's supervisor when it
+    gave up restarting the attempt in place."""
+    return given_up(job, _from_rank_errors(job, errors))
+
+
+def given_up(job: Job, ending: Ending) -> Ending:
+    """`ending` with why the job's supervisor did not restart the attempt in place, when it gave up
+    (service.domain.restarts): the reason names it, and an ending the scheduler and the files leave
+    unexplained (a plain failure, no rank's own exception) takes the kind of the loss that was not
+    restarted, for `retries` to decide on."""
+    gave_up = restarts.of_attempt(job.restart_log, job.run_attempt or job.attempt, restarts.GAVE_UP)
+    if not gave_up or ending.state in (JobState.succeeded, JobState.cancelled):
+        return ending
+    last = gave_up[-1]
+    kind = ending.kind
+    own_error = " raised:\n" in ending.reason  # from_rank_errors: a rank's own exception
+    if kind == "failure" and last.get("cause") in ("node_failure", "hang") and not own_error:
+        kind = last["cause"]
+    return replace(ending, kind=kind, reason=f"not restarted in place: {last.get('reason')}\n{ending.reason}")
+
+
+def _from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:
     # A job of one rank has no peer to lose: whatever it raised is its own.
     world_size = job.resources.world_size
     own = [error for error in errors if world_size == 1 or not LOST_PEER.search(error.text)]
@@ -87,6 +109,13 @@ def settle(
 
     None while `files_may_follow` (service.loops.files_grace) and neither the folder nor the scheduler
     names the cause: a rank's error file or rank 0's result may not be visible here yet."""
+    ending = _settle(job, files, status, backend, files_may_follow)
+    return given_up(job, ending) if ending is not None else None
+
+
+def _settle(
+    job: Job, files: JobFiles, status: BackendStatus, backend: Backend, files_may_follow: bool
+) -> Ending | None:
     result = read_result(files, job.run_attempt)
     if result is not None and status.state in (JobState.succeeded, JobState.failed):
         return Ending(JobState.succeeded, None, "completed", result["value"])
@@ -96,7 +125,7 @@ def settle(
         return Ending(JobState.failed, "node_failure", status.reason or f"{status.lost_batch_host} lost")
     errors = rank_errors(files, job.run_attempt, job.resources.world_size)
     if errors:
-        return from_rank_errors(job, errors)
+        return _from_rank_errors(job, errors)
     if status.kind is not None:  # the scheduler named it: a node failure, OOM, a preemption
         nodes = f" (nodes {job.nodes})" if job.nodes else ""
         return Ending(JobState.failed, status.kind, f"{status.reason or status.kind}{nodes}")

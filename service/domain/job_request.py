@@ -35,6 +35,13 @@ def check_request(payload: JobCreate, settings: Settings, backends: Mapping[str,
         roomier = sorted(n for n, b in backends.items() if b.max_nodes is None or b.max_nodes >= res.nodes)
         hint = f"; use backend '{roomier[0]}' for more" if roomier else ""
         raise InvalidRequest(f"the {name} backend runs on {nodes}{hint}", field="resources.nodes")
+    if most is not None and res.spare_nodes and res.nodes + res.spare_nodes > most:
+        # A spare waits idle in the allocation for a lost node: a backend of `most` nodes has none.
+        room = "one node" if most == 1 else f"at most {most} nodes"
+        raise InvalidRequest(
+            f"the {name} backend runs on {room}: no room for {res.spare_nodes} spare node(s)",
+            field="resources.spare_nodes",
+        )
     return name
 
 
@@ -101,6 +108,10 @@ def new_job_values(row: NewJob, sweep_id: int | None) -> dict[str, Any]:
         "params": row.params,
         "pipeline_id": row.pipeline_id,
         "stage": row.stage,
+        "restart_count": 0,
+        "restarts_offset": 0,
+        "restart_log": None,
+        "goodput": None,
         "created_at": row.created_at,
         "updated_at": row.created_at,
         "submitted_at": None,

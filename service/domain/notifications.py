@@ -24,7 +24,7 @@ from sqlmodel import Session, col, select
 from service.config import Settings
 from service.domain import audit, jobs, webhook_hosts
 from service.domain.auth import Principal
-from service.domain.outbox import NOTIFIABLE
+from service.domain.outbox import NOTIFIABLE, RESTARTED
 from service.errors import Conflict, InvalidRequest, NotFound
 from service.ledger.db import session_scope
 from service.ledger.models.notifications import (
@@ -42,7 +42,8 @@ from service.ledger.models.pipelines import Pipeline
 from service.states import JobState
 
 # Only states a notice is written for: a subscription to `queued` would never be told anything.
-STATE_NAMES: frozenset[str] = frozenset(state.value for state in NOTIFIABLE) | {ENDED}
+# And `restarted`: no state, a restart in place of a running attempt (service.loops.restarts).
+STATE_NAMES: frozenset[str] = frozenset(state.value for state in NOTIFIABLE) | {ENDED, RESTARTED}
 NEVER_TOLD: frozenset[str] = frozenset(state.value for state in JobState) - STATE_NAMES
 MAX_PAGE = 500
 REMOVED = "its subscription was removed"

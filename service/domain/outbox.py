@@ -40,6 +40,7 @@ NOTIFIABLE: frozenset[JobState] = frozenset(
     {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timeout}
     | {JobState.running, JobState.retrying, JobState.requeued}
 )
+RESTARTED = "restarted"  # not a state: a restart in place within the running attempt (job.restarted)
 FAN_OUT = "notify fan-out"
 
 
@@ -51,6 +52,20 @@ def note_job(session: Session, job: Job, state: JobState, reason: str | None) ->
             job_id=job.id,
             pipeline_id=job.pipeline_id,
             state=state.value,
+            reason=reason,
+            attempt=job.attempt,
+        )
+    )
+
+
+def note_restart(session: Session, job: Job, reason: str) -> None:
+    """`job` was restarted in place (service.loops.restarts), in this transaction: `job.restarted`."""
+    session.add(
+        Notice(
+            owner=job.owner,
+            job_id=job.id,
+            pipeline_id=job.pipeline_id,
+            state=RESTARTED,
             reason=reason,
             attempt=job.attempt,
         )

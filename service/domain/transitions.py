@@ -9,7 +9,9 @@ reconciler (pending, running, the endings; `end_attempt` decides a retry), and a
 `record_accepted` move many at once through Core statements built from the same rules (`_columns`,
 `_event`), and stamp them for the ledger clock themselves: no caller writes a state or an event, or
 remembers note_changed. A move to a state webhooks tell of (service.domain.outbox.NOTIFIABLE) writes
-its notice here too; the batch moves never go to one of those states.
+its notice here too, and works the job's goodput out again (service.domain.goodput: the part its time
+goes to changes there); the batch moves never go to one of those states. A restart in place is no move:
+`record_restart` writes its event (and its `job.restarted` notice).
 
 A user's cancel is a flag (`Job.cancel_requested`), not a state. Until the scheduler has stopped it,
 a cancelled job still is what it was (queued, pending, running: its ranks are exiting), and every
@@ -32,8 +34,9 @@ from typing import Any
 from sqlalchemy import bindparam, insert, update
 from sqlmodel import Session, col, func, select
 
+from service.domain import goodput
 from service.domain.endings import CANCELLED_BY_USER, Ending
-from service.domain.outbox import NOTIFIABLE, note_job
+from service.domain.outbox import NOTIFIABLE, note_job, note_restart
 from service.domain.pipeline_state import settle_pipeline
 from service.ledger.clock import note_changed, stamp_jobs
 from service.ledger.models.columns import utcnow
@@ -136,6 +139,7 @@ def record_transition(
     session.add(JobEvent(**_event(job.id, current, target, reason, job.attempt, now)))
     if target in NOTIFIABLE:  # its webhooks' outbox, in this transaction (service.domain.outbox)
         note_job(session, job, target, reason)
+        goodput.refresh(session, job, now)  # a start or an end: the part its time goes to changes
     if job.pipeline_id is not None and is_terminal(target):  # its pipeline may have ended with it
         settle_pipeline(session, job.pipeline_id)
     return target
@@ -167,6 +171,17 @@ def clear_stall(session: Session, job: Job) -> None:
     session.add(job)
     state = JobState(job.state)
     session.add(JobEvent(**_event(job.id, state, state, f"{RESUMED}{lasted:.0f} s", job.attempt, now)))
+
+
+def record_restart(session: Session, job: Job, text: str, *, notify: bool) -> None:
+    """A restart in place of the running `job` (or its supervisor giving up), with its event; with
+    `notify`, a `job.restarted` webhook too. Not a state: the attempt goes on, in the same run."""
+    assert job.id is not None, "record a stored job's restart"
+    now = utcnow()
+    state = JobState(job.state)
+    session.add(JobEvent(**_event(job.id, state, state, text, job.attempt, now)))
+    if notify:
+        note_restart(session, job, text)
 
 
 def _columns(target: JobState, reason: str | None, now: datetime) -> dict[str, Any]:

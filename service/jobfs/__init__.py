@@ -16,7 +16,8 @@ a FIFO to hang a thread, or more names and bytes than any reader should take. So
 - checkpoints.py: a bounded page of rank 0's checkpoints, and one opened for download;
 - writes.py: the job folder made, an attempt's files moved aside, the backends' pickles and scripts,
   the link to the job's code snapshot's shared copy;
-- folders.py: a whole folder measured, and removed through the trash.
+- folders.py: a whole folder measured, and removed through the trash;
+- restarts.py: the supervisor's restarts.jsonl read, the service's restart-request.json written.
 """
 
 from service.jobfs.checkpoints import (
@@ -51,6 +52,7 @@ from service.jobfs.reads import (
     result_written,
     submitted_external_id,
 )
+from service.jobfs.restarts import read_new_restarts, read_restart_request, write_restart_request
 from service.jobfs.stacks import (
     StackText,
     read_activity,
@@ -102,7 +104,9 @@ __all__ = [
     "read_activity",
     "read_flight_records",
     "read_new_progress",
+    "read_new_restarts",
     "read_placement",
+    "read_restart_request",
     "read_result",
     "read_stack_texts",
     "read_stacks_after",
@@ -114,4 +118,5 @@ __all__ = [
     "submitted_external_id",
     "usage",
     "write_new_file",
+    "write_restart_request",
 ]

@@ -1,5 +1,6 @@
 """Rank 0's progress file into the ledger, incrementally (only lines not yet read).
 
+The supervisor's restarts.jsonl is read with it (service.loops.restarts).
 Reading and parsing is service.jobfs (with the worker's one parser); this module writes:
 metric rows (and their rollup buckets, service.domain.metric_series), the job's latest progress and
 checkpoint, and how far the file has been read. A job is untrusted and writes as much as it likes, so
@@ -22,13 +23,14 @@ from pathlib import Path
 from sqlalchemy import delete
 from sqlmodel import Session, col
 
-from service.domain import metric_series
+from service.domain import goodput, metric_series
 from service.domain.transitions import record_transition
 from service.domain.watchdog import recent_report_times
 from service.jobfs import read_new_progress
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
 from service.ledger.models.metrics import JobMetric
+from service.loops.restarts import ingest_restarts
 from service.states import JobState
 from worker.spec import MAX_METRIC_NAMES, CheckpointRecord, ProgressRecord
 
@@ -41,7 +43,15 @@ _TOLD: set[int] = set()
 
 
 def ingest_progress(session: Session, job: Job, path: Path) -> bool:
-    """Add new metric rows and the latest progress to `job`. Returns True when anything was read."""
+    """Add new metric rows and the latest progress to `job`, then its supervisor's new restart records
+    (service.loops.restarts: the first report after a restart ends its downtime). Returns True when
+    any progress was read."""
+    read = _ingest(session, job, path)
+    ingest_restarts(session, job)
+    return read
+
+
+def _ingest(session: Session, job: Job, path: Path) -> bool:
     read = read_new_progress(path, job.progress_offset, MAX_METRIC_ROWS_PER_READ)
     if read is None:
         return False
@@ -52,6 +62,7 @@ def ingest_progress(session: Session, job: Job, path: Path) -> bool:
     for record in records:
         if isinstance(record, CheckpointRecord):  # a checkpoint note, not a progress report
             job.latest_checkpoint = record.checkpoint
+            goodput.note_checkpoint(job, record.checkpoint, record.time)
         else:
             latest = record
             added.extend(_metrics(job, record))

@@ -9,8 +9,9 @@ committed (`Watch.after_tick`), its ranks' stacks are captured by the Runtime's 
 (service.domain.captures: one capture per job, owners served in turn, a total deadline; no
 transaction open while the ranks write them), and once that capture ends the job is flagged in a
 short transaction of its own, the reason naming which rank is where; with `on_stall: "fail"` it
-also ends the attempt as `hang` (a retry follows when `retries.on` holds it) and has the backend
-stop the run.
+asks the job's supervisor to restart it in place when its `restarts` cover `hang` and have some left
+(service.loops.restarts), else ends the attempt as `hang` (a retry follows when `retries.on` holds
+it) and has the backend stop the run.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from service.jobfs import read_activity
 from service.ledger.db import write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
+from service.loops.restarts import request_restart
 from service.states import JobState
 from worker.spec import Watchdog
 
@@ -162,6 +164,8 @@ class Watch:
             self.stalls_total += 1
             log.warning("job %s stalled: %s", job.id, reason)
             if spec_watchdog(job).on_stall != "fail":
+                return False
+            if request_restart(session, job, reason):  # its supervisor restarts it in place
                 return False
             end_attempt(session, job, Ending(JobState.failed, "hang", f"stalled: {reason}"))
             return True

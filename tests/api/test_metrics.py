@@ -69,6 +69,10 @@ def test_metrics_count_jobs_by_state_and_backend_from_the_ledger(
     assert sample(text, "torchyard_dispatch_last_duration_seconds") is not None
     changes = sample(text, "torchyard_ledger_changes_total")
     assert changes is not None and changes >= 4
+    # Goodput by part, summed over the jobs (no label per job): the three ran, the failed one ended.
+    assert (sample(text, "torchyard_job_goodput_seconds", part="training") or 0) > 0
+    assert sample(text, "torchyard_job_goodput_seconds", part="downtime") == 0
+    assert sample(text, "torchyard_job_restarts") == 0
 
 
 def test_request_latency_is_labelled_by_route_template(api: TestClient) -> None:

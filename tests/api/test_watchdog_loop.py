@@ -102,7 +102,10 @@ def test_a_job_standing_still_is_flagged_with_a_capture_and_cleared_when_it_repo
 def test_on_stall_fail_ends_the_attempt_as_hang_and_stops_the_run(
     quiet_api: TestClient, fake: FakeBackend
 ) -> None:
-    job_id = running(quiet_api, watchdog={**WATCH, "on_stall": "fail"}, retries={"max": 0})
+    # No restarts in place: by default a hang is restarted in place (tests/api/test_restarts.py).
+    job_id = running(
+        quiet_api, watchdog={**WATCH, "on_stall": "fail"}, retries={"max": 0}, restarts={"max": 0}
+    )
     stand_still(fake, job_id)
     later(quiet_api, LATER_S)
     tick(quiet_api)
@@ -159,7 +162,7 @@ def test_one_users_stalling_jobs_do_not_delay_another_users_stall_past_one_captu
         wait_for(flagged, 20, "alice's stalls flagged too")
 
 
-FAIL = {"watchdog": {**WATCH, "on_stall": "fail"}, "retries": {"max": 0}}
+FAIL = {"watchdog": {**WATCH, "on_stall": "fail"}, "retries": {"max": 0}, "restarts": {"max": 0}}
 
 
 def time_to_fail(api: TestClient, fake: FakeBackend, job_id: int, headers: dict[str, str]) -> float:

@@ -124,6 +124,7 @@ async def _noise(
                 **DEAF_JOB,
                 "name": f"stalling-{n}",
                 "watchdog": {"stall_after_s": 15, "on_stall": "fail"},
+                "restarts": {"max": 0},  # ended, as before restarts in place
             }
             noise.record("stalling jobs", await client.post(JOBS, json=body))
         started.set()

@@ -178,6 +178,7 @@ def test_a_hang_fails_the_attempt_and_the_retry_resumes_to_an_uninterrupted_resu
         client, "hangs", **train, kwargs={**kwargs, "hang_on_attempts": [1]},
         watchdog={"stall_after_s": STALL_AFTER_S, "on_stall": "fail"},
         retries={"max": 1, "backoff_s": 1, "on": ["hang"]},
+        restarts={"max": 0},  # the retry path (a restart in place of a hang: the supervisor's tests)
     )  # fmt: skip
     whole = submit(client, "whole", **train, kwargs=kwargs)
 

@@ -11,11 +11,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, computed_field, field_validator, model_validator
 from sqlalchemy import JSON, BigInteger, Column, Index, String
 from sqlmodel import Field, SQLModel
 
 from service.ledger.models.columns import UTCDateTime, time_column, utcnow
+from service.ledger.models.goodput import Goodput
 from service.ledger.models.notifications import NotifySpec
 from service.ledger.models.pipelines import MAX_AFTER, Dependency
 from service.states import JobState
@@ -24,6 +25,7 @@ from worker.spec import (
     CheckpointPolicy,
     RankPlacement,
     Resources,
+    RestartPolicy,
     Watchdog,
     check_entrypoint,
     check_one_target,
@@ -95,6 +97,12 @@ class JobCreate(JobBase):
     retries: RetryPolicy = Field(
         default_factory=RetryPolicy,
         description='Attempts after one that ended for a reason not the job\'s own; {"max": 0} for none.',
+    )
+    restarts: RestartPolicy = Field(
+        default_factory=RestartPolicy,
+        description='Restarts in place inside the same allocation, from the newest whole checkpoint, '
+        'before an attempt ends (then `retries` decide), e.g. {"max": 2, "on": ["node_failure", "hang"]}; '
+        '{"max": 0} for none.',
     )
     checkpoints: CheckpointPolicy | None = Field(
         default=None,
@@ -239,6 +247,12 @@ class Job(JobBase, table=True):
     report_times: list[float] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     stalled_at: datetime | None = time_column()
     stall_reason: str | None = None
+    # Restarts in place (service.loops.restarts): how many the job had, how far its restarts.jsonl is
+    # read, their records (bounded; its events and goodput are made from them) and its goodput.
+    restart_count: int = 0
+    restarts_offset: int = 0
+    restart_log: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    goodput: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
     @property
     def resources(self) -> Resources:
@@ -320,6 +334,13 @@ class JobPublic(JobBase):
     stall_reason: str | None = Field(
         default=None, description="Why it is stalled: which rank is where (from its ranks' stacks)."
     )
+    restart_count: int = Field(default=0, description="Restarts in place the job had, all attempts together.")
+    goodput: Goodput | None = Field(default=None, description="Its wall time split: what was kept, and lost.")
+
+    @computed_field(description="The restart policy (restarts in place), as the job was submitted.")  # type: ignore[prop-decorator]
+    @property
+    def restarts(self) -> RestartPolicy:
+        return RestartPolicy.model_validate(self.spec.get("restarts") or {})
 
 
 class JobPage(SQLModel):

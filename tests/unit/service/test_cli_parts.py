@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from service.cli.jobs import outcome
 from service.cli.logs import LogFollower, new_part
 from service.cli.main import app
 from service.cli.progress import bar_position, carry_progress, watch_jobs
-from service.cli.render import job_details, jobs_table, progress_text
+from service.cli.render import goodput_text, job_details, jobs_table, progress_text
 from service.cli.specs import load_spec
 from service.client import TorchyardClient
 from service.ledger.models.jobs import JobCreate
@@ -170,6 +171,22 @@ def test_details_of_a_retried_job_show_its_attempts_and_where_its_ranks_ran() ->
     assert "2 of at most 3" in details
     assert "0-1 on n1 (GPUs 0,1); 2-3 on n2 (GPUs 0,1)" in details
     assert "node_failure" in details and "rank 3 on n2 vanished" in details
+
+
+def test_details_show_restarts_in_place_and_goodput_brought_up_to_now() -> None:
+    goodput = {"training_s": 90.0, "downtime_s": 6.0, "recomputed_s": 4.0, "queue_s": 0.0, "ratio": 0.9,
+               "as_of": "2026-01-01T00:00:00Z", "accruing": "training"}  # fmt: skip
+    restarted = job(4, "running", restart_count=1, restarts={"max": 2, "on": ["node_failure", "hang"]},
+                    goodput=goodput)  # fmt: skip
+    now = datetime(2026, 1, 1, 0, 1, 40, tzinfo=timezone.utc)  # 100 s of training since as_of
+    assert goodput_text(restarted, now) == (
+        "95% training: training 3m10s, restart downtime 6.0s, recomputed 4.0s, queue 0.0s"
+    )
+    console = Console(file=io.StringIO(), width=200)
+    console.print(job_details(restarted, []))
+    details = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "1 in place (at most 2 an attempt, on node_failure, hang)" in details and "goodput" in details
+    assert goodput_text(job(5, "queued")) == ""
 
 
 class FakeJobs:
