@@ -9,6 +9,7 @@ which rank went first; squeue and sinfo (worker.slurm_nodes) say which node is g
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from worker.distributed import REQUEUES_ENV, RUN_ENV
-from worker.slurm_nodes import SRUN_STEP_FLAGS, allocation_hosts, usable_hosts
+from worker.slurm_nodes import SRUN_STEP_FLAGS, SlurmQueryError, allocation_hosts, usable_hosts
 from worker.spec import RANK_ERROR_ENV, RANK_OUTPUT_ENV, SRUN_ENV, RunSpec
 from worker.supervisor import RunEnd, classify
 
@@ -32,6 +33,7 @@ STOP_WAIT_S = 5.0  # after SIGKILL to srun: how long its reader may take to see 
 # exit) within a second, unless a node is really gone, when slurmctld keeps the step RUNNING until it
 # marks the node down (85 s here). Past this grace the supervisor ends the step itself.
 ERROR_GRACE_S = 3.0
+CONTROLLER_WAIT_S = 180.0
 # srun's report of the first task that ended badly: `srun: error: n2: task 1: Killed`,
 # `srun: error: n1: task 0: Exited with exit code 1`.
 _TASK_ENDED = re.compile(r"task (\d+): (Killed|Exited with exit code (\d+)|Terminated)")
@@ -47,9 +49,24 @@ class SlurmRuns:
         self.job_id = environ["SLURM_JOB_ID"]
         self.allocation = allocation_hosts(environ)
         self.srun = environ[SRUN_ENV]
+        self.asked = False
 
     def hosts(self) -> list[str]:
-        return usable_hosts(self.allocation, self.job_id, self.environ)
+        """The allocation's hosts a step can use now. The first run takes the allocation as SLURM gave
+        it; later ones ask squeue and sinfo, waiting out a controller that is away (restarted, say) for
+        up to CONTROLLER_WAIT_S before the attempt ends."""
+        if not self.asked:
+            self.asked = True
+            return list(self.allocation)
+        deadline = time.monotonic() + CONTROLLER_WAIT_S
+        while True:
+            try:
+                return usable_hosts(self.allocation, self.job_id, self.environ)
+            except SlurmQueryError as error:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("cannot tell the usable nodes yet (%s); asking again", error)
+                time.sleep(2.0)
 
     def start(self, spec_path: Path, run: int, hosts: list[str]) -> SlurmRun:
         resources = self.spec.resources
@@ -103,7 +120,11 @@ class SlurmRun:
         if code is None:
             return None
         self.reader.join(timeout=5)
-        if code == 0:
+        spec = self.runs.spec
+        world_size = len(self.hosts) * spec.resources.tasks_per_node
+        if code == 0 or (finished(spec) and not _ranks_with_errors(spec, world_size)):
+            # srun says otherwise when the controller was away as the step ended; rank 0's result is
+            # the attempt's success for the service too
             return RunEnd(ok=True)
         tasks = self.runs.spec.resources.tasks_per_node
         node_of = {rank: self.hosts[rank // tasks] for rank in range(len(self.hosts) * tasks)}
@@ -113,7 +134,6 @@ class SlurmRun:
             rank = min(rank for rank, host in node_of.items() if host == lost[0])
             return RunEnd(ok=False, cause="node_failure", rank=rank, node=lost[0], detail="node down",
                           lost_node=True)  # fmt: skip
-        spec = self.runs.spec
         exits = dict.fromkeys(_ranks_with_errors(spec, len(node_of)), 1)
         if self.first_bad is not None:
             exits.setdefault(*self.first_bad)
@@ -137,6 +157,16 @@ class SlurmRun:
             self.process.kill()
         self.process.wait()
         self.reader.join(timeout=STOP_WAIT_S)
+
+
+def finished(spec: RunSpec) -> bool:
+    """Rank 0 wrote this attempt's result (service.jobfs reads it as the attempt's success)."""
+    try:
+        with open(spec.files.result, encoding="utf-8") as handle:
+            data = json.loads(handle.read(1_000_000))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("attempt") == spec.attempt
 
 
 def _ranks_with_errors(spec: RunSpec, world_size: int) -> list[int]:

@@ -182,22 +182,26 @@ def describe(end: RunEnd) -> str:
 
 def classify(exits: dict[int, int], files: JobFiles, attempt: int, node_of: dict[int, str]) -> RunEnd:
     """How a run ended, from the ranks that ended so far (rank -> exit status, negative: a signal) and
-    their error files: a rank that vanished (a signal, or no error file) before one that raised, one
-    that raised on its own before those that only lost a peer."""
+    their error files: a rank killed by a signal without a word (lost: node_failure) before one that
+    raised on its own or exited non-zero by itself (failure), those before ranks that only lost a peer."""
     errors = rank_errors(files, attempt, sorted(exits))
     cancelled = [rank for rank, code in exits.items() if code in (130, -2)]
     if cancelled and len(cancelled) == len([code for code in exits.values() if code != 0]):
         return RunEnd(ok=False, cancelled=True, rank=cancelled[0], detail="cancelled")
-    vanished = [rank for rank, code in sorted(exits.items()) if code != 0 and rank not in errors]
-    if vanished:
+    vanished = [rank for rank, code in sorted(exits.items()) if code < 0 and rank not in errors]
+    if vanished:  # killed by a signal (kill -9, the OOM killer, its node going down) before it said a word
         rank = vanished[0]
-        code = exits[rank]
-        detail = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code} without a word"
+        detail = f"killed by {signal_name(-exits[rank])}"
         return RunEnd(ok=False, cause="node_failure", rank=rank, node=node_of.get(rank), detail=detail)
     own = [rank for rank, text in sorted(errors.items()) if not LOST_PEER.search(text)]
     if own:
         last = errors[own[0]].strip().splitlines()[-1:] or ["an error"]
         return RunEnd(ok=False, cause="failure", rank=own[0], node=node_of.get(own[0]), detail=last[0][:200])
+    exited = [rank for rank, code in sorted(exits.items()) if code > 0 and rank not in errors]
+    if exited:  # its own exit (os._exit, a C library's exit()): the job's doing, not a lost rank
+        rank = exited[0]
+        detail = f"exit code {exits[rank]} without a traceback"
+        return RunEnd(ok=False, cause="failure", rank=rank, node=node_of.get(rank), detail=detail)
     first = min(errors) if errors else None
     return RunEnd(ok=False, cause="node_failure", rank=None, node=None,
                   detail=f"rank {first} lost a peer" if first is not None else "a peer vanished")
