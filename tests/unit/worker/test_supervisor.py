@@ -12,7 +12,7 @@ from worker.files import write_error
 from worker.spec import RunSpec, parse_restart_line
 from worker.supervisor import AttemptCancelled, AttemptEnded, RunEnd, classify, supervise
 
-GLOO_LOST_PEER = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+GLOO_LOST_PEER = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer"
 
 
 class FakeRun:
@@ -60,7 +60,9 @@ def records(tmp_path: Path) -> list[dict[str, object]]:
 LOST_N2 = RunEnd(ok=False, cause="node_failure", rank=1, node="n2", detail="node down", lost_node=True)
 
 
-def test_a_lost_node_is_left_out_and_the_spare_taken_from_the_newest_whole_checkpoint(tmp_path: Path) -> None:
+def test_a_lost_node_is_left_out_and_the_spare_taken_from_the_newest_whole_checkpoint(
+    tmp_path: Path,
+) -> None:
     spec = make_spec(tmp_path)
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
@@ -99,7 +101,9 @@ def test_no_spare_for_a_lost_node_gives_up_saying_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("restarts", [{"max": 0}, {"on": ["hang"]}])
-def test_a_cause_not_restarted_ends_the_attempt_without_a_record(tmp_path: Path, restarts: dict[str, object]) -> None:
+def test_a_cause_not_restarted_ends_the_attempt_without_a_record(
+    tmp_path: Path, restarts: dict[str, object]
+) -> None:
     with pytest.raises(AttemptEnded):
         supervise(make_spec(tmp_path, restarts=restarts), FakeRuns(["n1", "n2", "n3"], [LOST_N2]))
     assert records(tmp_path) == []
