@@ -81,7 +81,8 @@ def test_a_lost_node_is_left_out_and_the_spare_taken_from_the_newest_whole_check
     assert parsed is not None and (parsed.restart, parsed.outcome, parsed.node, parsed.nodes) == (
         1, "restarted", "n2", ["n1", "n3"])
     assert parsed.resumed_step == 8 and parsed.max == 2
-    assert parsed.lost_at is not None and parsed.started_at is not None and parsed.started_at >= parsed.lost_at
+    assert parsed.lost_at is not None and parsed.started_at is not None
+    assert parsed.started_at >= parsed.lost_at
 
 
 def test_restarts_spent_end_the_attempt_with_a_give_up_record(tmp_path: Path) -> None:
