@@ -25,6 +25,7 @@ from worker.supervisor import RunEnd, classify
 log = logging.getLogger("worker.supervisor")
 
 STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL this long after: a stopped run leaves nothing to finish
+SETTLE_S = 5.0  # a run that ends the attempt: how long its ranks may take to fail by themselves
 
 
 class LocalRuns:
@@ -80,9 +81,13 @@ class LocalRun:
         time.sleep(0.05)  # a killed rank's peers fail within milliseconds: see which went first
         codes = {rank: process.poll() for rank, process in self.processes.items()}
         exits = {rank: code for rank, code in codes.items() if code is not None}
-        end = classify(exits, self.spec.files, self.spec.attempt, dict.fromkeys(self.processes, self.host))
+        return classify(exits, self.spec.files, self.spec.attempt, dict.fromkeys(self.processes, self.host))
+
+    def settle(self) -> None:
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.processes.values()):
+            time.sleep(0.05)
         self.stop()
-        return end
 
     def stop(self) -> None:
         alive = [process for process in self.processes.values() if process.poll() is None]

@@ -150,6 +150,11 @@ class SlurmRun:
             self.error_seen_at = now
         return now - self.error_seen_at > ERROR_GRACE_S
 
+    def settle(self) -> None:
+        """srun ends the step itself once a task failed (--kill-on-bad-exit); one a lost node holds
+        is ended after ERROR_GRACE_S (ended())."""
+        self.stop()
+
     def stop(self) -> None:
         """SIGKILL to srun: the step's tasks die within a quarter of a second (SLURM's own word for a
         killed srun), where its double SIGINT took 17 s after a real node loss (docs/slurm.md)."""

@@ -71,11 +71,15 @@ class Run(Protocol):
     """One run of the ranks, started by Runs.start."""
 
     def ended(self) -> RunEnd | None:
-        """None while the run goes on; how it ended once a rank failed (the others stopped) or all
-        returned."""
+        """None while the run goes on; how it ended once a rank failed (the others may still run:
+        stop() or settle() ends them) or all returned."""
 
     def stop(self) -> None:
         """End every rank of the run now and wait until they are gone."""
+
+    def settle(self) -> None:
+        """The attempt ends with this run: let the ranks that lost a peer end by themselves for a few
+        seconds (their error files tell the service why), then stop what is left."""
 
 
 class Runs(Protocol):
@@ -114,9 +118,11 @@ def supervise(spec: RunSpec, runs: Runs) -> None:
         if end.ok:
             return
         if end.cancelled:
+            run.settle()
             raise AttemptCancelled(end.detail)
         log.warning("run %d of attempt %d ended: %s", restarts, spec.attempt, describe(end))
         if end.cause not in policy.on or policy.max == 0:  # restarts off for it: the attempt ends as ever
+            run.settle()
             raise AttemptEnded(f"{describe(end)}: not restarted in place (restarts {policy.model_dump()})")
         if end.lost_node and end.node is not None:
             lost.append(end.node)
@@ -124,7 +130,9 @@ def supervise(spec: RunSpec, runs: Runs) -> None:
         why = gave_up_reason(restarts, policy.max, len(usable), needed)
         if why is not None:
             write_record(files, gave_up_record(spec, restarts, end, lost_at, why))
+            run.settle()
             raise AttemptEnded(f"{describe(end)}; {why}")
+        run.stop()  # a restart: at once
         restarts += 1
         latest = files.latest_checkpoint()
         resume_from = str(latest) if latest is not None else spec.resume_from

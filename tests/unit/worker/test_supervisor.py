@@ -25,6 +25,9 @@ class FakeRun:
     def stop(self) -> None:
         self.stopped = True
 
+    def settle(self) -> None:
+        self.stopped = True
+
 
 class FakeRuns:
     """An allocation of `hosts`; each run ends as the next of `ends` says; `lost` hosts leave it."""
