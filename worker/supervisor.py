@@ -105,7 +105,7 @@ def supervise(spec: RunSpec, runs: Runs) -> None:
     while True:
         hosts = [host for host in runs.hosts() if host not in lost][:needed]
         run_spec = spec.model_copy(update={"resume_from": resume_from})
-        clear_errors(files, spec.resources.world_size)
+        clear_run_files(files, spec.resources.world_size)
         atomic_write_text(files.spec, run_spec.model_dump_json(indent=2))
         run = runs.start(files.spec, restarts, hosts)
         if ended is not None:
@@ -216,7 +216,7 @@ def classify(exits: dict[int, int], files: JobFiles, attempt: int, node_of: dict
 
 
 def rank_errors(files: JobFiles, attempt: int, ranks: list[int]) -> dict[int, str]:
-    """The error files of `ranks` written in `attempt` (this run's: clear_errors removed the others)."""
+    """The error files of `ranks` written in `attempt` (this run's: clear_run_files removed the others)."""
     found = {}
     for rank in ranks:
         try:
@@ -229,11 +229,13 @@ def rank_errors(files: JobFiles, attempt: int, ranks: list[int]) -> dict[int, st
     return found
 
 
-def clear_errors(files: JobFiles, world_size: int) -> None:
-    """Before a run: the error files of the run it replaces are not this run's (a rank that never
-    starts again would leave its old one standing)."""
+def clear_run_files(files: JobFiles, world_size: int) -> None:
+    """Before a run: the error and placement files of the run it replaces are not this run's (a rank
+    that never starts again would leave its old ones standing, and the service would read the lost
+    node as a place of this run)."""
     for rank in range(world_size):
         files.error(rank).unlink(missing_ok=True)
+        files.placement(rank).unlink(missing_ok=True)
 
 
 def signal_name(number: int) -> str:
