@@ -122,8 +122,12 @@ def supervise(spec: RunSpec, runs: Runs) -> None:
             raise AttemptCancelled(end.detail)
         log.warning("run %d of attempt %d ended: %s", restarts, spec.attempt, describe(end))
         if end.cause not in policy.on or policy.max == 0:  # restarts off for it: the attempt ends as ever
+            off = "restarts in place are off (restarts.max 0)" if policy.max == 0 else \
+                f"{end.cause} is not in restarts.on"
+            if end.cause != "failure":  # the service is told what was lost (srun's word, a signal)
+                write_record(files, gave_up_record(spec, restarts, end, lost_at, off))
             run.settle()
-            raise AttemptEnded(f"{describe(end)}: not restarted in place (restarts {policy.model_dump()})")
+            raise AttemptEnded(f"{describe(end)}: {off}")
         if end.lost_node and end.node is not None:
             lost.append(end.node)
         usable = [host for host in runs.hosts() if host not in lost]

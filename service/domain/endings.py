@@ -79,9 +79,12 @@ def given_up(job: Job, ending: Ending) -> Ending:
     last = gave_up[-1]
     kind = ending.kind
     own_error = " raised:\n" in ending.reason  # from_rank_errors: a rank's own exception
+    not_restarted = f"not restarted in place: {last.get('reason')}"
     if kind == "failure" and last.get("cause") in ("node_failure", "hang") and not own_error:
-        kind = last["cause"]
-    return replace(ending, kind=kind, reason=f"not restarted in place: {last.get('reason')}\n{ending.reason}")
+        # the files do not say what was lost; the supervisor saw it (srun's word, a rank's signal)
+        reason = f"{restarts.loss(last)}; {not_restarted}\n{ending.reason}"
+        return replace(ending, kind=last["cause"], reason=reason)
+    return replace(ending, reason=f"{ending.reason}\n({not_restarted})")  # the files named the loss
 
 
 def _from_rank_errors(job: Job, errors: Sequence[RankError]) -> Ending:

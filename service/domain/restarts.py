@@ -24,10 +24,7 @@ def policy_of(spec: dict[str, Any]) -> RestartPolicy:
 def describe(record: RestartRecord, limit: int | None) -> str:
     """A restart's event: "rank 1 on n2 lost (node down); restarted in place on n1,n3 in 6.2 s from
     step 40, restart 1 of 2"."""
-    who = f"rank {record.rank}" if record.rank is not None else "a rank"
-    where = f" on {record.node}" if record.node else ""
-    why = f" ({record.detail})" if record.detail else f" ({record.cause})"
-    lost = f"{who}{where} lost{why}" if record.cause != "hang" else f"stalled{why}"
+    lost = loss(record.model_dump())
     nodes = f" on {','.join(record.nodes)}" if record.nodes else ""
     took = ""
     if record.lost_at is not None and record.started_at is not None:
@@ -37,6 +34,15 @@ def describe(record: RestartRecord, limit: int | None) -> str:
     most = limit if limit is not None else record.max
     of = f" of {most}" if most is not None else ""
     return f"{lost}; restarted in place{nodes}{took}{start}, restart {record.restart}{of}"
+
+
+def loss(record: dict[str, Any]) -> str:
+    """What a record says was lost, in words: "rank 1 on n2 lost (node down)", "stalled (...)"."""
+    rank, node, detail, cause = (record.get(key) for key in ("rank", "node", "detail", "cause"))
+    who = f"rank {rank}" if rank is not None else "a rank"
+    where = f" on {node}" if node else ""
+    why = f" ({detail})" if detail else f" ({cause})"
+    return f"{who}{where} lost{why}" if cause != "hang" else f"stalled{why}"
 
 
 def describe_give_up(record: RestartRecord, limit: int | None) -> str:

@@ -169,7 +169,7 @@ def test_a_supervisor_giving_up_says_why_in_the_ending_and_retries_requeue_it(
     job = wait_state(api, job_id, "retrying")
     (ended,) = api.get(f"{JOBS}/{job_id}/attempts").json()[:1]
     assert ended["kind"] == "node_failure"
-    assert ended["reason"].startswith(f"not restarted in place: {reason}\n")
+    assert ended["reason"].startswith(f"a rank lost (node_failure); not restarted in place: {reason}\n")
     assert "retry 1 of 1" in job["reason"]
 
 

@@ -106,15 +106,16 @@ def test_the_log_counts_the_current_attempts_restarts_and_stays_bounded() -> Non
 def test_a_give_up_names_itself_in_the_ending_and_takes_the_losss_kind() -> None:
     job = Job(name="j", backend="slurm", spec={}, attempt=1)
     job.restart_log = [{"attempt": 1, "restart": 2, "outcome": "gave_up", "cause": "node_failure",
+                        "rank": 1, "node": "n2", "detail": "killed by SIGKILL",
                         "reason": "restarts spent (2 of 2)"}]  # fmt: skip
     plain = given_up(job, Ending(JobState.failed, "failure", "ended without a result (exit code 1)"))
     assert plain.kind == "node_failure"
-    assert (
-        plain.reason
-        == "not restarted in place: restarts spent (2 of 2)\nended without a result (exit code 1)"
+    assert plain.reason == (  # the files say nothing of the loss: the supervisor's word names it
+        "rank 1 on n2 lost (killed by SIGKILL); not restarted in place: restarts spent (2 of 2)\n"
+        "ended without a result (exit code 1)"
     )
     own = given_up(job, Ending(JobState.failed, "failure", "rank 0 raised:\nValueError"))
-    assert own.kind == "failure" and own.reason.startswith("not restarted in place")
+    assert own.kind == "failure" and own.reason.endswith("\n(not restarted in place: restarts spent (2 of 2))")
     done = Ending(JobState.succeeded, None, "completed")
     assert given_up(job, done) is done
     job.attempt = 2  # another attempt's give-up says nothing of this one

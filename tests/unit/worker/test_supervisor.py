@@ -104,12 +104,24 @@ def test_no_spare_for_a_lost_node_gives_up_saying_so(tmp_path: Path) -> None:
     assert gave_up["reason"] == "no spare node: the allocation holds 1 usable node of 2 needed"
 
 
-@pytest.mark.parametrize("restarts", [{"max": 0}, {"on": ["hang"]}])
-def test_a_cause_not_restarted_ends_the_attempt_without_a_record(
-    tmp_path: Path, restarts: dict[str, object]
+@pytest.mark.parametrize(("restarts", "reason"), [
+    ({"max": 0}, "restarts in place are off (restarts.max 0)"),
+    ({"on": ["hang"]}, "node_failure is not in restarts.on"),
+])
+def test_a_loss_not_restarted_ends_the_attempt_saying_what_was_lost(
+    tmp_path: Path, restarts: dict[str, object], reason: str
 ) -> None:
     with pytest.raises(AttemptEnded):
         supervise(make_spec(tmp_path, restarts=restarts), FakeRuns(["n1", "n2", "n3"], [LOST_N2]))
+    [gave_up] = records(tmp_path)
+    assert (gave_up["outcome"], gave_up["rank"], gave_up["node"]) == ("gave_up", 1, "n2")
+    assert gave_up["reason"] == reason
+
+
+def test_the_jobs_own_failure_ends_the_attempt_as_ever_without_a_record(tmp_path: Path) -> None:
+    raised = RunEnd(ok=False, cause="failure", rank=0, node="n1", detail="ValueError: bad")
+    with pytest.raises(AttemptEnded):
+        supervise(make_spec(tmp_path), FakeRuns(["n1", "n2"], [raised]))
     assert records(tmp_path) == []
 
 
