@@ -115,7 +115,8 @@ def test_a_give_up_names_itself_in_the_ending_and_takes_the_losss_kind() -> None
         "ended without a result (exit code 1)"
     )
     own = given_up(job, Ending(JobState.failed, "failure", "rank 0 raised:\nValueError"))
-    assert own.kind == "failure" and own.reason.endswith("\n(not restarted in place: restarts spent (2 of 2))")
+    assert own.kind == "failure"
+    assert own.reason.endswith("\n(not restarted in place: restarts spent (2 of 2))")
     done = Ending(JobState.succeeded, None, "completed")
     assert given_up(job, done) is done
     job.attempt = 2  # another attempt's give-up says nothing of this one
