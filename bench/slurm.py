@@ -32,7 +32,6 @@ import submitit
 
 from bench.harness import post_many, time_job, torchyard
 from service.backends.slurm import SlurmBackend
-from service.backends.slurm_request import SRUN_ARGS
 from service.config import Settings
 from service.ledger.db import session_scope
 from service.ledger.models.jobs import Job
@@ -126,7 +125,7 @@ def submitit_ddp(folder: Path, n: int) -> float:
                    resources=Resources(tasks_per_node=3, timeout_min=5), folder=str(folder / f"raw-{n}"))
     executor = submitit.AutoExecutor(folder=spec.files.submitit, cluster="slurm")
     executor.update_parameters(nodes=1, tasks_per_node=3, cpus_per_task=1, timeout_min=5,
-                               slurm_srun_args=list(SRUN_ARGS), slurm_setup=RAW_SETUP)
+                               slurm_srun_args=["--kill-on-bad-exit=1"], slurm_setup=RAW_SETUP)
     started = time.perf_counter()
     job = executor.submit(RankLauncher(spec.model_dump_json()))
     result = job.results()[0]  # one value per task; rank 0's first
