@@ -26,10 +26,10 @@ from service.accounts import NodeHardlinks
 from service.backends.base import Backend, BackendStatus
 from service.bulkhead import Bulkhead, Fault
 from service.domain.captures import Captures
-from service.domain.endings import Ending, from_rank_errors, settle, with_stacks
+from service.domain.endings import Ending, settle, with_stacks
 from service.domain.transitions import end_attempt, record_transition, record_waiting
 from service.errors import BackendError
-from service.jobfs import rank_errors, read_placement, read_result, result_written
+from service.jobfs import read_placement, read_result, result_written
 from service.ledger.db import session_scope, write_scope
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
@@ -310,15 +310,9 @@ class Reconciler:
                 session.add(job)
                 self.hardlinks.note(job.id or 0, placement)
         if target is JobState.running:
-            errors = rank_errors(files, job.run_attempt, world)
-            if errors:
-                # One rank raised while the others still run: end the attempt now rather than let
-                # the survivors wait out the rendezvous timeout. Rank 0 may have written progress
-                # since this tick read it, and no tick reads an ended attempt's progress again.
-                ingest_progress(session, job, files.progress)
-                ending = with_stacks(from_rank_errors(job, errors), stacks_summary(session, job))
-                end_attempt(session, job, ending, status.exit_code)
-                return True
+            # A rank's error file while the others run is not read here: the job's supervisor (worker.
+            # supervisor) ends or restarts the run itself within a tick, and an error it restarts
+            # from must not end the attempt.
             result = read_result(files, job.run_attempt)
             if result is not None:
                 self._succeed(session, job, files, result["value"], backend_name)

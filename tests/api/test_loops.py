@@ -320,22 +320,29 @@ def test_a_failed_job_keeps_its_reason_and_exit_code(api: TestClient, fake: Fake
     assert job["exit_code"] == 3 and job["reason"] == "NonZeroExitCode" and job["result"] is None
 
 
-def test_a_rank_that_raises_fails_the_job_and_stops_the_others(api: TestClient, fake: FakeBackend) -> None:
+def test_a_rank_that_raises_is_left_to_the_supervisor_and_its_traceback_ends_the_attempt(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    """The job's supervisor (worker.supervisor) ends or restarts a run whose rank raised; the service
+    does not end the attempt on the error file alone (it may be restarted from), only once the job's
+    processes have ended, and then the traceback is its reason."""
     job_id = submit(api, resources={"tasks_per_node": 2})["id"]
     job = wait_state(api, job_id, "running")
     traceback = 'Traceback (most recent call last):\n  File "train.py"\nValueError: bad batch\n'
     (fake.specs[job_id].files.error(1)).write_text(traceback)
+    runtime_of(api).reconciler.reconcile_once("local")
+    assert get_job(api, job_id)["state"] == "running" and fake.cancel_calls == []
 
+    fake.set_status(job_id, JobState.failed, None, 1)  # the supervisor ended the attempt
     failed = wait_state(api, job_id, "failed")
 
     assert failed["reason"].startswith("rank 1 raised:")
     assert "ValueError: bad batch" in failed["reason"]
-    assert [job["external_id"]] in fake.cancel_calls
+    assert job["external_id"]
 
 
-@pytest.mark.parametrize("ending", ["result", "error"])
 def test_what_rank_0_reported_just_before_its_attempt_ended_reaches_the_ledger(
-    quiet_api: TestClient, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch, ending: str
+    quiet_api: TestClient, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     api = quiet_api
     reconciler = runtime_of(api).reconciler
@@ -350,23 +357,19 @@ def test_what_rank_0_reported_just_before_its_attempt_ended_reaches_the_ledger(
     report(1)
     reconciler.reconcile_once("local")
     assert get_job(api, job_id)["state"] == "running"
-    # Rank 0 reports its last loss and ends (its result, or a traceback) after the tick has read the
-    # progress file and before it looks for the file that ends the attempt.
-    looked_for = jobfs.read_result if ending == "result" else jobfs.rank_errors
-
-    def ended_meanwhile(looked_in: JobFiles, attempt: int | None, *world_size: int) -> Any:
+    # Rank 0 reports its last loss and writes its result after the tick has read the progress file and
+    # before it looks for the result. (An attempt that fails ends once its processes have: they write
+    # nothing after the status poll that says so.)
+    def ended_meanwhile(looked_in: JobFiles, attempt: int | None) -> Any:
         report(2)
-        if ending == "result":
-            files.result.write_text(json.dumps({"attempt": attempt, "value": "done"}))
-        else:
-            files.error(0).write_text("Traceback (most recent call last):\nValueError: diverged\n")
-        return looked_for(looked_in, attempt, *world_size)
+        files.result.write_text(json.dumps({"attempt": attempt, "value": "done"}))
+        return jobfs.read_result(looked_in, attempt)
 
-    monkeypatch.setattr(f"service.loops.reconcile.{looked_for.__name__}", ended_meanwhile)
+    monkeypatch.setattr("service.loops.reconcile.read_result", ended_meanwhile)
 
     reconciler.reconcile_once("local")
 
-    assert get_job(api, job_id)["state"] == ("succeeded" if ending == "result" else "failed")
+    assert get_job(api, job_id)["state"] == "succeeded"
     metrics = api.get(f"{JOBS}/{job_id}/metrics").raise_for_status().json()
     assert [(m["step"], m["value"]) for m in metrics] == [(1, 1.0), (2, 0.5)]
 

@@ -134,3 +134,29 @@ def test_a_cancel_during_a_restart_ends_the_job(live: httpx.Client) -> None:
 
     assert done["state"] == "cancelled", done
     assert_nothing_left(done)
+
+
+def test_a_rank_killed_while_rank_0_writes_a_checkpoint_resumes_from_the_one_before(
+    live: httpx.Client,
+) -> None:
+    # A model whose checkpoint (weights and momentum, ~270 MB) takes a while to write.
+    big = {**KWARGS, "width": 4096, "depth": 2, "samples": 96, "batch_size": 16, "sleep_per_step": 0}
+    job_id = submit(live, "mid-write", kwargs=big)
+    job = after_first_checkpoint(live, job_id)
+    first = Path(job["latest_checkpoint"]).name
+    checkpoints = Path(job["folder"]) / "checkpoints"
+
+    def writing() -> bool:  # the writer's temp file of the second checkpoint
+        return any(path.name.startswith(".ckpt-") and ".tmp-" in path.name for path in checkpoints.iterdir())
+
+    deadline = time.monotonic() + 120
+    while not writing():  # a tight look: the write lasts a fraction of a second
+        assert time.monotonic() < deadline, "rank 0 never wrote a second checkpoint"
+        time.sleep(0.002)
+    os.kill(rank_pid(job["folder"], 1, "SUBMITIT_LOCAL_GLOBALID"), signal.SIGKILL)
+    record = wait_for(lambda: restart_records(job) and restart_records(job)[0], 60, "the restart")
+
+    assert Path(record["resumed_from"]).name == first, record  # the half-written one is not whole
+    done = ended(live, job_id, 300)
+    assert done["state"] == "succeeded", done["reason"]
+    assert done["attempt"] == 1
