@@ -88,14 +88,11 @@ def steps_after(folder: str, since: float) -> list[float]:
     return times
 
 
-def checkpointed(client: httpx.Client, job_id: int) -> dict[str, Any]:
+def checkpointed(client: httpx.Client, job_id: int, ranks: int) -> dict[str, Any]:
+    """The job once it saved its first checkpoint and its `ranks` ranks said where they run."""
     found: dict[str, Any] = wait(
         "the first checkpoint",
-        lambda: (
-            (j := job(client, job_id))["latest_checkpoint"]
-            and len(j["placement"] or []) == j["resources"]["nodes"] * j["resources"]["tasks_per_node"]
-            and j
-        ),
+        lambda: (j := job(client, job_id))["latest_checkpoint"] and len(j["placement"] or []) == ranks and j,
     )
     return found
 
@@ -103,7 +100,7 @@ def checkpointed(client: httpx.Client, job_id: int) -> dict[str, Any]:
 def lose_rank_locally(client: httpx.Client, body: dict[str, Any]) -> float:
     """Submit, kill rank 1 after the first checkpoint; seconds from the kill to the next step."""
     job_id = client.post("/api/v1/jobs", json=body).raise_for_status().json()["id"]
-    running = checkpointed(client, job_id)
+    running = checkpointed(client, job_id, 3)
     pid = wait("rank 1's process", lambda: rank_pid(running["folder"], 1))
     os.kill(pid, signal.SIGKILL)
     killed = time.time()
@@ -145,7 +142,7 @@ def three_nodes() -> Iterator[None]:
 
 def lose_node_on_slurm(client: httpx.Client, body: dict[str, Any]) -> float:
     job_id = client.post("/api/v1/jobs", json=body).raise_for_status().json()["id"]
-    running = checkpointed(client, job_id)
+    running = checkpointed(client, job_id, 2)
     node = next(p["host"] for p in running["placement"] if p["rank"] == 1)
     subprocess.run(
         ["scontrol", "update", f"nodename={node}", "state=down", "reason=bench.restarts"],
@@ -201,7 +198,7 @@ def part_c(client: httpx.Client, minutes: float, every_s: float) -> None:
         "kwargs": {**KWARGS, "epochs": epochs},
     }
     job_id = client.post("/api/v1/jobs", json=body).raise_for_status().json()["id"]
-    running = checkpointed(client, job_id)
+    running = checkpointed(client, job_id, 3)
     began = time.monotonic()
     for loss in range(losses):
         time.sleep(max(0.0, began + (loss + 1) * every_s - time.monotonic()))
