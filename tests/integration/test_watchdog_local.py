@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -229,3 +230,33 @@ def test_a_torchrun_style_script_that_reports_nothing_is_watched(live: tuple[htt
         assert flagged["progress"] is None
         line = line_of(SCRIPT, "time.sleep(3600)", "def stuck_here")
         assert re.search(rf"rank 1 on \S+ in \S*stall_script\.py:{line} stuck_here", flagged["stall_reason"])
+
+
+def test_a_hang_is_restarted_in_place_and_a_second_one_spends_the_restarts(
+    live: tuple[httpx.Client, str],
+) -> None:
+    """The watchdog asks the job's supervisor to restart a hung run (restart-request.json); the run
+    after it hangs again (the same attempt), no restart is left, and the attempt ends as `hang` for the
+    retry, which resumes to an uninterrupted result."""
+    client, _ = live
+    train = {"entrypoint": "worker.tasks.train:train", "resources": {"tasks_per_node": 2}}
+    kwargs = {"epochs": 3, "samples": 256, "batch_size": 32, "seed": 3}
+    hangs = submit(
+        client, "hangs", **train, kwargs={**kwargs, "hang_on_attempts": [1]},
+        watchdog={"stall_after_s": STALL_AFTER_S, "on_stall": "fail"},
+        retries={"max": 1, "backoff_s": 1, "on": ["hang"]}, restarts={"max": 1},
+    )  # fmt: skip
+    whole = submit(client, "whole", **train, kwargs=kwargs)
+
+    done, reference = ended(client, hangs, 300), ended(client, whole, 300)
+
+    folder = Path(done["folder"])
+    records = [json.loads(line) for line in (folder / "restarts.jsonl").read_text().splitlines()]
+    assert [(r["attempt"], r["outcome"], r["cause"]) for r in records] == [(1, "restarted", "hang")]
+    assert records[0]["resumed_step"] is not None  # from the checkpoint before the hang
+    first = client.get(f"{JOBS}/{hangs}/attempts").raise_for_status().json()[0]
+    assert (first["state"], first["kind"]) == ("failed", "hang"), first
+    assert done["state"] == "succeeded", done["reason"]
+    assert done["attempt"] == 2 and done["restart_count"] == 1
+    assert done["result"]["param_checksum"] == reference["result"]["param_checksum"]  # bit for bit
+    assert_nothing_left(done)
