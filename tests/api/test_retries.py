@@ -76,6 +76,7 @@ def test_a_rank_error_the_policy_does_not_cover_ends_the_job(api: TestClient, fa
     wait_state(api, job_id, "running")
     files = fake.specs[job_id].files
     files.error(0).write_text("Traceback (most recent call last):\nValueError: bad lr")
+    fake.set_status(job_id, JobState.failed, None, 1)  # the job's supervisor ends the attempt
 
     failed = wait_state(api, job_id, "failed")
 
@@ -90,6 +91,7 @@ def test_exhausted_retries_end_the_job_with_every_attempt_listed(api: TestClient
         # The error files of attempt 1 were moved aside: attempt 2 is not ended by them at once.
         assert not list(fake.specs[job_id].files.folder.glob("error-rank*.txt"))
         fake.specs[job_id].files.error(0).write_text("Traceback (most recent call last):\nValueError: no")
+        fake.set_status(job_id, JobState.failed, None, 1)  # the job's supervisor ends the attempt
 
     failed = wait_state(api, job_id, "failed")
 
