@@ -54,7 +54,9 @@ SCHEDULER_PREFIXES = {"local": ("SUBMITIT_",), "slurm": ("SLURM", "SRUN_", "SUBM
 # passes on with the rest of the batch script's environment.
 SCHEDULER_KEYS = {
     "local": {"CUDA_VISIBLE_DEVICES"},
-    "slurm": {"ENVIRONMENT", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_"},
+    # The batch script's own, for the job's supervisor (worker.spec: SRUN_ENV, RANK_OUTPUT_ENV, ...).
+    "slurm": {"ENVIRONMENT", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TORCHYARD_SRUN",
+              "TORCHYARD_RANK_OUTPUT", "TORCHYARD_RANK_ERROR"},
 }
 
 

@@ -267,10 +267,11 @@ def test_preempted_and_requeued_training_resumes_from_its_checkpoint_bit_for_bit
 
         return wait_for(probe, 120, f"a first checkpoint of {one['name']}")
 
-    # What SLURM sends on preemption (and before a time limit): USR2 to every rank. submitit's handler on
-    # rank 0 asks RankLauncher.checkpoint() for the resubmission and runs `scontrol requeue` itself.
+    # What SLURM sends before a time limit (`--signal=B:USR2@N`): USR2 to the batch step, the job's
+    # supervisor. submitit's handler there asks Supervisor.checkpoint() for the resubmission and runs
+    # `scontrol requeue` itself; the supervisor's ranks go with its step.
     mid = checkpointed(signalled)
-    subprocess.run(["scancel", "--signal=USR2", str(mid["external_id"])], check=True, timeout=30)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", str(mid["external_id"])], check=True, timeout=30)
     # An operator's (or a node failure's) requeue: no signal, submitit reruns its pickle.
     mid_requeued = checkpointed(requeued)
     subprocess.run(["scontrol", "requeue", str(mid_requeued["external_id"])], check=True, timeout=30)
