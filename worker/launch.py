@@ -60,6 +60,12 @@ class RankLauncher:
             write_error(spec.files.error(rank), spec.attempt, traceback.format_exc())
             raise
         setup_logging(env.rank)
+        # A first line on the rank's own stdout for every run of it: the logs of a rank restarted in
+        # place go on in the same file, and this line tells where each run begins.
+        sys.stdout.write(f"torchyard: job {spec.job_id} attempt {spec.attempt} run {env.run}: "
+                         f"global_rank={env.rank} world_size={env.world_size} local_rank={env.local_rank} "
+                         f"host={socket.gethostname()}\n")
+        sys.stdout.flush()
         log.info("job %s attempt %d (scheduler job %s, restart %d): %s rank %d/%d (local %d/%d, node %d) "
                  "device=%s master=%s", spec.job_id, spec.attempt, env.job_id, env.restart, env.source,
                  env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.device,

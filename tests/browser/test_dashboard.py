@@ -99,7 +99,7 @@ def test_a_training_job_moves_live_to_succeeded(page: Page, service: LiveServer,
     expect(disk).to_have_text(re.compile(r"^\d+(\.\d)? (KB|MB) \(measured "), timeout=SLOW_MS)
 
     page.select_option("select[name='rank']", "1")
-    expect(page.locator("pre.log")).to_contain_text("global_rank=1")  # rank 1's own stdout
+    expect(page.locator("pre.log")).to_contain_text("global_rank=1")  # rank 1's own stdout (its first line)
     page.select_option("select[name='stream']", "err")
     expect(page.locator("pre.log")).to_contain_text("[rank 1]")
     shot(page, tmp_path, "job-succeeded")
