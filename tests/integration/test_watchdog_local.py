@@ -115,6 +115,7 @@ def test_one_rank_stuck_in_the_jobs_own_code_is_flagged_naming_it_and_its_end_sa
     client, _ = live
     job_id = submit(
         client, "stuck", entrypoint="worker.tasks.stalls:hang_on_rank", retries={"max": 0},
+        restarts={"max": 0},  # the end of the attempt, where the stuck rank was (not a restart in place)
         resources={"tasks_per_node": 3}, watchdog={"stall_after_s": STALL_AFTER_S},
     )  # fmt: skip
     with cancelled_after(client, job_id):
