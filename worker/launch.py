@@ -28,12 +28,9 @@ from worker.spec import CHECKPOINT_DIR_ENV, JOB_DIR_ENV, RunSpec
 log = logging.getLogger("worker")
 
 
-class RankLauncher:
-    """Runs one rank of one job attempt; submitit's Checkpointable protocol (checkpoint()) for requeue.
-
-    `requeues` counts the times checkpoint() handed this attempt back: the restart number of the
-    rendezvous key under submitit's local controller, which restarts tasks with the same job id.
-    """
+class _Requeueable:
+    """What both callables submitit runs share: the RunSpec's JSON (so the pickle depends on neither
+    pydantic's nor torch's internals), the requeue count, and submitit's Checkpointable protocol."""
 
     requeues: int = 0  # a class default too, so a launcher pickled before the field existed loads
 
@@ -44,6 +41,35 @@ class RankLauncher:
     @property
     def spec(self) -> RunSpec:
         return RunSpec.model_validate_json(self.spec_json)
+
+    def __call__(self) -> Any:
+        raise NotImplementedError
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called by submitit when the job is preempted or times out: what to requeue. The same
+        callable for the same attempt, told to resume from the newest whole checkpoint in the job
+        folder (the entrypoint saved it; nothing is saved here, inside a signal handler)."""
+        from submitit.helpers import DelayedSubmission
+
+        spec = self.spec
+        latest = spec.files.latest_checkpoint()
+        if latest is not None:
+            spec = spec.model_copy(update={"resume_from": str(latest)})
+        log.info("requeueing job %s attempt %d, resume_from=%s", spec.job_id, spec.attempt, spec.resume_from)
+        return DelayedSubmission(type(self)(spec, requeues=self.requeues + 1))
+
+    def __repr__(self) -> str:
+        spec = self.spec
+        return (f"{type(self).__name__}(job_id={spec.job_id}, attempt={spec.attempt}, "
+                f"requeues={self.requeues}, name={spec.name!r})")
+
+
+class RankLauncher(_Requeueable):
+    """Runs one rank of one job attempt; submitit's Checkpointable protocol (checkpoint()) for requeue.
+
+    `requeues` counts the times checkpoint() handed this attempt back: the restart number of the
+    rendezvous key under submitit's local controller, which restarts tasks with the same job id.
+    """
 
     def __call__(self) -> Any:
         """Run this rank; returns the entrypoint's value (rank 0's is also written to result.json)."""
@@ -83,43 +109,13 @@ class RankLauncher:
             raise
         return run_rank(spec, env, preempted=preempted)
 
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """Called by submitit on rank 0 when the job is preempted or times out: what to requeue.
 
-        A fresh launcher for the same attempt, told to resume from the newest checkpoint in the job
-        folder (the entrypoint saved it; nothing is saved here, inside a signal handler).
-        """
-        from submitit.helpers import DelayedSubmission
-
-        spec = self.spec
-        latest = spec.files.latest_checkpoint()
-        if latest is not None:
-            spec = spec.model_copy(update={"resume_from": str(latest)})
-        log.info("requeueing job %s attempt %d, resume_from=%s", spec.job_id, spec.attempt, spec.resume_from)
-        return DelayedSubmission(RankLauncher(spec, requeues=self.requeues + 1))
-
-    def __repr__(self) -> str:
-        spec = self.spec
-        return (f"RankLauncher(job_id={spec.job_id}, attempt={spec.attempt}, requeues={self.requeues}, "
-                f"name={spec.name!r})")
-
-
-class Supervisor:
+class Supervisor(_Requeueable):
     """What submitit runs once per allocation (the local controller's one task, SLURM's batch script):
     the job's supervisor, which starts the ranks and restarts them in place (worker.supervisor).
 
     Torch-free, as RankLauncher is; only the RunSpec's JSON is kept. `requeues` counts the times
     checkpoint() handed this attempt back (submitit's requeue on preemption or time-out)."""
-
-    requeues: int = 0
-
-    def __init__(self, spec: RunSpec | str, *, requeues: int = 0) -> None:
-        self.spec_json = spec if isinstance(spec, str) else spec.model_dump_json()
-        self.requeues = requeues
-
-    @property
-    def spec(self) -> RunSpec:
-        return RunSpec.model_validate_json(self.spec_json)
 
     def __call__(self) -> None:
         from worker.supervisor import run_supervised
@@ -128,22 +124,6 @@ class Supervisor:
         setup_logging(-1)
         take_cancel_signal()
         run_supervised(spec, requeues=self.requeues)
-
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """Called by submitit when the job is preempted or times out: what to requeue, resuming from
-        the newest whole checkpoint (saved by the entrypoint; nothing is saved here, in a handler)."""
-        from submitit.helpers import DelayedSubmission
-
-        spec = self.spec
-        latest = spec.files.latest_checkpoint()
-        if latest is not None:
-            spec = spec.model_copy(update={"resume_from": str(latest)})
-        log.info("requeueing job %s attempt %d, resume_from=%s", spec.job_id, spec.attempt, spec.resume_from)
-        return DelayedSubmission(Supervisor(spec, requeues=self.requeues + 1))
-
-    def __repr__(self) -> str:
-        spec = self.spec
-        return f"Supervisor(job_id={spec.job_id}, attempt={spec.attempt}, requeues={self.requeues})"
 
 
 class _RankFilter(logging.Filter):
