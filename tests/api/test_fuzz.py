@@ -491,7 +491,8 @@ def workflow(base: type[APIStateMachine], walk: Walk) -> type[APIStateMachine]:
     Hypothesis replays the start of one scenario at the start of another and requires the same draws
     to follow: a bundle left empty, or an id extracted the first time and not the second, is
     FlakyStrategyDefinition. A fresh user has nothing to list, no Idempotency-Key used, no job to
-    find, so every scenario meets the same service whatever ran before it.
+    find, so every scenario meets the same service whatever ran before it; and a job it makes is in
+    its steady state before the next step (settle), whatever pace the service's loops keep.
     """
 
     class Workflow(base):  # type: ignore[misc, valid-type]
@@ -515,6 +516,21 @@ def workflow(base: type[APIStateMachine], walk: Walk) -> type[APIStateMachine]:
             if case.path == JOBS and case.method == "POST" and response.status_code == 201:
                 walk.created += 1
                 self.jobs.add(response.json()["id"])
+                self.settle(response.json()["id"])
+
+        def settle(self, job_id: int) -> None:
+            """Wait until the dispatcher and the reconciler have moved the new job where it stays
+            (the fake backend's `running`; `waiting` behind a dependency) until the scenario cancels it.
+            A later step may draw a state filter: on Hypothesis's replay of this scenario the list it
+            reads must hold the job or not as it did the first time, else the link from that list is
+            followed once and not the next time, and the draws after it differ (FlakyStrategyDefinition)."""
+            auth = {"authorization": f"Bearer {self.token}"}
+
+            def steady() -> bool:
+                state = walk.client.get(f"{JOBS}/{job_id}", headers=auth).json()["state"]
+                return state in ("running", "waiting")
+
+            wait_for(steady, 10, f"job {job_id} to be dispatched and running")
 
         def validate_response(
             self, response: schemathesis.Response, case: Case[Any], *args: Any, **kwargs: Any
