@@ -209,6 +209,27 @@ def _service_file(name: str, folder: int) -> bool:
     return info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
+def read_new_lines(path: Path, offset: int, most: int) -> list[bytes] | None:
+    """The complete lines after byte `offset` of the job's append-only file `path` (at most `most`
+    bytes read), each with its newline; None while no new line is complete (the writer may be
+    mid-line). A line longer than a whole read comes back as that read alone, without a newline, for
+    the caller to skip like any unusable line: no writer's line may hold the reader in place. The
+    caller's new offset is `offset` plus the lengths of the lines it used."""
+    handle = open_file(path)
+    if handle is None:
+        return None
+    try:
+        with handle:
+            handle.seek(offset)
+            chunk = handle.read(most)
+    except OSError:
+        return None
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return [chunk] if len(chunk) >= most else None
+    return chunk[: end + 1].splitlines(keepends=True)
+
+
 def read_new_progress(
     path: Path, offset: int, most_metrics: int
 ) -> tuple[list[ProgressRecord | CheckpointRecord], int] | None:
@@ -216,24 +237,15 @@ def read_new_progress(
     offset after them; None while there is no new complete line (rank 0 may be mid-write). At most
     MAX_PROGRESS_READ bytes, and the lines up to the one that brings the metric values read to
     `most_metrics`: the rest waits for a later read. Unusable lines are skipped and logged."""
-    handle = open_file(path)
-    if handle is None:
-        return None
-    try:
-        with handle:
-            handle.seek(offset)
-            chunk = handle.read(MAX_PROGRESS_READ)
-    except OSError:
-        return None
-    end = chunk.rfind(b"\n")
-    if end < 0:
+    lines = read_new_lines(path, offset, MAX_PROGRESS_READ)
+    if lines is None:
         return None
     records: list[ProgressRecord | CheckpointRecord] = []
     unusable: list[bytes] = []
     metrics = used = 0
-    for raw in chunk[: end + 1].splitlines(keepends=True):
+    for raw in lines:
         used += len(raw)
-        record = parse_progress_line(raw)
+        record = parse_progress_line(raw) if raw.endswith(b"\n") else None
         if record is not None:
             records.append(record)
             metrics += len(record.metrics) if isinstance(record, ProgressRecord) else 0

@@ -13,8 +13,8 @@ import os
 import uuid
 from pathlib import Path
 
-from service.jobfs.handles import folder_handle, new_file, open_file
-from service.jobfs.reads import read_job_file
+from service.jobfs.handles import folder_handle, new_file
+from service.jobfs.reads import read_job_file, read_new_lines
 from worker.spec import JobFiles, RestartRecord, RestartRequest, parse_restart_line, parse_restart_request
 
 log = logging.getLogger(__name__)
@@ -30,22 +30,12 @@ def read_new_restarts(path: Path, offset: int) -> tuple[list[RestartRecord], int
     """The records of the complete lines after byte `offset` of restarts.jsonl `path`, and the offset
     after them; None while there is no new complete line. A line longer than MAX_RESTART_LINE is
     skipped, even one longer than a whole read (it is passed over up to its end)."""
-    handle = open_file(path)
-    if handle is None:
+    lines = read_new_lines(path, offset, MAX_RESTARTS_READ)
+    if lines is None:
         return None
-    try:
-        with handle:
-            handle.seek(offset)
-            chunk = handle.read(MAX_RESTARTS_READ)
-    except OSError:
-        return None
-    end = chunk.rfind(b"\n")
-    if end < 0:
-        # No line ends in a whole read: one line too long to be a record; pass over what was read.
-        return ([], offset + len(chunk)) if len(chunk) >= MAX_RESTARTS_READ else None
     records: list[RestartRecord] = []
     skipped = used = 0
-    for raw in chunk[: end + 1].splitlines(keepends=True):
+    for raw in lines:
         used += len(raw)
         record = parse_restart_line(raw) if len(raw) <= MAX_RESTART_LINE else None
         if record is not None:

@@ -13,8 +13,10 @@ import pytest
 
 from service.jobfs.handles import open_below
 from service.jobfs.reads import (
+    MAX_PROGRESS_READ,
     log_tail,
     rank_errors,
+    read_new_progress,
     read_placement,
     submitted_external_id,
 )
@@ -115,3 +117,22 @@ def test_error_files_cost_a_bounded_read_however_many_and_large_the_job_made_the
     assert [error.rank for error in errors] == [0, 1, 2, 3]
     assert all(error.text.endswith("ValueError: the real cause") for error in errors)
     assert peak < 1 << 20, f"{peak} bytes held to read four ranks' errors"
+
+
+def test_a_progress_line_longer_than_a_whole_read_is_passed_over_not_waited_on(tmp_path: Path) -> None:
+    path = tmp_path / "progress.jsonl"
+    good = b'{"step": 1, "metrics": {"loss": 0.5}}\n'
+    path.write_bytes(b"x" * (MAX_PROGRESS_READ + 10) + b"\n" + good)
+
+    offset, seen = 0, []
+    for _ in range(4):  # the long line costs reads of its own, never a wait
+        read = read_new_progress(path, offset, most_metrics=100)
+        assert read is not None, f"stuck at byte {offset}"
+        records, offset = read
+        seen += records
+        if offset == path.stat().st_size:
+            break
+
+    assert offset == path.stat().st_size
+    assert [record.step for record in seen] == [1]
+    assert read_new_progress(path, offset, most_metrics=100) is None  # nothing new
