@@ -280,18 +280,16 @@ class Reconciler:
                     continue
                 apply = functools.partial(self._apply, session, job, status, backend_name)
                 outcome = self.bulkhead.guarded(job_id, apply, session)
-                if isinstance(outcome, Fault):
-                    outcome = self._record_fault(session, job, outcome)
-                if outcome:
+                if isinstance(outcome, Fault) and self._record_fault(session, job, outcome):
                     to_cancel.add(external_id)
             record_waiting(session, newly_queued, unchanged_since=polled_at)
 
-    def _apply(self, session: Session, job: Job, status: BackendStatus | None, backend_name: str) -> bool:
-        """Update one job; returns True when its remaining ranks must be stopped."""
+    def _apply(self, session: Session, job: Job, status: BackendStatus | None, backend_name: str) -> None:
+        """Update one job from the scheduler's word and its folder."""
         files = JobFiles(Path(job.folder or "."))
         ingest_progress(session, job, files.progress)
         if status is None:
-            return False  # the scheduler does not list it (yet): ask again next tick
+            return  # the scheduler does not list it (yet): ask again next tick
         if status.nodes and status.nodes != job.nodes:
             job.nodes = status.nodes
             session.add(job)
@@ -316,20 +314,19 @@ class Reconciler:
             result = read_result(files, job.run_attempt)
             if result is not None:
                 self._succeed(session, job, files, result["value"], backend_name)
-                return False
+                return
             if JobState(job.state) is JobState.running:
                 watch = functools.partial(self.watch.check, session, job, backend_name)
                 self.watch_bulkhead.guarded(job.id or 0, watch, session)
         if not is_terminal(target):
             self._move(session, job, target, status.reason)
-            return False
+            return
         waiting = self.files_grace.still_open(job.id or 0)
         settled = settle(job, files, status, self._backends[backend_name], files_may_follow=waiting)
         if settled is None:
-            return False  # nothing says how it ended yet: the next tick looks again
+            return  # nothing says how it ended yet: the next tick looks again
         self.files_grace.forget(job.id or 0)
         end_attempt(session, job, with_stacks(settled, stacks_summary(session, job)), status.exit_code)
-        return False
 
     @staticmethod
     def _record_fault(session: Session, job: Job, fault: Fault) -> bool:
