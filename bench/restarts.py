@@ -35,6 +35,7 @@ import httpx
 from bench.harness import ROOT, torchyard
 from service.cli.render import goodput_parts
 from service.states import TERMINAL_STATE_NAMES
+from worker.spec import JobFiles, parse_placement
 
 TRAIN = "worker.tasks.train:train"
 KWARGS = {"epochs": 6, "samples": 192, "batch_size": 16, "seed": 5, "report_every": 1, "sleep_per_step": 0.2}
@@ -64,18 +65,14 @@ def ended(client: httpx.Client, job_id: int) -> dict[str, Any]:
     return done
 
 
-def rank_pid(folder: str, rank: int) -> int | None:
-    """The process of `rank` (the supervisor starts each as `python -m worker.rank_main <folder>/...`)."""
-    marker = f"SUBMITIT_LOCAL_GLOBALID={rank}\0".encode()
-    for entry in Path("/proc").iterdir():
-        try:
-            ours = entry.name.isdigit() and folder.encode() in (entry / "cmdline").read_bytes()
-            ours = ours and b"worker.rank_main" in (entry / "cmdline").read_bytes()
-            if ours and marker in (entry / "environ").read_bytes():
-                return int(entry.name)
-        except OSError:
-            continue
-    return None
+def rank_pid(job: dict[str, Any], rank: int) -> int | None:
+    """The process of `rank` of this attempt of `job`, as its placement file names it."""
+    try:
+        text = JobFiles(Path(job["folder"])).placement(rank).read_text()
+    except OSError:
+        return None
+    placed = parse_placement(text, job["attempt"])
+    return placed.pid if placed is not None else None
 
 
 def steps_after(folder: str, since: float) -> list[float]:
@@ -102,7 +99,7 @@ def lose_rank_locally(client: httpx.Client, body: dict[str, Any]) -> float:
     """Submit, kill rank 1 after the first checkpoint; seconds from the kill to the next step."""
     job_id = client.post("/api/v1/jobs", json=body).raise_for_status().json()["id"]
     running = checkpointed(client, job_id, 3)
-    pid = wait("rank 1's process", lambda: rank_pid(running["folder"], 1))
+    pid = wait("rank 1's process", lambda: rank_pid(running, 1))
     os.kill(pid, signal.SIGKILL)
     killed = time.time()
     first = wait("a step after the loss", lambda: steps_after(running["folder"], killed))[0]
@@ -205,7 +202,7 @@ def part_c(client: httpx.Client, minutes: float, every_s: float) -> None:
     began = time.monotonic()
     for loss in range(losses):
         time.sleep(max(0.0, began + (loss + 1) * every_s - time.monotonic()))
-        pid = wait("rank 1's process", lambda: rank_pid(running["folder"], 1))
+        pid = wait("rank 1's process", lambda: rank_pid(running, 1))
         os.kill(pid, signal.SIGKILL)
         print(f"  {time.monotonic() - began:.0f} s: rank 1 killed (loss {loss + 1} of {losses})")
     time.sleep(max(0.0, began + minutes * 60 - time.monotonic()))

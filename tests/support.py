@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from service.runtime import Runtime
+from worker.spec import JobFiles, parse_placement
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -218,22 +219,18 @@ def authorize(client: TestClient, user: str = "alice", admin: bool = False) -> T
     return client
 
 
-def rank_pid(folder: str, rank: int, rank_variable: str) -> int:
-    """The process of `rank` of the job in `folder`: the job's supervisor starts each rank as
-    `python -m worker.rank_main <folder>/spec.json`, with its rank in `rank_variable` (SLURM_PROCID,
-    SUBMITIT_LOCAL_GLOBALID)."""
-    marker = f"{rank_variable}={rank}\0".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if folder.encode() in cmdline and marker in environ and b"worker.rank_main" in cmdline:
-            return int(entry.name)
-    raise AssertionError(f"no process of rank {rank} of {folder}")
+def rank_pid(job: dict[str, Any], rank: int) -> int:
+    """The process of `rank` of this attempt of `job`, as its placement file names it: every run of
+    a rank writes one when it starts (a run restarted in place, its own), whether the supervisor
+    started the rank cold or forked it from the job's warm parent."""
+    path = JobFiles(Path(job["folder"])).placement(rank)
+    try:
+        placed = parse_placement(path.read_text(), job["attempt"])
+    except OSError as error:
+        raise AssertionError(f"rank {rank} of job {job['id']} has no placement: {error!r}") from None
+    if placed is None or placed.pid is None or not Path(f"/proc/{placed.pid}").exists():
+        raise AssertionError(f"rank {rank} of job {job['id']} has no process running: {placed}")
+    return placed.pid
 
 
 def run_async(coroutine: Coroutine[Any, Any, T]) -> T:

@@ -68,6 +68,7 @@ def write_placement(path: Path, attempt: int, rank: int, local_rank: int, gpu: s
     fs.protected_hardlinks, which the service cannot see from its own host."""
     host = socket.gethostname()
     record = {"attempt": attempt, "rank": rank, "host": host, "local_rank": local_rank, "gpu": gpu,
+              "pid": os.getpid(),  # for a person (or a test) after the rank's process
               "protected_hardlinks": node_hardlinks_protected()}  # fmt: skip
     atomic_write_text(path, json.dumps(record) + "\n")
 

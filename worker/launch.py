@@ -164,7 +164,8 @@ def apply_env(spec: RunSpec) -> None:
     files.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)  # the folder too, outside the service
     if spec.code is not None:  # the job's snapshot: its files resolve from there, its modules first
         os.chdir(files.code)
-        sys.path.insert(0, str(files.code))
+        if str(files.code) not in sys.path:  # once, though a forked rank's warm parent did this too
+            sys.path.insert(0, str(files.code))
     else:
         os.chdir(files.folder)
     os.environ["TMPDIR"] = str(files.tmp)

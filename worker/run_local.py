@@ -21,52 +21,73 @@ from pathlib import Path
 from worker.distributed import REQUEUES_ENV, RUN_ENV
 from worker.spec import RunSpec
 from worker.supervisor import RunEnd, classify
+from worker.warm_ranks import RankProcess, WarmParent
 
 log = logging.getLogger("worker.supervisor")
 
 STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL this long after: a stopped run leaves nothing to finish
 SETTLE_S = 5.0  # a run that ends the attempt: how long its ranks may take to fail by themselves
+WARM_START_S = 120.0  # how long the warm parent may take to import torch before ranks start cold
 
 
 class LocalRuns:
-    """Runs on this machine, one process per rank."""
+    """Runs on this machine, one process per rank, forked from the job's warm parent when it has one
+    (worker.warm_ranks: torch imported once, a restart only forks), started cold when it has none."""
 
     def __init__(self, spec: RunSpec, *, requeues: int, external_id: str) -> None:
         self.spec = spec
         self.requeues = requeues
         self.external_id = external_id  # the controller's PID: the job's id, and its logs' names
+        self.warm: WarmParent | None = None
+        self.warm_failed = False
 
     def hosts(self) -> list[str]:
         return [socket.gethostname()]
 
     def start(self, spec_path: Path, run: int, hosts: list[str]) -> LocalRun:
         ranks = self.spec.resources.world_size  # one node
-        processes = {}
+        warm = self.warm_parent(spec_path)
+        processes: dict[int, RankProcess] = {}
         for rank in range(ranks):
             env = {
-                **os.environ,
                 "SUBMITIT_LOCAL_GLOBALID": str(rank),
                 "SUBMITIT_LOCAL_LOCALID": str(rank),
                 "SUBMITIT_LOCAL_NTASKS": str(ranks),
                 RUN_ENV: str(run),
                 REQUEUES_ENV: str(self.requeues),
             }
-            files = self.spec.files
-            with open(files.rank_log(self.external_id, rank, "out"), "ab") as out, \
-                    open(files.rank_log(self.external_id, rank, "err"), "ab") as err:
-                # cwd "/": `-m` puts the working folder first on sys.path, and the job's folder holds
-                # what the job wrote; the rank moves to its folder itself (worker.launch.apply_env).
-                processes[rank] = subprocess.Popen(
-                    [sys.executable, "-u", "-m", "worker.rank_main", str(spec_path)],
-                    env=env, stdout=out, stderr=err, cwd="/")
-        log.info("run %d: %d ranks started (pids %s)", run, ranks, [p.pid for p in processes.values()])
+            out = self.spec.files.rank_log(self.external_id, rank, "out")
+            err = self.spec.files.rank_log(self.external_id, rank, "err")
+            forked = warm.fork(rank, env, out, err, spec_path) if warm is not None else None
+            processes[rank] = forked if forked is not None else start_cold(spec_path, env, out, err)
+        log.info("run %d: %d ranks %s (pids %s)", run, ranks, "forked" if warm else "started",
+                 [p.pid for p in processes.values()])
         return LocalRun(self.spec, processes, hosts[0] if hosts else socket.gethostname())
+
+    def warm_parent(self, spec_path: Path) -> WarmParent | None:
+        """The job's warm parent, started at the first run; None when it could not import the worker
+        (the ranks then start cold, and their error files say why)."""
+        if self.warm is None and not self.warm_failed:
+            self.warm = WarmParent(spec_path)
+            self.warm_failed = not self.warm.wait_ready(WARM_START_S)
+        if self.warm is not None and not self.warm.alive():
+            self.warm, self.warm_failed = None, True
+        return self.warm
+
+
+def start_cold(spec_path: Path, env: dict[str, str], out_path: Path, err_path: Path) -> RankProcess:
+    with open(out_path, "ab") as out, open(err_path, "ab") as err:
+        # cwd "/": `-m` puts the working folder first on sys.path, and the job's folder holds what
+        # the job wrote; the rank moves to its folder itself (worker.launch.apply_env).
+        return subprocess.Popen([sys.executable, "-u", "-m", "worker.rank_main", str(spec_path)],
+                                env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                cwd="/")
 
 
 class LocalRun:
     """One run's rank processes."""
 
-    def __init__(self, spec: RunSpec, processes: dict[int, subprocess.Popen[bytes]], host: str) -> None:
+    def __init__(self, spec: RunSpec, processes: dict[int, RankProcess], host: str) -> None:
         self.spec = spec
         self.processes = processes
         self.host = host
@@ -102,6 +123,6 @@ class LocalRun:
                 process.wait()
 
 
-def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
+def _signal(process: RankProcess, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         process.send_signal(signum)

@@ -72,7 +72,7 @@ def test_keep_last_2_leaves_two_checkpoints_and_a_run_killed_mid_way_resumes_bit
 
     mid = wait_for(third_checkpoint, 180, "the third checkpoint")
     assert len(checkpoint_files(mid)) == 2, "older checkpoints go as the job runs"
-    os.kill(rank_pid(mid["folder"], 1, "SUBMITIT_LOCAL_GLOBALID"), signal.SIGKILL)
+    os.kill(rank_pid(mid, 1), signal.SIGKILL)
 
     done, reference = ended(live, kept, 240), ended(live, whole, 240)
     assert done["state"] == "succeeded", done["reason"]

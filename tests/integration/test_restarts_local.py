@@ -5,6 +5,8 @@
   run ends with the parameters of an uninterrupted run, bit for bit.
 - Restarts spent: the attempt ends, `retries` requeues it, and the result is still bit for bit.
 - A cancel while the ranks restart ends the job and leaves no process behind.
+- A service SIGKILLed as a rank is lost: the supervisor restarts the ranks alone, and the service
+  started again tells the restart once and ends the job bit for bit.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ import pytest
 
 from service.app import create_app
 from service.config import Settings
+from service.ledger.db import make_engine
+from tests.cli_service import clean_env
 from tests.integration.test_faults_local import assert_nothing_left, ended
-from tests.serving import LiveServer, serve
-from tests.support import rank_pid, wait_for
+from tests.integration.test_service_local import start_service
+from tests.serving import LiveServer, free_port, serve
+from tests.support import bearer, issue_token, rank_pid, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +78,7 @@ def test_a_rank_killed_mid_run_restarts_in_place_and_ends_bit_for_bit(live: http
     job_id = submit(live, "killed", kwargs=SLOW)
     whole = submit(live, "whole", kwargs=KWARGS)
     job = after_first_checkpoint(live, job_id)
-    os.kill(rank_pid(job["folder"], 1, "SUBMITIT_LOCAL_GLOBALID"), signal.SIGKILL)
+    os.kill(rank_pid(job, 1), signal.SIGKILL)
     killed_at = time.time()
 
     done, reference = ended(live, job_id, 240), ended(live, whole, 240)
@@ -99,7 +104,7 @@ def test_restarts_spent_end_the_attempt_and_retries_requeue_it_bit_for_bit(live:
     whole = submit(live, "whole", kwargs=KWARGS)
     job = after_first_checkpoint(live, job_id)
     for victim in (1, 2):  # the first loss is restarted in place, the second spends the restarts
-        os.kill(rank_pid(job["folder"], victim, "SUBMITIT_LOCAL_GLOBALID"), signal.SIGKILL)
+        os.kill(rank_pid(job, victim), signal.SIGKILL)
         wait_for(lambda n=victim: len(restart_records(job)) >= n, 60, f"restart record {victim}")  # type: ignore[misc]
         if victim == 1:
             wait_for(lambda: _running_again(job), 60, "the ranks to run again")
@@ -116,7 +121,7 @@ def test_restarts_spent_end_the_attempt_and_retries_requeue_it_bit_for_bit(live:
 
 def _running_again(job: dict[str, Any]) -> bool:
     try:
-        rank_pid(job["folder"], 2, "SUBMITIT_LOCAL_GLOBALID")
+        rank_pid(job, 2)
     except AssertionError:
         return False
     record = restart_records(job)[-1]
@@ -126,7 +131,7 @@ def _running_again(job: dict[str, Any]) -> bool:
 def test_a_cancel_during_a_restart_ends_the_job(live: httpx.Client) -> None:
     job_id = submit(live, "cancelled", kwargs=SLOW)
     job = after_first_checkpoint(live, job_id)
-    os.kill(rank_pid(job["folder"], 1, "SUBMITIT_LOCAL_GLOBALID"), signal.SIGKILL)
+    os.kill(rank_pid(job, 1), signal.SIGKILL)
     wait_for(lambda: restart_records(job), 60, "the restart")
     live.post(f"{JOBS}/{job_id}/cancel").raise_for_status()
 
@@ -153,10 +158,49 @@ def test_a_rank_killed_while_rank_0_writes_a_checkpoint_resumes_from_the_one_bef
     while not writing():  # a tight look: the write lasts a fraction of a second
         assert time.monotonic() < deadline, "rank 0 never wrote a second checkpoint"
         time.sleep(0.002)
-    os.kill(rank_pid(job["folder"], 1, "SUBMITIT_LOCAL_GLOBALID"), signal.SIGKILL)
+    os.kill(rank_pid(job, 1), signal.SIGKILL)
     record = wait_for(lambda: restart_records(job) and restart_records(job)[0], 60, "the restart")
 
     assert Path(record["resumed_from"]).name == first, record  # the half-written one is not whole
     done = ended(live, job_id, 300)
     assert done["state"] == "succeeded", done["reason"]
     assert done["attempt"] == 1
+
+
+def test_a_service_killed_during_a_restart_loses_nothing(tmp_path: Path) -> None:
+    """The supervisor restarts in place with no service watching; the service started again reads the
+    restart once from restarts.jsonl and the job ends as if it had watched throughout."""
+    ledger = f"sqlite:///{tmp_path}/ledger.db"
+    env = clean_env(TORCHYARD_DATA_DIR=str(tmp_path / "data"), TORCHYARD_DATABASE_URL=ledger,
+                    TORCHYARD_LOCAL_RECONCILE_INTERVAL_S="0.2")
+    port = free_port()
+    first = start_service(env, port)
+    engine = make_engine(ledger)
+    try:
+        headers = bearer(issue_token(engine, "alice"))  # in the ledger: the second service knows it
+    finally:
+        engine.dispose()
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30) as client:
+        try:
+            job_id = submit(client, "killed", kwargs=SLOW)
+            whole = submit(client, "whole", kwargs=KWARGS)
+            job = after_first_checkpoint(client, job_id)
+            os.kill(rank_pid(job, 1), signal.SIGKILL)
+        finally:
+            first.send_signal(signal.SIGKILL)  # at once: the restart happens while no service runs
+            first.wait()
+        wait_for(lambda: restart_records(job), 60, "the supervisor's restart record")
+        second = start_service(env, port)
+        try:
+            done, reference = ended(client, job_id, 240), ended(client, whole, 240)
+            events = client.get(f"{JOBS}/{job_id}/events").raise_for_status().json()
+        finally:
+            second.terminate()
+            second.wait(timeout=30)
+
+    assert done["state"] == "succeeded", done["reason"]
+    assert (done["attempt"], done["restart_count"]) == (1, 1)
+    restarted = [event for event in events if "restarted in place" in (event["reason"] or "")]
+    assert len(restarted) == 1, events  # read once, though the first service never saw it
+    assert done["result"]["param_checksum"] == reference["result"]["param_checksum"]
+    assert_nothing_left(done)

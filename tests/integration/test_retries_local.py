@@ -97,7 +97,7 @@ def test_a_rank_killed_mid_training_is_a_node_failure_and_the_job_is_retried(liv
     )
     job = wait_for(lambda: (j := live.get(f"{JOBS}/{job_id}").json())["latest_checkpoint"] and j, 180,
                    "the first checkpoint")  # fmt: skip
-    victim = rank_pid(job["folder"], 1, "SUBMITIT_LOCAL_GLOBALID")
+    victim = rank_pid(job, 1)
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
 

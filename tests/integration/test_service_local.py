@@ -165,7 +165,7 @@ def test_service_killed_mid_job_settles_it_after_restart(tmp_path: Path) -> None
     env = clean_env(TORCHYARD_DATA_DIR=str(tmp_path / "data"), TORCHYARD_DATABASE_URL=ledger)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    first = _start_service(env, port)
+    first = start_service(env, port)
     engine = make_engine(ledger)
     try:
         headers = bearer(issue_token(engine, "alice"))  # stored in the ledger: the restart keeps it
@@ -197,7 +197,7 @@ def test_service_killed_mid_job_settles_it_after_restart(tmp_path: Path) -> None
         os.killpg(int(doomed_pid), signal.SIGKILL)  # this one dies while nobody watches: no result
         time.sleep(9)  # and the slow one finishes while the service is down
 
-        second = _start_service(env, port)
+        second = start_service(env, port)
         try:
             slow_done = finished(client, slow["id"], timeout=30)
             doomed_done = finished(client, doomed["id"], timeout=30)
@@ -221,7 +221,7 @@ def job_external_id(tmp_path: Path, job_id: int) -> str:
     return str(row[0])
 
 
-def _start_service(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+def start_service(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
         [
             sys.executable,

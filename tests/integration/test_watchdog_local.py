@@ -137,7 +137,7 @@ def test_one_rank_stuck_in_the_jobs_own_code_is_flagged_naming_it_and_its_end_sa
         assert stall_events(client, job_id) == [f"stalled: {reason}"]
 
         # The stuck rank dies: its peers lose it, and the end says where it was before.
-        os.kill(rank_pid(flagged["folder"], 1, "SUBMITIT_LOCAL_GLOBALID"), signal.SIGKILL)
+        os.kill(rank_pid(flagged, 1), signal.SIGKILL)
         done = ended(client, job_id, 60)
         first = client.get(f"{JOBS}/{job_id}/attempts").raise_for_status().json()[0]
         assert (done["state"], first["kind"]) == ("failed", "node_failure"), first

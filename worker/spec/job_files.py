@@ -73,7 +73,7 @@ class JobFiles:
 
     def placement(self, rank: int) -> Path:
         """Written atomically by every rank when it starts: {"attempt", "rank", "host", "local_rank",
-        "gpu"} (parse_placement), so the service knows where each rank of the attempt runs."""
+        "gpu", "pid"} (parse_placement), so the service knows where each rank of the attempt runs."""
         return self.folder / "placement" / f"rank{rank}.json"
 
     @property

@@ -75,6 +75,7 @@ class RankPlacement(BaseModel):
     local_rank: int
     gpu: str | None = None  # as CUDA_VISIBLE_DEVICES names it (an index or a UUID), None on CPU
     protected_hardlinks: bool | None = None  # the host's fs.protected_hardlinks; None: not said
+    pid: int | None = None  # the rank's process on its host (py-spy, a test's kill); None: not said
 
 
 PROTECTED_HARDLINKS = Path("/proc/sys/fs/protected_hardlinks")
@@ -110,7 +111,8 @@ def parse_placement(text: str, attempt: int) -> RankPlacement | None:
     gpu = gpu if _short_text(gpu, 64) else None
     protected = data.get("protected_hardlinks")  # absent from an older worker's file
     protected = protected if isinstance(protected, bool) else None
-    return RankPlacement(rank=rank, host=host, local_rank=local_rank, gpu=gpu, protected_hardlinks=protected)
+    return RankPlacement(rank=rank, host=host, local_rank=local_rank, gpu=gpu, protected_hardlinks=protected,
+                         pid=_count(data.get("pid")))
 
 
 def _short_text(value: Any, most: int) -> bool:

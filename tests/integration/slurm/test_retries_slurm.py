@@ -95,7 +95,7 @@ def test_a_rank_killed_on_slurm_is_a_node_failure_and_the_job_is_retried(api: Ap
     dependent = api.submit(name="after-killed", entrypoint=UPSTREAM_ECHO, backend="local", after=[job_id])
     assert dependent["state"] == "waiting", dependent
     job = first_checkpoint(api, job_id)
-    os.kill(rank_pid(job["folder"], 1, "SLURM_PROCID"), signal.SIGKILL)
+    os.kill(rank_pid(job, 1), signal.SIGKILL)
     wait_for(lambda: api.job(job_id)["state"] == "retrying", 120, "the retry")
     assert api.job(dependent["id"])["state"] == "waiting"  # a retrying dependency has not ended
 

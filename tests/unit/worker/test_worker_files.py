@@ -261,7 +261,7 @@ def test_a_rank_says_where_it_runs_and_the_service_reads_it_back(tmp_path: Path)
 
     here = node_hardlinks_protected()
     assert placed == RankPlacement(
-        rank=1, host=socket.gethostname(), local_rank=1, gpu="3", protected_hardlinks=here
+        rank=1, host=socket.gethostname(), local_rank=1, gpu="3", protected_hardlinks=here, pid=os.getpid()
     )
     assert parse_placement(files.placement(1).read_text(), attempt=1) is None  # another attempt's
 
