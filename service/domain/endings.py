@@ -9,6 +9,8 @@ The kinds (service.states.EndingKind):
 - oom: the scheduler's OUT_OF_MEMORY, or every rank killed (exit 137) without a word;
 - cancel: cancelled, by the user or an operator;
 - hang: the watchdog found the attempt stalled and its spec says `on_stall: "fail"` (service.loops.watch).
+- pruned: a sweep's early stopping stopped the trial, which ends `cancelled` (service.loops.sweep_pruning
+  says why it is no state of its own).
 - preemption: preempted and not requeued (SLURM cancelled it, PreemptMode=CANCEL). A preempted
   job that SLURM requeues is no ending: it comes back as a new attempt (service.states `requeued`).
 """

@@ -1,0 +1,93 @@
+"""A sweep's early_stop over the API: the 422s that name its fields, and the reconcile loop's pruning
+pass deciding from the ledger's metrics (the fake backend: the rule's own tests are in
+tests/unit/service/test_sweep_pruning.py, real processes in tests/integration/test_sweep_pruning_local.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from service.domain import metric_series
+from service.ledger.models.metrics import JobMetric
+from tests.api.test_sweeps import SWEEPS, stored_counts
+from tests.fakes import FakeBackend
+from tests.support import runtime_of, wait_for
+
+LRS = [0.1, 0.01, 0.3, 0.004, 0.05, 1.0, 0.0003, 0.02, 0.6]  # loss floor |log10(lr / 0.01)|
+EARLY = {"method": "asha", "min_steps": 10, "reduction_factor": 3, "max_steps": 90}
+
+
+def body(**early: Any) -> dict[str, Any]:
+    return {
+        "name": "curves",
+        "job": {"entrypoint": "worker.tasks.curves:curve", "kwargs": {"steps": 90}},
+        "grid": {"lr": LRS},
+        "early_stop": {**EARLY, **early},
+    }
+
+
+@pytest.mark.parametrize(
+    ("early", "loc"),
+    [
+        ({"reduction_factor": 1}, ["body", "early_stop", "reduction_factor"]),
+        ({"reduction_factor": "3x"}, ["body", "early_stop", "reduction_factor"]),
+        ({"min_steps": 0}, ["body", "early_stop", "min_steps"]),
+        ({"method": "tpe"}, ["body", "early_stop", "method"]),
+        ({"max_steps": 10}, ["body", "early_stop", "max_steps"]),  # no rung below it
+        ({"rungs": 3}, ["body", "early_stop", "rungs"]),
+    ],
+)
+def test_bad_early_stop_names_the_field_and_stores_nothing(
+    api: TestClient, early: dict[str, Any], loc: list[str]
+) -> None:
+    response = api.post(SWEEPS, json=body(**early))
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][: len(loc)] == loc
+    assert stored_counts(api) == (0, 0)
+
+
+def test_losing_trials_are_stopped_as_pruned_and_the_sweep_says_what_was_saved(
+    api: TestClient, fake: FakeBackend
+) -> None:
+    sweep = api.post(SWEEPS, json=body()).json()
+    assert sweep["early_stop"] == EARLY
+    ids = [trial["job_id"] for trial in sweep["trials"]]
+    wait_for(
+        lambda: all(api.get(f"/api/v1/jobs/{i}").json()["state"] == "running" for i in ids), 10, "running"
+    )
+    with Session(runtime_of(api).engine) as session, session.begin():  # every trial at rung 0, in order
+        for job_id, lr in zip(ids, LRS, strict=True):
+            for step in range(1, 11):
+                loss = abs(math.log10(lr / 0.01)) + 1 / step
+                session.add(JobMetric(job_id=job_id, step=step, name="loss", value=loss))
+            session.flush()
+            metric_series.refresh_added(
+                session.connection(), job_id, [("loss", 1, step) for step in range(1, 11)]
+            )
+    stopped = [ids[index] for index in (2, 3, 4, 5, 6, 8)]  # as the rule's unit test has it
+
+    def pruned() -> dict[str, Any] | None:
+        read: dict[str, Any] = api.get(f"{SWEEPS}/{sweep['id']}").json()
+        return read if read["counts"].get("cancelled") == len(stopped) else None
+
+    read = wait_for(pruned, 10, "the losers pruned")
+    by_id = {trial["job_id"]: trial for trial in read["trials"]}
+    for job_id in ids:
+        trial = by_id[job_id]
+        if job_id in stopped:
+            assert (trial["state"], trial["ending"]) == ("cancelled", "pruned")
+            assert trial["reason"].startswith("pruned at rung 0 (step 10): loss "), trial["reason"]
+            assert ", the cut " in trial["reason"]
+        else:
+            assert (trial["state"], trial["ending"]) == ("running", None)
+        assert trial["steps"] == 10
+    assert sorted(e for call in fake.cancel_calls for e in call) == sorted(
+        fake.external_id(i) for i in stopped
+    )
+    assert read["compute"] == {"steps_run": 90, "steps_full": 810, "saved": round(1 - 90 / 810, 4)}
+    attempts = api.get(f"/api/v1/jobs/{stopped[0]}/attempts").json()  # the attempt's row says why it ended
+    assert [attempt["kind"] for attempt in attempts] == ["pruned"]
