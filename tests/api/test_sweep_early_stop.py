@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rich.console import Console
 from sqlmodel import Session
 
+from service.cli.sweep_view import sweep_view
 from service.domain import metric_series
 from service.ledger.models.metrics import JobMetric
 from tests.api.test_sweeps import SWEEPS, stored_counts
@@ -91,3 +93,13 @@ def test_losing_trials_are_stopped_as_pruned_and_the_sweep_says_what_was_saved(
     assert read["compute"] == {"steps_run": 90, "steps_full": 810, "saved": round(1 - 90 / 810, 4)}
     attempts = api.get(f"/api/v1/jobs/{stopped[0]}/attempts").json()  # the attempt's row says why it ended
     assert [attempt["kind"] for attempt in attempts] == ["pruned"]
+    shown = shown_by_the_cli(read)
+    assert "early stop: asha, rungs from 10 steps x3; 90 of 810 steps run (89% saved)" in shown, shown
+    assert shown.count("cancelled (pruned)") == len(stopped) and "STEPS" in shown, shown
+
+
+def shown_by_the_cli(sweep: dict[str, Any]) -> str:
+    """What `torchyard sweep show` prints for this sweep's JSON."""
+    console = Console(record=True, width=200, color_system=None)
+    console.print(sweep_view(sweep))
+    return console.export_text()
