@@ -292,7 +292,8 @@ class Reconciler:
     def _apply(self, session: Session, job: Job, status: BackendStatus | None, backend_name: str) -> bool:
         """Update one job; returns True when its remaining ranks must be stopped."""
         files = JobFiles(Path(job.folder or "."))
-        ingest_progress(session, job, files.progress)
+        if ingest_progress(session, job, files.progress) and job.sweep_id is not None:
+            self.pruning.reported(backend_name, job.sweep_id)
         if status is None:
             return False  # the scheduler does not list it (yet): ask again next tick
         if status.nodes and status.nodes != job.nodes:

@@ -2,11 +2,14 @@
 (service.domain.sweep_pruning decides) are ended `cancelled` with the ending kind `pruned`, and the
 backend is told to stop them with the tick's own cancels (no scheduler query of ours).
 
-What a pass reads is the ledger's: the sweeps with early_stop that have trials on this backend, their
-trials' states, and for each rung the first row of the metric past the rung's step (one grouped query
-per rung, not every report). A pass decides at most MAX_SWEEPS_PER_OWNER sweeps of each owner, those
-decided least recently first, so one user's many sweeps cannot make another's wait (fair share); one
-sweep's fault costs that sweep's decision for this pass, never the pass.
+A pass decides only the sweeps whose trials the tick read new reports of (`reported`), and every
+sweep with early_stop on the backend in the first pass after a start (reports read before a kill may
+not have been decided yet); a tick with no new report costs no statement. What a pass reads is the
+ledger's: the sweeps' trials' states, and for each rung the first row of the metric past the rung's
+step (one grouped query per rung, not every report). A pass decides at most MAX_SWEEPS_PER_OWNER
+sweeps of each owner, the others staying due for the next passes, so one user's many sweeps cannot
+make another's wait (fair share); one sweep's fault costs that sweep's decision for this pass, never
+the pass.
 
 Why `cancelled` + the kind `pruned` rather than a new JobState: a stopped trial is stopped the way a
 cancelled job is (the backend stops its run; nothing retries it, nothing follows it), and every state
@@ -49,20 +52,32 @@ class Stop:
 
 
 class SweepPruning:
-    """Decides after each reconcile tick; `cancel_later(backend, external_id)` is the tick's cancel."""
+    """Decides after each reconcile tick; `cancel_later(backend, external_id)` is the tick's cancel.
+    Each backend's thread keeps to its own entries of the dicts below."""
 
     def __init__(self, engine: Engine, cancel_later: Callable[[str, str], None]) -> None:
         self._engine = engine
         self._cancel_later = cancel_later
+        self._due: dict[str, set[int]] = {}  # backend -> sweeps with new reports, not yet decided
+        self._started: set[str] = set()  # backends whose first pass (every sweep) is done
         self._passes = 0
-        self._decided_at: dict[int, int] = {}  # sweep id -> the pass that last decided it
+        self._decided: dict[int, int] = {}  # sweep id -> the pass that last decided it
+
+    def reported(self, backend_name: str, sweep_id: int) -> None:
+        """A trial of `sweep_id` reported: decide the sweep in this tick's pass."""
+        self._due.setdefault(backend_name, set()).add(sweep_id)
 
     def after_tick(self, backend_name: str) -> int:
-        """Stop what the rule stops among `backend_name`'s trials. Returns how many were stopped."""
+        """Stop what the rule stops among the due sweeps' trials. Returns how many were stopped."""
+        due = self._due.setdefault(backend_name, set())
+        first = backend_name not in self._started
+        if not due and not first:
+            return 0
         self._passes += 1
         with session_scope(self._engine) as session:
-            sweeps = self._due(session, backend_name)
+            sweeps = self._sweeps(session, backend_name, None if first else due)
             stops = [stop for sweep in sweeps for stop in self._guarded(session, sweep)]
+        self._started.add(backend_name)
         if not stops:
             return 0
         stopped = 0
@@ -78,33 +93,35 @@ class SweepPruning:
                 self._cancel_later(backend_name, stop.external_id)
         return stopped
 
-    def _due(self, session: Session, backend_name: str) -> list[Sweep]:
-        """The sweeps with early_stop and a trial on this backend, at most MAX_SWEEPS_PER_OWNER of
-        each owner, those decided least recently first."""
-        active = (
-            core_select(col(Job.sweep_id))
-            .where(
+    def _sweeps(self, session: Session, backend_name: str, wanted: set[int] | None) -> list[Sweep]:
+        """The sweeps with early_stop to decide now (`wanted`, or all with a trial on this backend),
+        at most MAX_SWEEPS_PER_OWNER of each owner, those decided least recently first; taken off the
+        due set (the others stay on it)."""
+        query = core_select(Sweep).where(col(Sweep.backend) == backend_name)
+        if wanted is not None:
+            query = query.where(col(Sweep.id).in_(sorted(wanted)))
+        else:
+            active = core_select(col(Job.sweep_id)).where(
                 col(Job.backend) == backend_name,
                 col(Job.sweep_id).is_not(None),
                 col(Job.state).in_([state.value for state in WATCHED_STATES]),
             )
-            .distinct()
-            .scalar_subquery()
-        )
-        sweeps = [
-            sweep
-            for sweep in session.scalars(core_select(Sweep).where(col(Sweep.id).in_(active)))
-            if sweep.request.get("early_stop")
-        ]
-        sweeps.sort(key=lambda sweep: (self._decided_at.get(sweep.id or 0, 0), sweep.id or 0))
+            query = query.where(col(Sweep.id).in_(active.distinct().scalar_subquery()))
         taken: dict[str, int] = {}
-        due: list[Sweep] = []
-        for sweep in sweeps:
-            if taken.get(sweep.owner, 0) < MAX_SWEEPS_PER_OWNER:
+        chosen: list[Sweep] = []
+        due = self._due[backend_name]
+        sweeps = [sweep for sweep in session.scalars(query) if sweep.id is not None]
+        for sweep in sorted(sweeps, key=lambda sweep: (self._decided.get(sweep.id or 0, 0), sweep.id or 0)):
+            sweep_id = sweep.id or 0
+            if taken.get(sweep.owner, 0) >= MAX_SWEEPS_PER_OWNER:
+                due.add(sweep_id)  # next pass
+                continue
+            due.discard(sweep_id)
+            if sweep.request.get("early_stop"):
                 taken[sweep.owner] = taken.get(sweep.owner, 0) + 1
-                self._decided_at[sweep.id or 0] = self._passes
-                due.append(sweep)
-        return due
+                self._decided[sweep_id] = self._passes
+                chosen.append(sweep)
+        return chosen
 
     def _guarded(self, session: Session, sweep: Sweep) -> list[Stop]:
         try:

@@ -4,20 +4,19 @@ tests/unit/service/test_sweep_pruning.py, real processes in tests/integration/te
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from rich.console import Console
-from sqlmodel import Session
 
 from service.cli.sweep_view import sweep_view
-from service.domain import metric_series
-from service.ledger.models.metrics import JobMetric
 from tests.api.test_sweeps import SWEEPS, stored_counts
 from tests.fakes import FakeBackend
-from tests.support import runtime_of, wait_for
+from tests.support import get_job, wait_for
 
 LRS = [0.1, 0.01, 0.3, 0.004, 0.05, 1.0, 0.0003, 0.02, 0.6]  # loss floor |log10(lr / 0.01)|
 EARLY = {"method": "asha", "min_steps": 10, "reduction_factor": 3, "max_steps": 90}
@@ -61,15 +60,15 @@ def test_losing_trials_are_stopped_as_pruned_and_the_sweep_says_what_was_saved(
     wait_for(
         lambda: all(api.get(f"/api/v1/jobs/{i}").json()["state"] == "running" for i in ids), 10, "running"
     )
-    with Session(runtime_of(api).engine) as session, session.begin():  # every trial at rung 0, in order
-        for job_id, lr in zip(ids, LRS, strict=True):
-            for step in range(1, 11):
-                loss = abs(math.log10(lr / 0.01)) + 1 / step
-                session.add(JobMetric(job_id=job_id, step=step, name="loss", value=loss))
-            session.flush()
-            metric_series.refresh_added(
-                session.connection(), job_id, [("loss", 1, step) for step in range(1, 11)]
-            )
+    for job_id, lr in zip(ids, LRS, strict=True):  # every trial reports its first 10 steps, in order
+        spec = fake.specs[job_id]
+        lines = [
+            {"step": step, "total": 90, "metrics": {"loss": abs(math.log10(lr / 0.01)) + 1 / step},
+             "time": time.time(), "attempt": spec.attempt}
+            for step in range(1, 11)
+        ]  # fmt: skip
+        spec.files.progress.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        wait_for(lambda job_id=job_id: get_job(api, job_id)["progress"], 10, "its reports read")
     stopped = [ids[index] for index in (2, 3, 4, 5, 6, 8)]  # as the rule's unit test has it
 
     def pruned() -> dict[str, Any] | None:
