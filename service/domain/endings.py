@@ -35,6 +35,7 @@ from worker.spec import LOST_PEER, JobFiles
 # Reasons other modules recognise a job's ending by (service.domain.pipeline_state reads them back).
 CANCELLED_BY_USER = "cancelled by user"  # the reason of every job a user's cancel ends
 DEPENDENCY = "dependency job "  # how a job cancelled by a dependency that cannot be met says why
+PRUNED = "pruned at rung "  # how a sweep's trial stopped early says why (service.domain.sweep_pruning)
 
 SIGKILL_EXIT = 137  # 128 + 9: the kernel's OOM killer, or `kill -9`
 

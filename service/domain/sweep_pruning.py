@@ -25,12 +25,11 @@ from dataclasses import dataclass
 
 import optuna
 
+from service.domain.endings import PRUNED
 from service.ledger.models.sweeps import EarlyStop
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # a study per pass: its "study created" is noise
 log = logging.getLogger(__name__)
-
-PRUNED = "pruned at rung "  # how a stopped trial's reason begins
 
 
 @dataclass(frozen=True)

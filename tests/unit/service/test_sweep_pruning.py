@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from service.domain.sweep_pruning import PRUNED, RungPoint, decide, rung_steps
+from service.domain.endings import PRUNED
+from service.domain.sweep_pruning import RungPoint, decide, rung_steps
 from service.ledger.models.sweeps import EarlyStop
 
 ASHA = EarlyStop(method="asha", min_steps=10, reduction_factor=3, max_steps=90)
