@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from rich.console import Console
 
 from service.cli.sweep_view import sweep_view
+from service.cli.sweeps import all_done
 from tests.api.test_sweeps import SWEEPS, stored_counts
 from tests.fakes import FakeBackend
 from tests.support import get_job, wait_for
@@ -102,3 +103,12 @@ def shown_by_the_cli(sweep: dict[str, Any]) -> str:
     console = Console(record=True, width=200, color_system=None)
     console.print(sweep_view(sweep))
     return console.export_text()
+
+
+def test_sweep_wait_counts_a_pruned_trial_as_done() -> None:
+    """`torchyard sweep FILE --wait` exits 0 when each trial succeeded or early_stop stopped it."""
+    ok, pruned = {"state": "succeeded"}, {"state": "cancelled", "ending": "pruned"}
+    assert all_done({"trials": [ok, pruned, pruned]})
+    assert not all_done({"trials": [ok, {"state": "cancelled", "ending": "cancel"}]})
+    assert not all_done({"trials": [ok, {"state": "failed", "ending": "failure"}]})
+    assert all_done({"counts": {"succeeded": 2}}) and not all_done({"counts": {"cancelled": 1}})
