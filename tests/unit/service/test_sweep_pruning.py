@@ -4,10 +4,19 @@ from the ledger's order."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from service.domain.endings import PRUNED
 from service.domain.sweep_pruning import RungPoint, decide, rung_steps
-from service.ledger.models.sweeps import EarlyStop
+from service.ledger.db import make_engine, migrate
+from service.ledger.models.sweeps import EarlyStop, Sweep
+from service.loops import sweep_pruning
+from service.loops.sweep_pruning import MAX_SWEEPS_PER_OWNER
 
 ASHA = EarlyStop(method="asha", min_steps=10, reduction_factor=3, max_steps=90)
 # The integration tests' grid: loss floor |log10(lr / 0.01)|; trial 2 (lr 0.01) is the best.
@@ -73,3 +82,46 @@ def test_hyperband_decides_by_optuna_brackets_the_same_on_every_replay() -> None
     assert first == decide(hyperband, "min", range(1, 10), list(reversed(points)))
     assert 2 not in first and first  # the best goes on; some are stopped
     assert all(stop.cut is None and "bracket" in stop.reason("loss") for stop in first.values())
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def test_a_pass_decides_a_few_sweeps_of_each_owner_and_the_rest_in_turn(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fair share: alice's many sweeps with new reports take MAX_SWEEPS_PER_OWNER places a pass; bob's
+    one is decided in the first pass all the same, and alice's left over go first in the next."""
+    request = {"early_stop": {"method": "asha", "min_steps": 10, "reduction_factor": 3, "max_steps": 90}}
+    owners = ["alice"] * (MAX_SWEEPS_PER_OWNER + 2) + ["bob"]
+    with Session(engine) as session, session.begin():
+        made = [Sweep(name="s", owner=owner, backend="local", request=request, size=0, metric="loss",
+                      goal="min") for owner in owners]  # fmt: skip
+        session.add_all(made)
+        session.flush()
+        ids = [sweep.id or 0 for sweep in made]
+    decided: list[int] = []
+    monkeypatch.setattr(sweep_pruning, "stops_of", lambda session, sweep: decided.append(sweep.id) or [])
+    pruning = sweep_pruning.SweepPruning(engine, lambda backend, run: None)
+    pruning.after_tick("local")  # the first pass after a start: every sweep with a trial under way (none)
+    assert decided == []
+
+    def one_pass() -> list[int]:
+        for sweep_id in ids:
+            pruning.reported("local", sweep_id)  # every sweep's trials report on every tick
+        decided.clear()
+        pruning.after_tick("local")
+        return list(decided)
+
+    alice, bob = ids[:-1], ids[-1]
+    assert one_pass() == [*alice[:MAX_SWEEPS_PER_OWNER], bob]
+    assert one_pass()[:2] == alice[MAX_SWEEPS_PER_OWNER:]  # the ones left over first
+    while decided:  # no new reports: what is still due is decided, then nothing more
+        decided.clear()
+        pruning.after_tick("local")
+    assert pruning.after_tick("local") == 0 and decided == []
