@@ -83,4 +83,5 @@ def starts_new_attempt(target: JobState) -> bool:
 
 # Why an attempt ended, in the words retry policies use (service.domain.endings decides which).
 # hang: the watchdog found the attempt stalled and its spec says `on_stall: "fail"`.
-EndingKind = Literal["failure", "node_failure", "preemption", "timeout", "oom", "cancel", "hang"]
+# pruned: a sweep's early stopping stopped the trial (state `cancelled`; service.loops.sweep_pruning).
+EndingKind = Literal["failure", "node_failure", "preemption", "timeout", "oom", "cancel", "hang", "pruned"]

@@ -38,18 +38,24 @@ def by_metric(sweep: Sweep) -> list[dict[str, Any]]:
 def trials_table(sweep: Sweep) -> Table:
     metric = str(sweep.get("metric", "metric"))
     best = (sweep.get("best") or {}).get("job_id")
+    early = sweep.get("early_stop") is not None  # then how far each ran, and why it ended
     table = Table(show_edge=False, header_style="bold", padding=(0, 1), pad_edge=False)
-    for header in ("JOB", "PARAMS", "STATE", f"{metric.upper()} LAST", f"{metric.upper()} BEST"):
-        table.add_column(header, no_wrap=True, justify="right" if header == "JOB" else "left")
+    headers = ("JOB", "PARAMS", "STATE", f"{metric.upper()} LAST", f"{metric.upper()} BEST")
+    for header in (*headers, "STEPS") if early else headers:
+        table.add_column(header, no_wrap=True, justify="right" if header in ("JOB", "STEPS") else "left")
     for trial in by_metric(sweep):
         mark = " *" if trial["job_id"] == best else ""
-        table.add_row(
+        state = state_text(str(trial["state"]))
+        if early and trial.get("ending") == "pruned":
+            state.append(" (pruned)", style="dim")
+        cells: list[RenderableType] = [
             f"{trial['job_id']}{mark}",
             escape(params_text(trial["params"])),
-            state_text(str(trial["state"])),
+            state,
             format_metric(trial["metric_last"]),
             format_metric(trial["metric_best"]),
-        )
+        ]
+        table.add_row(*cells, *([str(trial.get("steps") or 0)] if early else []))
     return table
 
 
@@ -61,6 +67,13 @@ def sweep_header(sweep: Sweep) -> Text:
         f"  {sweep['size']} trials on {sweep['backend']}{width}; best = {goal} {sweep['metric']}", style=""
     )
     text.append(f"\n{counts_text(sweep)}", style="dim")
+    if (early := sweep.get("early_stop")) and (compute := sweep.get("compute")):
+        text.append(
+            f"\nearly stop: {early['method']}, rungs from {early['min_steps']} steps"
+            f" x{early['reduction_factor']}; {compute['steps_run']} of {compute['steps_full']} steps run "
+            f"({compute['saved']:.0%} saved)",
+            style="dim",
+        )
     return text
 
 

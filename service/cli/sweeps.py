@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -11,6 +11,7 @@ from service.cli.context import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_REQUEST,
 from service.cli.render import as_json
 from service.cli.specs import load_spec, upload_code_folder
 from service.cli.sweep_view import sweep_view, sweeps_table, watch_sweep
+from service.client import Sweep
 
 
 def sweep(
@@ -22,7 +23,10 @@ def sweep(
         int | None, typer.Argument(metavar="[ID]", help="The sweep, for show and cancel.")
     ] = None,
     wait: Annotated[
-        bool, typer.Option("--wait", help="Watch the trials to the end; exit 0 only if all succeed.")
+        bool,
+        typer.Option(
+            "--wait", help="Watch the trials to the end; exit 0 only if each succeeds or early_stop stops it."
+        ),
     ] = False,
     as_json_flag: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
 ) -> None:
@@ -61,8 +65,16 @@ def sweep(
         typer.echo(as_json(found))
     elif not wait:
         console.print(sweep_view(found))
-    if wait and set(found["counts"]) != {"succeeded"}:
+    if wait and not all_done(found):
         raise typer.Exit(EXIT_JOB_FAILED)
+
+
+def all_done(sweep: Sweep) -> bool:
+    """Every trial succeeded, or was stopped by the sweep's early_stop (it ended as the sweep meant)."""
+    trials: list[dict[str, Any]] = sweep.get("trials") or []
+    if not trials:  # a sweep as lists give it: its counts alone
+        return set(sweep.get("counts") or {}) == {"succeeded"}
+    return all(trial["state"] == "succeeded" or trial.get("ending") == "pruned" for trial in trials)
 
 
 def sweeps(

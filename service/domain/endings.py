@@ -9,6 +9,8 @@ The kinds (service.states.EndingKind):
 - oom: the scheduler's OUT_OF_MEMORY, or every rank killed (exit 137) without a word;
 - cancel: cancelled, by the user or an operator;
 - hang: the watchdog found the attempt stalled and its spec says `on_stall: "fail"` (service.loops.watch).
+- pruned: a sweep's early stopping stopped the trial, which ends `cancelled` (service.loops.sweep_pruning
+  says why it is no state of its own).
 - preemption: preempted and not requeued (SLURM cancelled it, PreemptMode=CANCEL). A preempted
   job that SLURM requeues is no ending: it comes back as a new attempt (service.states `requeued`).
 """
@@ -33,6 +35,7 @@ from worker.spec import LOST_PEER, JobFiles
 # Reasons other modules recognise a job's ending by (service.domain.pipeline_state reads them back).
 CANCELLED_BY_USER = "cancelled by user"  # the reason of every job a user's cancel ends
 DEPENDENCY = "dependency job "  # how a job cancelled by a dependency that cannot be met says why
+PRUNED = "pruned at rung "  # how a sweep's trial stopped early says why (service.domain.sweep_pruning)
 
 SIGKILL_EXIT = 137  # 128 + 9: the kernel's OOM killer, or `kill -9`
 

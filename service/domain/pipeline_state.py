@@ -20,7 +20,7 @@ from sqlalchemy import or_
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
-from service.domain.endings import CANCELLED_BY_USER, DEPENDENCY
+from service.domain.endings import CANCELLED_BY_USER, DEPENDENCY, PRUNED
 from service.domain.outbox import note_pipeline
 from service.ledger.models.columns import utcnow
 from service.ledger.models.jobs import Job
@@ -46,15 +46,20 @@ class StageOutcome:
 
 def stage_outcome(name: str, jobs: Sequence[tuple[str, str | None]], *, sweep: bool = False) -> StageOutcome:
     """A stage from its jobs' (state, reason): one job's own; a sweep's trials: ACTIVE while any has
-    not ended, succeeded when all did, else the first that did not succeed."""
+    not ended, succeeded when all did (a trial its early_stop stopped counts as done: stopping it was
+    the sweep's own doing), else the first that did not succeed."""
     if not sweep:
         return StageOutcome(name, jobs[0][0], jobs[0][1])
     if any(state not in TERMINAL_STATE_NAMES for state, _ in jobs):
         return StageOutcome(name, ACTIVE, None)
     for state, reason in jobs:
-        if state != JobState.succeeded.value:
+        if state != JobState.succeeded.value and not _pruned(state, reason):
             return StageOutcome(name, state, reason)
     return StageOutcome(name, JobState.succeeded.value, None)
+
+
+def _pruned(state: str, reason: str | None) -> bool:
+    return state == JobState.cancelled.value and (reason or "").startswith(PRUNED)
 
 
 def pipeline_outcome(stages: Sequence[StageOutcome]) -> tuple[str, str | None]:

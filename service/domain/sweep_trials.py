@@ -84,6 +84,10 @@ def check_sweep(sweep: SweepCreate, settings: Settings) -> None:
             field=trials_field(sweep),
         )
     _check_targets(sweep)
+    if sweep.early_stop is not None and sweep.early_stop.max_steps <= sweep.early_stop.min_steps:
+        raise InvalidRequest(
+            "must be above min_steps: there would be no rung to stop a trial at", field="early_stop.max_steps"
+        )
     # Each job is held to its own limit (models.jobs.MAX_SPEC_VALUES_BYTES); this one bounds what a single
     # request can make the ledger store, and the intake's commit write while other requests wait on it.
     size = trials_bytes(sweep, count)

@@ -21,10 +21,11 @@ from service.domain.auth import Principal
 from service.domain.cancel import cancel_jobs
 from service.domain.cursors import decode_cursor, encode_cursor
 from service.errors import NotFound
+from service.ledger.models.history import JobAttempt
 from service.ledger.models.jobs import Job, JobPublic
 from service.ledger.models.metrics import JobMetricRollup
-from service.ledger.models.sweeps import Sweep, SweepPage, SweepPublic, TrialPublic
-from service.states import JobState, is_terminal
+from service.ledger.models.sweeps import EarlyStop, Sweep, SweepCompute, SweepPage, SweepPublic, TrialPublic
+from service.states import EndingKind, JobState, is_terminal
 
 MAX_PAGE = 200
 
@@ -104,7 +105,8 @@ def cancel_sweep(engine: Engine, sweep_id: int, backends: Mapping[str, Backend],
 
 
 def _trials(session: Session, sweeps: Sequence[Sweep]) -> dict[int, list[TrialPublic]]:
-    """Each sweep's trials, with the last and best value of the sweep's metric: three queries in all."""
+    """Each sweep's trials, with the last and best value of the sweep's metric, how far each ran and
+    how it ended: four queries in all."""
     ids = [sweep.id for sweep in sweeps if sweep.id is not None]
     found: dict[int, list[TrialPublic]] = {sweep_id: [] for sweep_id in ids}
     if not ids:
@@ -121,7 +123,9 @@ def _trials(session: Session, sweeps: Sequence[Sweep]) -> dict[int, list[TrialPu
     rows = session.execute(
         core_select(*columns).where(col(Job.sweep_id).in_(ids)).order_by(col(Job.id))
     ).all()
-    last, lowest, highest = _metric_values(session, ids, {metric for metric in metric_of.values() if metric})
+    names = {metric for metric in metric_of.values() if metric}
+    last, lowest, highest, steps = _metric_values(session, ids, names)
+    endings = _endings(session, ids)
     for job_id, sweep_id, name, params, state, reason in rows:
         assert sweep_id is not None
         key = (job_id, metric_of[sweep_id])
@@ -135,16 +139,31 @@ def _trials(session: Session, sweeps: Sequence[Sweep]) -> dict[int, list[TrialPu
                 reason=reason,
                 metric_last=last.get(key),
                 metric_best=goal_best.get(key),
+                steps=steps.get(key),
+                ending=endings.get(job_id) if is_terminal(JobState(state)) else None,
             )
         )
     return found
 
 
+def _endings(session: Session, sweep_ids: list[int]) -> dict[int, EndingKind | None]:
+    """How each trial's latest attempt ended (JobAttempt.kind), for the trials that ended one."""
+    trial_ids = select(col(Job.id)).where(col(Job.sweep_id).in_(sweep_ids)).scalar_subquery()
+    query = (
+        core_select(col(JobAttempt.job_id), col(JobAttempt.kind))
+        .where(col(JobAttempt.job_id).in_(trial_ids))
+        .order_by(col(JobAttempt.attempt))  # the latest one last
+    )
+    return {job_id: kind for job_id, kind in session.execute(query)}
+
+
 def _metric_values(
     session: Session, sweep_ids: list[int], names: set[str]
-) -> tuple[dict[tuple[int, str], float], ...]:
-    """(last, lowest, highest) value per (job, metric name) of the sweeps' trials: the last is the
-    latest attempt's last step's. Read from the rollup's top level (service.domain.metric_series),
+) -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float], dict[tuple[int, str], float],
+           dict[tuple[int, str], int]]:  # fmt: skip
+    """(last, lowest, highest) value and the last step per (job, metric name) of the sweeps' trials:
+    the last is the latest attempt's last step's, the last step the furthest any attempt reached.
+    Read from the rollup's top level (service.domain.metric_series),
     a bucket or so per series, not from the raw rows: a page of sweeps of a thousand trials holds
     millions of those, and dashboards read the page again whenever a trial reports."""
     trial_ids = select(col(Job.id)).where(col(Job.sweep_id).in_(sweep_ids)).scalar_subquery()
@@ -155,6 +174,7 @@ def _metric_values(
             col(JobMetricRollup.last_value),
             col(JobMetricRollup.min_value),
             col(JobMetricRollup.max_value),
+            col(JobMetricRollup.last_step),
         )
         .where(
             col(JobMetricRollup.job_id).in_(trial_ids),
@@ -166,14 +186,16 @@ def _metric_values(
     last: dict[tuple[int, str], float] = {}
     lowest: dict[tuple[int, str], float] = {}
     highest: dict[tuple[int, str], float] = {}
-    for job_id, name, last_value, low, high in session.execute(query):
+    steps: dict[tuple[int, str], int] = {}
+    for job_id, name, last_value, low, high, last_step in session.execute(query):
         key = (job_id, name)
         last[key] = last_value
+        steps[key] = max(steps.get(key, 0), last_step)
         if key not in lowest or low < lowest[key]:  # the comparisons the buckets use (NaN never wins)
             lowest[key] = low
         if key not in highest or high > highest[key]:
             highest[key] = high
-    return last, lowest, highest
+    return last, lowest, highest, steps
 
 
 def _goal(sweeps: Sequence[Sweep], sweep_id: int) -> str:
@@ -192,6 +214,7 @@ def best_trial(trials: Sequence[TrialPublic], goal: str) -> TrialPublic | None:
 def _public(sweep: Sweep, trials: list[TrialPublic], *, with_trials: bool) -> SweepPublic:
     counts = Counter(trial.state for trial in trials)
     request: dict[str, Any] = sweep.request
+    early_stop = EarlyStop.model_validate(request["early_stop"]) if request.get("early_stop") else None
     return SweepPublic(
         id=sweep.id or 0,
         name=sweep.name,
@@ -208,5 +231,14 @@ def _public(sweep: Sweep, trials: list[TrialPublic], *, with_trials: bool) -> Sw
         state="active" if any(not is_terminal(trial.state) for trial in trials) else "finished",
         counts=dict(counts),
         best=best_trial(trials, sweep.goal),
+        early_stop=early_stop,
+        compute=compute_saved(early_stop, trials) if early_stop is not None else None,
         trials=trials if with_trials else [],
     )
+
+
+def compute_saved(early_stop: EarlyStop, trials: Sequence[TrialPublic]) -> SweepCompute:
+    """Steps run (each trial's last reported step, at most max_steps) against max_steps for each."""
+    run = sum(min(trial.steps or 0, early_stop.max_steps) for trial in trials)
+    full = early_stop.max_steps * len(trials)
+    return SweepCompute(steps_run=run, steps_full=full, saved=round(1 - run / full, 4) if full else 0.0)

@@ -36,6 +36,7 @@ from service.ledger.models.jobs import Job
 from service.ledger.sql import id_conditions
 from service.loops.files_grace import FilesGrace
 from service.loops.progress import ingest_progress
+from service.loops.sweep_pruning import SweepPruning
 from service.loops.watch import Watch, stacks_summary
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
 from worker.spec import JobFiles
@@ -79,6 +80,7 @@ class Reconciler:
         self.bulkhead = Bulkhead("reconciling")
         self.watch = Watch(engine, backends, captures, self._cancel_later)  # stalls (service.loops.watch)
         self.watch_bulkhead = Bulkhead("watching")  # its faults are counted, never fail a job
+        self.pruning = SweepPruning(engine, self._cancel_later)  # sweeps' early stopping
         self.hardlinks = NodeHardlinks()  # what the ranks' placement files say of their nodes
         for name, backend in backends.items():
             backend.set_wakeup(self._wakes[name].set)
@@ -252,6 +254,7 @@ class Reconciler:
         if changed or newly_queued:
             self._write_changes(backend_name, changed, newly_queued, polled_at)
         self.watch.after_tick(backend_name)  # committed: the stalls it found are captured and flagged
+        self.pruning.after_tick(backend_name)  # the metrics just read decide which trials go on
         self._cancel_pending(backend_name)
         self.last_duration_s[backend_name] = time.perf_counter() - started
         return len(watched)
@@ -287,7 +290,8 @@ class Reconciler:
     def _apply(self, session: Session, job: Job, status: BackendStatus | None, backend_name: str) -> None:
         """Update one job from the scheduler's word and its folder."""
         files = JobFiles(Path(job.folder or "."))
-        ingest_progress(session, job, files.progress)
+        if ingest_progress(session, job, files.progress) and job.sweep_id is not None:
+            self.pruning.reported(backend_name, job.sweep_id)
         if status is None:
             return  # the scheduler does not list it (yet): ask again next tick
         if status.nodes and status.nodes != job.nodes:

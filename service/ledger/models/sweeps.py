@@ -14,7 +14,7 @@ from sqlmodel import Field, SQLModel
 
 from service.ledger.models.columns import UTCDateTime, utcnow
 from service.ledger.models.jobs import JobCreate, NewJob, servable
-from service.states import JobState
+from service.states import EndingKind, JobState
 
 ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr  # bool first: JSON true is no 1
 Goal = Literal["min", "max"]
@@ -24,6 +24,21 @@ class JobTemplate(JobCreate):
     """The job of a sweep: a JobCreate without a name (each trial is named after its sweep)."""
 
     name: None = Field(default=None, description="Leave out: trials are named after the sweep.")  # type: ignore[assignment]
+
+
+class EarlyStop(SQLModel):
+    """Stop a sweep's losing trials early (service.domain.sweep_pruning): at each rung, min_steps x
+    reduction_factor^k steps below max_steps, a trial goes on only when its value of the sweep's metric
+    is in the top 1/reduction_factor of the trials that reached that rung before it."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    method: Literal["asha", "hyperband"] = Field(
+        default="asha", description="'asha' (asynchronous successive halving) or 'hyperband' (its brackets)."
+    )
+    min_steps: int = Field(ge=1, le=10**9, description="The first rung: steps before any trial is stopped.")
+    reduction_factor: int = Field(default=3, ge=2, le=100, description="1/this of a rung's trials go on.")
+    max_steps: int = Field(ge=1, le=10**9, description="A whole trial's steps (the last rung is below it).")
 
 
 class SweepCreate(SQLModel):
@@ -48,6 +63,9 @@ class SweepCreate(SQLModel):
     )
     metric: str = Field(default="loss", min_length=1, max_length=100, description="The metric to compare by.")
     goal: Goal = Field(default="min", description="'min' or 'max': which end of the metric is best.")
+    early_stop: EarlyStop | None = Field(
+        default=None, description="Stop losing trials at rungs of steps, by the metric they report."
+    )
 
     _servable = field_validator("name", "metric")(servable)
 
@@ -94,6 +112,20 @@ class TrialPublic(SQLModel):
     reason: str | None
     metric_last: float | None = Field(description="The sweep's metric as the trial last reported it.")
     metric_best: float | None = Field(description="Its best value so far (by the sweep's goal).")
+    steps: int | None = Field(
+        default=None, description="The last step it reported the metric at: how far it ran."
+    )
+    ending: EndingKind | None = Field(
+        default=None, description="Why it ended, once it has: 'pruned' for a trial early_stop stopped."
+    )
+
+
+class SweepCompute(SQLModel):
+    """What early_stop saved: steps run against a full run (early_stop.max_steps) of every trial."""
+
+    steps_run: int = Field(description="Steps the trials ran, by the last step each reported.")
+    steps_full: int = Field(description="max_steps times the number of trials.")
+    saved: float = Field(description="1 - steps_run / steps_full (trials yet to run count as saved).")
 
 
 class SweepPublic(SQLModel):
@@ -112,6 +144,8 @@ class SweepPublic(SQLModel):
     state: Literal["active", "finished"] = Field(description="'active' while any trial has not ended.")
     counts: dict[JobState, int] = Field(description="Its trials by state.")
     best: TrialPublic | None = Field(description="The trial whose last value of the metric is best.")
+    early_stop: EarlyStop | None = Field(default=None, description="As the request gave it.")
+    compute: SweepCompute | None = Field(default=None, description="With early_stop: the steps it saved.")
     trials: list[TrialPublic] = Field(description="Every trial, in order (empty in lists).")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from service.domain.endings import PRUNED
 from service.domain.pipeline_graph import check_stages, downstream
 from service.domain.pipeline_state import (
     ACTIVE,
@@ -90,3 +91,12 @@ def test_a_sweep_stage_is_active_until_every_trial_ended() -> None:
         "s", "failed", "boom"
     )
     assert stage_outcome("j", [("queued", None)]).state == "queued"
+
+
+def test_a_sweep_stage_whose_early_stop_stopped_trials_succeeds() -> None:
+    """A trial early_stop stopped ended as the sweep meant it to; a user's cancel still counts."""
+    pruned = ("cancelled", f"{PRUNED}0 (step 10): loss 1.1, the cut 0.2")
+    assert stage_outcome("s", [("succeeded", None), pruned, pruned], sweep=True).state == "succeeded"
+    by_user = ("cancelled", CANCELLED_BY_USER)
+    stage = stage_outcome("s", [("succeeded", None), pruned, by_user], sweep=True)
+    assert stage == StageOutcome("s", "cancelled", CANCELLED_BY_USER)
