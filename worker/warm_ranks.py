@@ -169,6 +169,10 @@ def main(argv: list[str]) -> int:
         import worker.runner  # noqa: F401  torch arrives here, after the job's environment
     except ImportError:
         return 1  # the ranks start cold and say why in their error files
+    with contextlib.suppress(ImportError):
+        # What a rank's first optimizer imports (torch.optim reaches torch._dynamo, ~800 modules): a
+        # second a rank, paid here once. An import only: no thread, no kernel, nothing to fork unsafely.
+        import torch._dynamo  # noqa: F401
     say(READY)
     serve()
     return 0
