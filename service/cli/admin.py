@@ -82,7 +82,7 @@ def token_create(
 ) -> None:
     """Make a token and print it, alone, on the last line. It is shown only this once."""
     from service.accounts import check_mapping
-    from service.client import token_path
+    from service.client import save_token
     from service.domain import auth
     from service.ledger.db import session_scope
 
@@ -95,12 +95,7 @@ def token_create(
             )
     kind = "admin token" if admin else "token"
     if save:
-        path = token_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.chmod(0o600)
-        path.write_text(raw + "\n")
-        typer.echo(f"saved to {path}")
+        typer.echo(f"saved to {save_token(raw)}")
     typer.echo(f"new {kind} for {user} (stored only as a hash: copy it now):")
     typer.echo(raw)
 
