@@ -1,5 +1,6 @@
 """`torchyard token ...`, `torchyard quota ...`, `torchyard gc` and `torchyard folders`: run on the
-service host, straight on the ledger (and, for gc, the data directory).
+service host, straight on the ledger (and, for gc, the data directory). `token list` and `token
+revoke` go through the API (service.cli.tokens) unless --ledger says otherwise.
 
 They read the same TORCHYARD_* settings as `torchyard serve` (the database URL above all), so the
 first admin token can be made before anyone can call the API: that is the bootstrap.
@@ -16,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from service.cli import tokens
+
 if TYPE_CHECKING:  # the ledger is imported by the verbs that use it, not by the CLI at start
     from sqlalchemy.engine import Engine
     from sqlmodel import Session
@@ -23,7 +26,7 @@ if TYPE_CHECKING:  # the ledger is imported by the verbs that use it, not by the
     from service.config import Settings
 
 token_app = typer.Typer(
-    help="Create, list and revoke API tokens (on the service host).", no_args_is_help=True
+    help="Create API tokens (on the service host); list and revoke yours.", no_args_is_help=True
 )
 quota_app = typer.Typer(help="Per-user limits (on the service host).", no_args_is_help=True)
 EXIT_REFUSED = 2
@@ -100,12 +103,21 @@ def token_create(
     typer.echo(raw)
 
 
+LEDGER_HELP = "On the service host: straight on the ledger, every user's, without a token or the API."
+
+
 @token_app.command("list")
 def token_list(
+    ctx: typer.Context,
     all_: Annotated[bool, typer.Option("--all", help="Include revoked tokens.")] = False,
+    ledger: Annotated[bool, typer.Option("--ledger", help=LEDGER_HELP)] = False,
 ) -> None:
-    """Tokens by id, user and first characters; never the tokens themselves."""
+    """Your tokens (an admin's: every user's) by id, user and first characters; never the tokens."""
     from service.domain import auth
+
+    if not ledger:
+        tokens.list_own(ctx, all_)
+        return
 
     table = Table("id", "user", "admin", "unix user", "code", "starts with", "created", "revoked")
     with _ledger() as session:
@@ -121,9 +133,18 @@ def token_list(
 
 
 @token_app.command("revoke")
-def token_revoke(token_id: Annotated[int, typer.Argument(metavar="ID", help="From `token list`.")]) -> None:
-    """Revoke a token (idempotent). Replicas stop accepting it within TORCHYARD_TOKEN_CACHE_S."""
+def token_revoke(
+    ctx: typer.Context,
+    token_id: Annotated[int, typer.Argument(metavar="ID", help="From `token list`.")],
+    ledger: Annotated[bool, typer.Option("--ledger", help=LEDGER_HELP)] = False,
+) -> None:
+    """Revoke one of your tokens (an admin: anyone's; idempotent). Replicas stop accepting it within
+    TORCHYARD_TOKEN_CACHE_S."""
     from service.domain import auth
+
+    if not ledger:
+        tokens.revoke_own(ctx, token_id)
+        return
 
     with _ledger() as session:
         row = auth.revoke_token(session, token_id, actor="cli")

@@ -103,17 +103,25 @@ def create_token(
     return raw
 
 
-def list_tokens(session: Session, *, include_revoked: bool = False) -> Sequence[ApiToken]:
+def list_tokens(
+    session: Session, *, include_revoked: bool = False, user: str | None = None
+) -> Sequence[ApiToken]:
+    """Every token, or `user`'s own (a Principal's owner_filter: None for an admin)."""
     query = select(ApiToken)
+    if user is not None:
+        query = query.where(ApiToken.username == user)
     if not include_revoked:
         query = query.where(col(ApiToken.revoked_at).is_(None))
     return session.exec(query.order_by(col(ApiToken.id))).all()
 
 
-def revoke_token(session: Session, token_id: int, *, actor: str = "operator") -> ApiToken:
-    """Idempotent: revoking a revoked token changes nothing. The caller commits."""
+def revoke_token(
+    session: Session, token_id: int, *, actor: str = "operator", owner: str | None = None
+) -> ApiToken:
+    """Idempotent: revoking a revoked token changes nothing. With `owner`, only that user's own
+    (another's is not found, as another's job is not). The caller commits."""
     row = session.get(ApiToken, token_id)
-    if row is None:
+    if row is None or (owner is not None and row.username != owner):
         raise NotFound(f"token {token_id} not found", field="token_id")
     if row.revoked_at is None:
         row.revoked_at = utcnow()

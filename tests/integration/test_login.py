@@ -1,11 +1,13 @@
 """`torchyard login` for real: alice runs the command (runuser) against a live service that runs as
 root, munged makes her credential, the token lands in her ~/.config/torchyard/token (0600), the CLI
-uses it, and her job's ranks run as alice. root's login is refused with a clear message."""
+uses it, and her job's ranks run as alice; she lists and revokes her own tokens. root's login is
+refused with a clear message."""
 
 from __future__ import annotations
 
 import os
 import pwd
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -43,7 +45,8 @@ def home_of(root: Path, user: str) -> Path:
 
 @needs_munge
 def test_a_logged_in_users_job_runs_as_their_account(shared_root: Path) -> None:
-    with live_service(isolated_settings(shared_root, "local")) as server:
+    settings = isolated_settings(shared_root, "local").model_copy(update={"token_cache_s": 0})
+    with live_service(settings) as server:
         home = home_of(shared_root, "alice")
         logged_in = as_user("alice", home, server.url, "login")
         me = as_user("alice", home, server.url, "whoami")
@@ -51,6 +54,11 @@ def test_a_logged_in_users_job_runs_as_their_account(shared_root: Path) -> None:
         token = token_file.read_text().strip()
         job = User(server, "alice", token).probe(shared_root)
         root = as_user("root", shared_root / "nowhere", server.url, "login")
+        listed = as_user("alice", home, server.url, "token", "list")
+        token_id = re.search(r"^\W*(\d+)\W.*alice.*munge", listed.stdout, re.M)
+        assert token_id, listed.stdout + listed.stderr
+        revoked = as_user("alice", home, server.url, "token", "revoke", token_id.group(1))
+        after = as_user("alice", home, server.url, "whoami")
 
     assert logged_in.returncode == 0, logged_in.stderr
     assert "logged in as alice (jobs run as alice)" in logged_in.stdout
@@ -61,3 +69,6 @@ def test_a_logged_in_users_job_runs_as_their_account(shared_root: Path) -> None:
     (report,) = reports(job, 1)
     assert report["user"] == "alice"  # the rank's own euid, looked up in the rank
     assert root.returncode == 2 and "login refused: 403: root may not log in" in root.stderr, root.stderr
+    assert token[:10] in listed.stdout and token not in listed.stdout
+    assert revoked.returncode == 0 and f"token {token_id.group(1)} of alice revoked" in revoked.stdout
+    assert after.returncode == 2 and "401" in after.stderr, after.stderr
