@@ -38,7 +38,12 @@ class LoginToken(BaseModel):
     expires_at: datetime
 
 
-@router.get("/service", response_model=ServiceIdentity, summary="Whom a MUNGE login is made for")
+@router.get(
+    "/service",
+    response_model=ServiceIdentity,
+    summary="Whom a MUNGE login is made for",
+    responses=error_responses(422),
+)
 async def service_identity(runtime: RuntimeDep) -> ServiceIdentity:
     return ServiceIdentity(service_id=runtime.settings.login_service_id())
 
