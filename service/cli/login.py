@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 
 import typer
@@ -18,7 +19,6 @@ import typer
 from service.cli.context import EXIT_REQUEST, Connection, fail, make_console
 from service.client import TorchyardClient, TorchyardError, save_token
 from service.client.wire import TOKEN_ENV
-from service.programs import ProgramMissing, program
 
 MUNGE_TIMEOUT_S = 10.0
 
@@ -48,19 +48,18 @@ def make_credential(service_id: str) -> str:
     """A credential made by `munge` for `service_id` with a fresh nonce; exits with a message when
     munge is missing or munged does not answer."""
     payload = json.dumps({"service": service_id, "nonce": secrets.token_urlsafe(24)})
+    found = shutil.which("munge")  # the user's own PATH: this runs as the user, with no more rights
+    if found is None:
+        raise fail("munge is not installed on this host: log in from a host of the cluster", EXIT_REQUEST)
     try:
         done = subprocess.run(
-            [program("munge")],
+            [found],
             input=payload,
             capture_output=True,
             text=True,
             timeout=MUNGE_TIMEOUT_S,
             check=False,
         )
-    except ProgramMissing:
-        raise fail(
-            "munge is not installed on this host: log in from a host of the cluster", EXIT_REQUEST
-        ) from None
     except subprocess.TimeoutExpired:
         raise fail("munge did not answer: is munged running on this host?", EXIT_REQUEST) from None
     if done.returncode != 0:
