@@ -13,6 +13,8 @@ import os
 import secrets
 import shutil
 import subprocess
+import time
+from typing import Any
 
 import typer
 
@@ -21,6 +23,8 @@ from service.client import TorchyardClient, TorchyardError, save_token
 from service.client.wire import TOKEN_ENV
 
 MUNGE_TIMEOUT_S = 10.0
+RETRY_503_S = 20.0  # munged restarting, here or at the service: waited for this long
+MUNGE_SOCKET = 6
 
 
 def login(ctx: typer.Context) -> None:
@@ -28,7 +32,7 @@ def login(ctx: typer.Context) -> None:
     connection = ctx.obj if isinstance(ctx.obj, Connection) else Connection(None, None)
     try:
         with TorchyardClient(connection.url, token="") as client:  # a login sends no token
-            answer = client.login_munge(make_credential(client.service_id()))
+            answer = _log_in(client)
     except TorchyardError as error:
         raise fail(f"login refused: {error}", EXIT_REQUEST) from None
     path = save_token(str(answer["token"]))
@@ -44,6 +48,20 @@ def login(ctx: typer.Context) -> None:
         )
 
 
+def _log_in(client: TorchyardClient) -> dict[str, Any]:
+    """The login's answer. A 503 (the service's munged restarting) decoded nothing, so the same
+    credential is sent again, for a while; any other refusal is final."""
+    credential = make_credential(client.service_id())
+    deadline = time.monotonic() + RETRY_503_S
+    while True:
+        try:
+            return client.login_munge(credential)
+        except TorchyardError as error:
+            if error.status != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(1.0)
+
+
 def make_credential(service_id: str) -> str:
     """A credential made by `munge` for `service_id` with a fresh nonce; exits with a message when
     munge is missing or munged does not answer."""
@@ -51,17 +69,18 @@ def make_credential(service_id: str) -> str:
     found = shutil.which("munge")  # the user's own PATH: this runs as the user, with no more rights
     if found is None:
         raise fail("munge is not installed on this host: log in from a host of the cluster", EXIT_REQUEST)
-    try:
-        done = subprocess.run(
-            [found],
-            input=payload,
-            capture_output=True,
-            text=True,
-            timeout=MUNGE_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise fail("munge did not answer: is munged running on this host?", EXIT_REQUEST) from None
+    deadline = time.monotonic() + RETRY_503_S
+    while True:
+        try:
+            done = subprocess.run(
+                [found], input=payload, capture_output=True, text=True, timeout=MUNGE_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise fail("munge did not answer: is munged running on this host?", EXIT_REQUEST) from None
+        # munge's EMUNGE_SOCKET: munged restarting (or down: said below once the while is over)
+        if done.returncode != MUNGE_SOCKET or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
     if done.returncode != 0:
         raise fail(f"munge could not make a credential: {done.stderr.strip()[:500]}", EXIT_REQUEST)
     return done.stdout.strip()

@@ -54,6 +54,16 @@ def credential(user: str, service: str, *, ttl: int = 0, nonce: str | None = Non
         time.sleep(0.5)
 
 
+def post_login(api: TestClient, made: str) -> Any:
+    """POST the credential; again while the service's munged restarts (503: nothing was decoded)."""
+    deadline = time.monotonic() + 20
+    while True:
+        answer = api.post(LOGIN, json={"credential": made})
+        if answer.status_code != 503 or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.5)
+
+
 def message(response: Any) -> str:
     return " ".join(str(item["msg"]) for item in response.json()["detail"])
 
@@ -74,7 +84,7 @@ def service_id(api: TestClient) -> str:
 
 @needs_munge
 def test_a_first_login_makes_the_user_of_the_account_with_a_token_that_expires(munge_api: TestClient) -> None:
-    answer = munge_api.post(LOGIN, json={"credential": credential("alice", service_id(munge_api))})
+    answer = post_login(munge_api, credential("alice", service_id(munge_api)))
 
     assert answer.status_code == 200, answer.text
     body = answer.json()
@@ -85,7 +95,7 @@ def test_a_first_login_makes_the_user_of_the_account_with_a_token_that_expires(m
     engine: Engine = munge_api.app.state.runtime.engine  # type: ignore[attr-defined]
     audit = munge_api.get("/api/v1/audit", headers=bearer(issue_token(engine, "root", admin=True))).json()
     assert {"user.create", "login", "token.create"} <= {entry["action"] for entry in audit}
-    again = munge_api.post(LOGIN, json={"credential": credential("alice", service_id(munge_api))})
+    again = post_login(munge_api, credential("alice", service_id(munge_api)))
     assert again.status_code == 200 and again.json()["token"] != body["token"]
     creates = munge_api.get("/api/v1/audit", headers=bearer(issue_token(engine, "root", admin=True))).json()
     assert [entry["action"] for entry in creates].count("user.create") == 1
@@ -93,7 +103,7 @@ def test_a_first_login_makes_the_user_of_the_account_with_a_token_that_expires(m
 
 @needs_munge
 def test_a_member_of_an_admin_group_logs_in_as_an_admin(munge_api: TestClient) -> None:
-    answer = munge_api.post(LOGIN, json={"credential": credential("bob", service_id(munge_api))})
+    answer = post_login(munge_api, credential("bob", service_id(munge_api)))
 
     assert answer.status_code == 200, answer.text
     me = munge_api.get("/api/v1/whoami", headers=bearer(answer.json()["token"]))
@@ -102,7 +112,7 @@ def test_a_member_of_an_admin_group_logs_in_as_an_admin(munge_api: TestClient) -
 
 @needs_munge
 def test_root_may_not_log_in(munge_api: TestClient) -> None:
-    answer = munge_api.post(LOGIN, json={"credential": credential("root", service_id(munge_api))})
+    answer = post_login(munge_api, credential("root", service_id(munge_api)))
 
     assert answer.status_code == 403, answer.text
     assert "root may not log in" in message(answer)
@@ -112,7 +122,7 @@ def test_root_may_not_log_in(munge_api: TestClient) -> None:
 def test_an_account_below_the_lowest_login_uid_is_refused(settings: Settings, fake: FakeBackend) -> None:
     settings = settings.model_copy(update={"min_login_uid": 1002})
     with TestClient(create_app(settings, backends={"local": fake, "slurm": FakeBackend()})) as api:
-        answer = api.post(LOGIN, json={"credential": credential("alice", service_id(api))})
+        answer = post_login(api, credential("alice", service_id(api)))
 
     assert answer.status_code == 403, answer.text
     assert "below TORCHYARD_MIN_LOGIN_UID" in message(answer)
@@ -121,8 +131,8 @@ def test_an_account_below_the_lowest_login_uid_is_refused(settings: Settings, fa
 @needs_munge
 def test_a_credential_logs_in_once(munge_api: TestClient) -> None:
     made = credential("alice", service_id(munge_api))
-    first = munge_api.post(LOGIN, json={"credential": made})
-    replay = munge_api.post(LOGIN, json={"credential": made})
+    first = post_login(munge_api, made)
+    replay = post_login(munge_api, made)
 
     assert first.status_code == 200, first.text
     assert replay.status_code == 401, replay.text
@@ -150,7 +160,7 @@ def test_a_forged_credential_is_refused(munge_api: TestClient) -> None:
     made = credential("alice", service_id(munge_api))
     middle = len(made) // 2
     forged = made[:middle] + ("A" if made[middle] != "A" else "B") + made[middle + 1 :]
-    answer = munge_api.post(LOGIN, json={"credential": forged})
+    answer = post_login(munge_api, forged)
 
     assert answer.status_code == 401, answer.text
     assert "not valid" in message(answer)
@@ -158,7 +168,7 @@ def test_a_forged_credential_is_refused(munge_api: TestClient) -> None:
 
 @needs_munge
 def test_a_credential_made_for_another_service_is_refused(munge_api: TestClient) -> None:
-    answer = munge_api.post(LOGIN, json={"credential": credential("alice", "torchyard-elsewhere")})
+    answer = post_login(munge_api, credential("alice", "torchyard-elsewhere"))
 
     assert answer.status_code == 401, answer.text
     assert "made for another service" in message(answer)
@@ -168,7 +178,7 @@ def test_a_credential_made_for_another_service_is_refused(munge_api: TestClient)
 def test_an_expired_credential_is_refused(munge_api: TestClient) -> None:
     made = credential("alice", service_id(munge_api), ttl=1)
     time.sleep(2.5)
-    answer = munge_api.post(LOGIN, json={"credential": made})
+    answer = post_login(munge_api, made)
 
     assert answer.status_code == 401, answer.text
     assert "expired" in message(answer)
@@ -177,9 +187,9 @@ def test_an_expired_credential_is_refused(munge_api: TestClient) -> None:
 @needs_munge
 def test_failed_logins_from_one_source_are_limited(munge_api: TestClient) -> None:
     for _ in range(4):
-        refused = munge_api.post(LOGIN, json={"credential": "MUNGE:not-a-credential:"})
+        refused = post_login(munge_api, "MUNGE:not-a-credential:")
         assert refused.status_code == 401, refused.text
-    limited = munge_api.post(LOGIN, json={"credential": credential("alice", service_id(munge_api))})
+    limited = post_login(munge_api, credential("alice", service_id(munge_api)))
 
     assert limited.status_code == 429, limited.text
     assert "too many failed logins" in message(limited) and int(limited.headers["Retry-After"]) > 0
@@ -187,7 +197,7 @@ def test_failed_logins_from_one_source_are_limited(munge_api: TestClient) -> Non
 
 @needs_munge
 def test_a_login_token_is_refused_once_it_expires(munge_api: TestClient) -> None:
-    body = munge_api.post(LOGIN, json={"credential": credential("alice", service_id(munge_api))}).json()
+    body = post_login(munge_api, credential("alice", service_id(munge_api))).json()
     hours = (datetime.fromisoformat(body["expires_at"]) - datetime.now(timezone.utc)).total_seconds() / 3600
     fresh = munge_api.get("/api/v1/whoami", headers=bearer(body["token"]))
     runtime = munge_api.app.state.runtime  # type: ignore[attr-defined]
@@ -219,14 +229,14 @@ def test_a_remembered_token_is_refused_once_it_expires(engine: Engine) -> None:
 def test_a_user_name_mapped_to_another_account_is_not_taken_over(munge_api: TestClient) -> None:
     engine: Engine = munge_api.app.state.runtime.engine  # type: ignore[attr-defined]
     issue_token(engine, "alice", unix_user="bob")  # the operator's alice runs as bob
-    answer = munge_api.post(LOGIN, json={"credential": credential("alice", service_id(munge_api))})
+    answer = post_login(munge_api, credential("alice", service_id(munge_api)))
 
     assert answer.status_code == 403, answer.text
     assert "runs jobs as another account" in message(answer)
 
 
 def test_a_credential_too_long_is_a_422_naming_it(munge_api: TestClient) -> None:
-    answer = munge_api.post(LOGIN, json={"credential": "x" * 5000})
+    answer = post_login(munge_api, "x" * 5000)
 
     assert answer.status_code == 422
     assert answer.json()["detail"][0]["loc"] == ["body", "credential"]
