@@ -116,6 +116,10 @@ def test_root_may_not_log_in(munge_api: TestClient) -> None:
 
     assert answer.status_code == 403, answer.text
     assert "root may not log in" in message(answer)
+    engine: Engine = munge_api.app.state.runtime.engine  # type: ignore[attr-defined]
+    audit = munge_api.get("/api/v1/audit", headers=bearer(issue_token(engine, "admin", admin=True))).json()
+    (refusal,) = [entry for entry in audit if entry["action"] == "login.refused"]
+    assert refusal["actor"] == "uid 0" and "root may not log in" in refusal["detail"]
 
 
 @needs_munge
