@@ -21,12 +21,13 @@ from pathlib import Path
 from worker.distributed import REQUEUES_ENV, RUN_ENV
 from worker.spec import RunSpec
 from worker.supervisor import RunEnd, classify
-from worker.warm_ranks import RankProcess, WarmParent
+from worker.warm_ranks import RankProcess, WarmParent, WarmRank
 
 log = logging.getLogger("worker.supervisor")
 
 STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL this long after: a stopped run leaves nothing to finish
 SETTLE_S = 5.0  # a run that ends the attempt: how long its ranks may take to fail by themselves
+KILL_WAIT_S = 5.0  # a rank on another node, after SIGKILL: how long its parent may take to tell
 WARM_START_S = 120.0  # how long the warm parent may take to import torch before ranks start cold
 
 
@@ -127,7 +128,22 @@ class ProcessRun:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal(process, signal.SIGKILL)
-                process.wait()
+                _wait_killed(process)
+
+
+def _wait_killed(process: RankProcess) -> None:
+    """Wait for a rank sent SIGKILL. One forked on another node is heard of through its parent there:
+    a node that does not answer (its slurmd and processes gone, not yet marked down) is taken as lost,
+    with its ranks, rather than waited for until the controller notices."""
+    if not isinstance(process, WarmRank) or process.host is None:
+        process.wait()
+        return
+    try:
+        process.wait(KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("rank pid %d on %s still unheard of %.0f s after SIGKILL: taking its node as lost",
+                    process.pid, process.host, KILL_WAIT_S)
+        process.parent.mark_lost(process.host)
 
 
 def _signal(process: RankProcess, signum: int) -> None:

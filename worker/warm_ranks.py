@@ -228,6 +228,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     apply_env(RunSpec.model_validate_json(Path(argv[0]).read_text(encoding="utf-8")))
+    environment = dict(os.environ)
     try:
         import worker.runner  # noqa: F401  torch arrives here, after the job's environment
     except ImportError:
@@ -236,6 +237,10 @@ def main(argv: list[str]) -> int:
         # What a rank's first optimizer imports (torch.optim reaches torch._dynamo, ~800 modules): a
         # second a rank, paid here once. An import only: no thread, no kernel, nothing to fork unsafely.
         import torch._dynamo  # noqa: F401
+    # Importing sets variables of torch's own (TORCHINDUCTOR_CACHE_DIR): a rank starts with the
+    # environment a cold one starts with, and torch sets them again there when it wants them.
+    os.environ.clear()
+    os.environ.update(environment)
     say({"ready": True, "task": int(os.environ.get("SLURM_PROCID") or 0)})
     serve()
     return 0
