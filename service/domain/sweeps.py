@@ -24,7 +24,15 @@ from service.errors import NotFound
 from service.ledger.models.history import JobAttempt
 from service.ledger.models.jobs import Job, JobPublic
 from service.ledger.models.metrics import JobMetricRollup
-from service.ledger.models.sweeps import EarlyStop, Sweep, SweepCompute, SweepPage, SweepPublic, TrialPublic
+from service.ledger.models.sweeps import (
+    EarlyStop,
+    Search,
+    Sweep,
+    SweepCompute,
+    SweepPage,
+    SweepPublic,
+    TrialPublic,
+)
 from service.states import EndingKind, JobState, is_terminal
 
 MAX_PAGE = 200
@@ -228,13 +236,25 @@ def _public(sweep: Sweep, trials: list[TrialPublic], *, with_trials: bool) -> Sw
         zip=request.get("zip", {}),
         job=request.get("job", {}),
         created_at=sweep.created_at,
-        state="active" if any(not is_terminal(trial.state) for trial in trials) else "finished",
+        state="active" if _active(sweep, trials) else "finished",
         counts=dict(counts),
         best=best_trial(trials, sweep.goal),
         early_stop=early_stop,
+        search=Search.model_validate(request["search"]) if request.get("search") else None,
         compute=compute_saved(early_stop, trials) if early_stop is not None else None,
         trials=trials if with_trials else [],
     )
+
+
+def _active(sweep: Sweep, trials: list[TrialPublic]) -> bool:
+    """A trial has not ended, or a search has trials still to make (between its waves all may have)."""
+    to_make = sweep.search_trials is not None and sweep.size < sweep.search_trials
+    return to_make or any(not is_terminal(trial.state) for trial in trials)
+
+
+def trials_of(session: Session, sweep: Sweep) -> list[TrialPublic]:
+    """The sweep's trials as its page shows them (service.loops.sweep_search learns from them)."""
+    return _trials(session, [sweep])[sweep.id or 0]
 
 
 def compute_saved(early_stop: EarlyStop, trials: Sequence[TrialPublic]) -> SweepCompute:
