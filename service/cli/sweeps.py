@@ -51,7 +51,10 @@ def sweep(
                 upload_code_folder(client, sweep_spec["job"])
             found = client.submit_sweep(sweep_spec)
             if not as_json_flag:
-                console.print(f"submitted sweep {found['id']} ({found['name']}): {found['size']} trials")
+                made, search = found["size"], found.get("search")
+                if search:  # a search makes the rest as these end
+                    made = f"{made} of {search['trials']}"
+                console.print(f"submitted sweep {found['id']} ({found['name']}): {made} trials")
         if wait:
             try:
                 found = watch_sweep(client, found["id"], console)

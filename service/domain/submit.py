@@ -235,7 +235,7 @@ class Admission:
             return
         assert isinstance(request.job, JobTemplate)
         sweep = seeded(request.sweep.model_copy(update={"job": request.job}), user.user, request.key)
-        params = first_params(sweep)
+        params = await asyncio.to_thread(first_params, sweep)  # a search's draws: Optuna's, off the loop
         trials = trial_jobs(sweep, params)
         request.jobs, request.jobs_field = len(trials), trials_field(sweep)
         request.new_sweep = NewSweep(

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col
 
 from service.domain.sweep_search import Ended, check_space, next_params, seeded
 from service.errors import InvalidRequest
-from service.ledger.models.sweeps import Search, SweepCreate
+from service.ledger.db import make_engine, migrate
+from service.ledger.models.sweeps import Search, Sweep, SweepCreate
+from service.loops import sweep_search
+from service.loops.sweep_search import MAX_SWEEPS_PER_OWNER
 
 SPACE: dict[str, dict[str, list[Any]]] = {
     "lr": {"log_uniform": [1e-5, 1e-1]},
@@ -128,3 +136,67 @@ def test_a_seed_left_out_is_stored_and_a_retry_with_its_key_gets_the_same() -> N
     assert one.search is not None and one.search.seed is not None
     assert one == again
     assert seeded(one, "bob", "other") == one  # a seed given is kept
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    made = make_engine(f"sqlite:///{tmp_path}/ledger.db")
+    migrate(made)
+    yield made
+    made.dispose()
+
+
+def test_a_pass_grows_a_few_searches_of_each_owner_and_the_rest_in_turn(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fair share: alice's many open searches take MAX_SWEEPS_PER_OWNER places a pass; bob's one is
+    grown in the first pass all the same, and alice's left over go first in the next."""
+    owners = ["alice"] * (MAX_SWEEPS_PER_OWNER + 2) + ["bob"]
+    with Session(engine) as session, session.begin():
+        made = [Sweep(name="s", owner=owner, backend="local", request={}, size=0, search_trials=5,
+                      max_parallel=1, metric="loss", goal="min") for owner in owners]  # fmt: skip
+        session.add_all(made)
+        session.flush()
+        ids = [sweep.id or 0 for sweep in made]
+    grown: list[int] = []
+    search = sweep_search.SweepSearch(engine, lambda session, rows, sweep_id: [], lambda: None)
+    monkeypatch.setattr(search, "grow", lambda sweep_id, deadline: grown.append(sweep_id) or 0)
+    alice, bob = ids[:-1], ids[-1]
+    search.after_tick("local")
+    assert grown == [*alice[:MAX_SWEEPS_PER_OWNER], bob]
+    grown.clear()
+    search.after_tick("local")
+    assert grown[:2] == alice[MAX_SWEEPS_PER_OWNER:]  # the ones left over first
+    grown.clear()
+    search.after_tick("slurm")  # none of its own
+    assert grown == []
+
+
+def test_no_trial_is_made_twice_when_another_pass_made_some_since_the_read(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The draws are made outside the write: if the sweep's size moved meanwhile (a replica's pass
+    stored trials), what was drawn is not stored."""
+    body = {"name": "s", "job": {"entrypoint": "worker.tasks.curves:curve"}, "max_parallel": 2,
+            "search": {"method": "random", "trials": 5, "seed": 1, "space": SPACE}}  # fmt: skip
+    request = SweepCreate.model_validate(body).model_dump(mode="json")
+    with Session(engine) as session, session.begin():
+        sweep = Sweep(name="s", owner="alice", backend="local", request=request, size=0, search_trials=5,
+                      max_parallel=2, metric="loss", goal="min")  # fmt: skip
+        session.add(sweep)
+        session.flush()
+        sweep_id = sweep.id or 0
+    stored: list[int] = []
+
+    def draw_while_another_pass_commits(*args: Any) -> dict[str, Any]:
+        with Session(engine) as session, session.begin():
+            session.execute(update(Sweep).where(col(Sweep.id) == sweep_id).values(size=2))
+        return next_params(*args)
+
+    monkeypatch.setattr(sweep_search, "next_params", draw_while_another_pass_commits)
+    search = sweep_search.SweepSearch(engine, lambda session, rows, sweep_id: stored.append(len(rows)) or [],
+                                      lambda: None)  # fmt: skip
+    assert search.grow(sweep_id) == 0
+    assert stored == []
+    with Session(engine) as session:
+        assert (session.get(Sweep, sweep_id) or sweep).size == 2
