@@ -57,6 +57,7 @@ NOT_BODY_FIELDS = (
     "token_id",
     "user",
     "offset",
+    "trial",  # a sweep's trial number, in the path of its resume
     "Idempotency-Key",
 )
 

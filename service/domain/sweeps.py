@@ -127,10 +127,13 @@ def _trials(session: Session, sweeps: Sequence[Sweep]) -> dict[int, list[TrialPu
         col(Job.params),
         col(Job.state),
         col(Job.reason),
+        col(Job.resumes),
     )
-    rows = session.execute(
-        core_select(*columns).where(col(Job.sweep_id).in_(ids)).order_by(col(Job.id))
-    ).all()
+    # A resumed trial (service.domain.sweep_resume) is its new job, in the stopped one's place.
+    every = session.execute(core_select(*columns).where(col(Job.sweep_id).in_(ids))).all()
+    resumed = {row.resumes for row in every if row.resumes is not None}
+    shown = sorted((row for row in every if row.id not in resumed), key=lambda row: row.resumes or row.id)
+    rows = [row[:-1] for row in shown]
     names = {metric for metric in metric_of.values() if metric}
     last, lowest, highest, steps = _metric_values(session, ids, names)
     endings = _endings(session, ids)

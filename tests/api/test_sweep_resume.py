@@ -1,0 +1,81 @@
+"""Resuming a trial early_stop stopped (POST /sweeps/{id}/trials/{n}/resume), against the fake
+backend: a new job of the sweep, in the stopped trial's place, starting from its latest checkpoint;
+409 naming the trial for one not stopped early (bit for bit with real processes:
+tests/integration/test_sweep_resume_local.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from service.domain.transitions import record_transition
+from service.ledger.db import write_scope
+from service.ledger.models.jobs import Job
+from service.states import JobState
+from tests.api.test_sweeps import SWEEPS
+from tests.fakes import FakeBackend
+from tests.support import get_job, runtime_of, wait_for
+
+BODY = {
+    "name": "curves",
+    "job": {"entrypoint": "worker.tasks.curves:curve", "kwargs": {"steps": 90}},
+    "grid": {"lr": [0.1, 0.01]},
+    "early_stop": {"method": "asha", "min_steps": 10, "reduction_factor": 3, "max_steps": 90},
+}
+
+
+def prune(api: TestClient, job_id: int, checkpoint: str) -> None:
+    """End the trial as the pruning pass does, its latest checkpoint recorded."""
+    with write_scope(runtime_of(api).engine) as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        assert job is not None
+        job.latest_checkpoint = checkpoint
+        record_transition(session, job, JobState.cancelled, "pruned at rung 0 (step 10): loss 1, the cut 0.5",
+                          kind="pruned")  # fmt: skip
+
+
+def test_a_pruned_trial_resumes_as_a_new_job_from_its_checkpoint(api: TestClient, fake: FakeBackend) -> None:
+    sweep = api.post(SWEEPS, json=BODY).json()
+    first, second = (trial["job_id"] for trial in sweep["trials"])
+    wait_for(lambda: get_job(api, first)["state"] == "running", 10, "running")
+    prune(api, first, "/data/jobs/1/checkpoints/ckpt-16.pt")
+
+    response = api.post(f"{SWEEPS}/{sweep['id']}/trials/0/resume")
+    assert response.status_code == 201, response.text
+    read: dict[str, Any] = response.json()
+    trials = read["trials"]
+    assert len(trials) == 2 and trials[1]["job_id"] == second  # in the stopped trial's place
+    resumed = trials[0]
+    assert resumed["job_id"] not in (first, second)
+    assert (resumed["name"], resumed["params"]) == ("curves[0]", {"lr": 0.1})
+    job = get_job(api, resumed["job_id"])
+    assert job["spec"] == get_job(api, first)["spec"] and job["sweep_id"] == sweep["id"]
+    spec = wait_for(lambda: fake.specs.get(resumed["job_id"]), 10, "dispatched")
+    assert spec.resume_from == "/data/jobs/1/checkpoints/ckpt-16.pt"
+    with Session(runtime_of(api).engine) as session:
+        row = session.get(Job, resumed["job_id"])
+        assert row is not None and row.resumes == first
+    assert get_job(api, first)["state"] == "cancelled"  # the stopped trial's ending stands
+
+    again = api.post(f"{SWEEPS}/{sweep['id']}/trials/0/resume")  # the resumed one was not stopped
+    assert again.status_code == 409, again.text
+    assert again.json()["detail"][0]["loc"] == ["trial"]
+    assert "trial 0" in again.json()["detail"][0]["msg"]
+
+
+def test_a_trial_not_stopped_early_is_409_naming_it(api: TestClient) -> None:
+    sweep = api.post(SWEEPS, json=BODY).json()
+    running = api.post(f"{SWEEPS}/{sweep['id']}/trials/1/resume")
+    assert running.status_code == 409, running.text
+    assert "trial 1" in running.json()["detail"][0]["msg"]
+    with write_scope(runtime_of(api).engine) as session:  # cancelled by its user: not pruned either
+        job = session.get(Job, sweep["trials"][1]["job_id"], with_for_update=True)
+        assert job is not None
+        record_transition(session, job, JobState.cancelled, "cancelled by alice", kind="cancel")
+    cancelled = api.post(f"{SWEEPS}/{sweep['id']}/trials/1/resume")
+    assert cancelled.status_code == 409 and "cancel" in cancelled.json()["detail"][0]["msg"]
+    missing = api.post(f"{SWEEPS}/{sweep['id']}/trials/7/resume")
+    assert missing.status_code == 404, missing.text
+    assert api.post(f"{SWEEPS}/999/trials/0/resume").status_code == 404
