@@ -5,6 +5,8 @@ tests/integration/test_sweep_resume_local.py)."""
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -79,3 +81,29 @@ def test_a_trial_not_stopped_early_is_409_naming_it(api: TestClient) -> None:
     missing = api.post(f"{SWEEPS}/{sweep['id']}/trials/7/resume")
     assert missing.status_code == 404, missing.text
     assert api.post(f"{SWEEPS}/999/trials/0/resume").status_code == 404
+
+
+def report(api: TestClient, fake: FakeBackend, job_id: int, loss: float) -> None:
+    """The trial reports `loss` at steps 1 to 10 (rung 0 is step 10), read into the ledger."""
+    spec = fake.specs[job_id]
+    lines = [
+        {"step": step, "total": 90, "metrics": {"loss": loss}, "time": time.time(), "attempt": spec.attempt}
+        for step in range(1, 11)
+    ]
+    spec.files.progress.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    wait_for(lambda: get_job(api, job_id)["progress"], 10, "its reports read")
+
+
+def test_early_stopping_does_not_judge_a_resumed_trial(api: TestClient, fake: FakeBackend) -> None:
+    """Behind the cut at rung 0, a resumed trial runs on: it was judged once, and resumed to its end."""
+    sweep = api.post(SWEEPS, json=BODY).json()
+    first, second = (trial["job_id"] for trial in sweep["trials"])
+    wait_for(lambda: get_job(api, second)["state"] == "running", 10, "running")
+    prune(api, first, "/data/jobs/1/checkpoints/ckpt-16.pt")
+    report(api, fake, second, 0.1)  # the best at rung 0
+    resumed = api.post(f"{SWEEPS}/{sweep['id']}/trials/0/resume").json()["trials"][0]["job_id"]
+    wait_for(lambda: get_job(api, resumed)["state"] == "running", 10, "the resumed trial running")
+    report(api, fake, resumed, 5.0)  # far behind: a trial judged here would be stopped
+    ticks = runtime_of(api).reconciler.ticks["local"]
+    wait_for(lambda: runtime_of(api).reconciler.ticks["local"] >= ticks + 5, 10, "a few ticks")
+    assert get_job(api, resumed)["state"] == "running"
