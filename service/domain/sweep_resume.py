@@ -20,8 +20,10 @@ from sqlalchemy import select as core_select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
+from service.config import Settings
 from service.domain import audit
 from service.domain.auth import Principal
+from service.domain.quotas import count_unfinished_of, limits_for, too_many_unfinished
 from service.domain.sweeps import get_sweep_row
 from service.errors import Conflict, NotFound
 from service.ledger.db import write_scope
@@ -32,9 +34,12 @@ from service.states import JobState
 Insert = Callable[[Session, Sequence[NewJob], int], list[JobPublic]]
 
 
-def resume_trial(engine: Engine, sweep_id: int, number: int, viewer: Principal, insert: Insert) -> int:
+def resume_trial(
+    engine: Engine, settings: Settings, sweep_id: int, number: int, viewer: Principal, insert: Insert
+) -> int:
     """Continue trial `number` of the sweep, which early_stop stopped; the new job's id. NotFound for
-    a trial the sweep does not have; Conflict, naming the trial, for one not stopped early."""
+    a trial the sweep does not have; Conflict, naming the trial, for one not stopped early;
+    TooManyUnfinished when the sweep's owner has as many unfinished jobs as they may (it is a job)."""
     with write_scope(engine) as session:
         sweep = get_sweep_row(session, sweep_id, viewer)
         name = f"{sweep.name}[{number}]"
@@ -61,6 +66,10 @@ def resume_trial(engine: Engine, sweep_id: int, number: int, viewer: Principal, 
                 "early_stop stopped (ending 'pruned') is resumed",
                 field="trial",
             )
+        most = limits_for(session, sweep.owner, settings).max_active_jobs
+        active = count_unfinished_of(session, [sweep.owner])[sweep.owner]
+        if active >= most:
+            raise too_many_unfinished(active, most)
         row = NewJob(
             name=stopped.name,
             owner=stopped.owner,

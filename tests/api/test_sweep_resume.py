@@ -107,3 +107,16 @@ def test_early_stopping_does_not_judge_a_resumed_trial(api: TestClient, fake: Fa
     ticks = runtime_of(api).reconciler.ticks["local"]
     wait_for(lambda: runtime_of(api).reconciler.ticks["local"] >= ticks + 5, 10, "a few ticks")
     assert get_job(api, resumed)["state"] == "running"
+
+
+def test_a_resume_counts_against_the_owners_unfinished_jobs(api: TestClient) -> None:
+    sweep = api.post(SWEEPS, json=BODY).json()
+    first = sweep["trials"][0]["job_id"]
+    wait_for(lambda: get_job(api, first)["state"] == "running", 10, "running")
+    prune(api, first, "/data/jobs/1/checkpoints/ckpt-16.pt")
+    runtime_of(api).settings.max_active_jobs_per_user = 1  # trial 1 is unfinished: no room for another
+    refused = api.post(f"{SWEEPS}/{sweep['id']}/trials/0/resume")
+    assert refused.status_code == 429, refused.text
+    assert "limit is 1" in refused.json()["detail"][0]["msg"]
+    runtime_of(api).settings.max_active_jobs_per_user = 2
+    assert api.post(f"{SWEEPS}/{sweep['id']}/trials/0/resume").status_code == 201

@@ -116,7 +116,7 @@ def cancel_sweep(sweep_id: SweepId, runtime: RuntimeDep, user: CurrentUser) -> R
     status_code=201,
     response_model=SweepPublic,
     summary="Continue a trial early_stop stopped, to the end, from its latest checkpoint (a new job)",
-    responses=error_responses(404, 409, 422),
+    responses=error_responses(404, 409, 422, 429),
 )
 def resume_trial(
     sweep_id: SweepId,
@@ -125,7 +125,9 @@ def resume_trial(
     user: CurrentUser,
 ) -> Response:
     """409 naming the trial when it was not stopped early (service.domain.sweep_resume)."""
-    sweep_resume.resume_trial(runtime.engine, sweep_id, number, user, runtime.intake.insert_trials)
+    sweep_resume.resume_trial(
+        runtime.engine, runtime.settings, sweep_id, number, user, runtime.intake.insert_trials
+    )
     runtime.dispatcher.wake()
     sweep = _read(runtime, sweep_id, user)
     return Response(sweep.model_dump_json(), status_code=201, media_type=JSON)
