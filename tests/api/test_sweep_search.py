@@ -114,3 +114,13 @@ def test_trials_are_made_as_earlier_ones_end_never_more_than_max_parallel(
     with Session(runtime_of(api).engine) as session:
         stored = session.get(Sweep, sweep_id)
         assert stored is not None and stored.size == stored.search_trials == 7
+
+
+def test_a_search_is_no_pipeline_stage_yet(api: TestClient) -> None:
+    """A stage ends when its jobs have: a search's jobs are made later, so a stage cannot be one yet."""
+    search = {"job": {"entrypoint": "worker.tasks.curves:curve"}, "max_parallel": 2,
+              "search": {"method": "random", "trials": 4, "space": SPACE}}  # fmt: skip
+    response = api.post("/api/v1/pipelines", json={"name": "p", "stages": [{"name": "s", "sweep": search}]})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "stages", "0", "sweep", "search"]
+    assert stored_counts(api) == (0, 0)
