@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -94,6 +95,21 @@ class Settings(BaseSettings):
         16, ge=1, description="Stacks requests one user may have waiting on captures at once."
     )
     token_cache_s: float = Field(2.0, ge=0, description="How long a checked token is remembered.")
+    service_id: str = Field(
+        "",
+        max_length=100,
+        pattern=r"^[A-Za-z0-9._:@/-]*$",
+        description="The name MUNGE logins must be made for; empty: one derived from the database URL, "
+        "the same for every replica of this install.",
+    )
+    login_token_hours: float = Field(168.0, gt=0, description="How long a token from a login is valid.")
+    min_login_uid: int = Field(1000, ge=1, description="Accounts with a lower uid may not log in.")
+    admin_groups: CommaList = Field(
+        default_factory=list, description="Unix groups whose members log in as admins."
+    )
+    max_failed_logins: int = Field(
+        10, ge=1, description="Failed logins per source address, and per user, in 5 minutes (more: 429)."
+    )
     opentelemetry: bool = Field(
         False, description="FastAPI's OpenTelemetry spans, metrics and logs, for a service under an OTel SDK."
     )
@@ -201,6 +217,7 @@ class Settings(BaseSettings):
         "job_pythonpath",
         "allowed_pythons",
         "trusted_proxies",
+        "admin_groups",
         "webhook_hosts",
         "webhook_private_hosts",
         "webhook_ports",
@@ -240,6 +257,17 @@ class Settings(BaseSettings):
         if self.max_code_bytes_per_user is not None:
             return self.max_code_bytes_per_user
         return CODE_BYTES_PER_USER_FACTOR * self.max_code_bytes
+
+    def login_service_id(self) -> str:
+        """The name a MUNGE login must be made for (TORCHYARD_SERVICE_ID), else one that every replica
+        of this install derives alike from its ledger's address (password left out), so that a
+        credential made for another torchyard on the cluster cannot log in here."""
+        if self.service_id:
+            return self.service_id
+        from sqlalchemy.engine import make_url  # config stays light at import
+
+        url = make_url(self.resolved_database_url()).render_as_string(hide_password=True)
+        return "torchyard-" + hashlib.sha256(url.encode()).hexdigest()[:16]
 
     def dashboard_url(self) -> str:
         """Where users open the dashboard: the public URL, else the address the service listens on."""

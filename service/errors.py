@@ -54,3 +54,7 @@ class InsufficientStorage(ServiceError):
 
 class TooLarge(ServiceError):
     """The request body is over the service's limit; it was not read."""
+
+
+class Unavailable(ServiceError):
+    """A part the service relies on (munged) cannot answer now: not the caller's fault; retry later."""

@@ -49,15 +49,25 @@ class Finished:
     stderr: str
 
 
+MOST_INPUT_BYTES = 16384  # input is written whole before any output is read: less than a pipe holds
+
+
 def run_bounded(
-    command: Sequence[str], *, timeout_s: float, most_bytes: int, env: Mapping[str, str], cwd: str
+    command: Sequence[str],
+    *,
+    timeout_s: float,
+    most_bytes: int,
+    env: Mapping[str, str],
+    cwd: str,
+    input_bytes: bytes | None = None,
 ) -> Finished:
-    """Run `command` with no input and wait for it. OSError when it cannot start;
-    subprocess.TimeoutExpired past `timeout_s`; OutputTooLong when it prints more than `most_bytes`
-    on stdout or on stderr. In the last two cases it, and all it started in its group, is killed."""
+    """Run `command` with no input (or `input_bytes`, at most MOST_INPUT_BYTES) and wait for it.
+    OSError when it cannot start; subprocess.TimeoutExpired past `timeout_s`; OutputTooLong when it
+    prints more than `most_bytes` on stdout or on stderr. In the last two cases it, and all it
+    started in its group, is killed."""
     process = subprocess.Popen(
         list(command),
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if input_bytes is None else subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=dict(env),
@@ -66,6 +76,8 @@ def run_bounded(
     )
     deadline = time.monotonic() + timeout_s
     try:
+        if input_bytes is not None:
+            _feed(process, input_bytes)
         out, err = _read_both(process, deadline, most_bytes, command, timeout_s)
         returncode = process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except BaseException:
@@ -76,6 +88,18 @@ def run_bounded(
             if pipe is not None:
                 pipe.close()
     return Finished(returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+
+def _feed(process: subprocess.Popen[bytes], input_bytes: bytes) -> None:
+    """Write all of the input and close it: it fits in the pipe, so this never waits on the program
+    (one that exits without reading it is no error: its answer says what it made of that)."""
+    if len(input_bytes) > MOST_INPUT_BYTES:
+        raise ValueError(f"at most {MOST_INPUT_BYTES} bytes of input")
+    assert process.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        process.stdin.write(input_bytes)
+    with contextlib.suppress(BrokenPipeError):
+        process.stdin.close()
 
 
 def _read_both(

@@ -19,6 +19,7 @@ from service.domain.auth import TokenCheck
 from service.domain.captures import Captures
 from service.domain.code_store import CodeStore
 from service.domain.code_uploads import CodeUploads
+from service.domain.login import LoginGuard
 from service.domain.quotas import QuotaBook
 from service.domain.storage import RoomCheck, prepare_data_dir
 from service.domain.submit import Admission
@@ -53,6 +54,7 @@ class Runtime:
     code_uploads: CodeUploads  # permission, rate, room and per-user bytes before the store
     notifier: Notifier  # webhooks: the outbox's notices delivered
     captures: Captures  # stacks captures, for requests and the watchdog, on threads of their own
+    logins: LoginGuard  # failed logins per source and user, and the MUNGE decodes under way
     fragments: Fragments = field(default_factory=Fragments)  # each job's JSON per version
     pages: LastPages = field(default_factory=LastPages)  # list pages while the clock stands still
     writers: WritersFirst = field(default_factory=WritersFirst)  # polls wait for POSTs in flight
@@ -94,6 +96,7 @@ class Runtime:
             CodeUploads(settings, engine, code, quotas, room),
             Notifier(engine, settings),
             captures,
+            LoginGuard(settings.max_failed_logins),
         )
         on_stamped_commit(engine, runtime.job_watch.changed)
         return runtime

@@ -13,14 +13,8 @@ under torchrun, whose MASTER_PORT is respected as it is.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
-import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from worker.hostlist import expand_hostlist
@@ -37,9 +31,6 @@ LOCAL_MASTER_ADDR = "127.0.0.1"
 # Set by the job's supervisor (worker.supervisor) on every rank it starts:
 RUN_ENV = "TORCHYARD_RUN"  # which run of the ranks in this allocation: 0, then 1 after a restart in place
 REQUEUES_ENV = "TORCHYARD_REQUEUES"  # how often submitit handed the supervisor back (local requeues)
-
-PEER_GRACE_S = 5.0  # after a failed rendezvous: how long the other ranks may take to fail by themselves
-PEER_KILL_S = 3.0  # then SIGINT, and SIGKILL this long after it (as the local backend's cancel does)
 
 # The variables a torchrun-style script reads; spec.env must not override them.
 RANK_ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
@@ -282,13 +273,12 @@ def init_process_group(env: RankEnv, *, timeout_s: float, store: Store | None) -
     log.info("joining process group: backend=%s master=%s:%d world_size=%d timeout=%.0fs", backend,
              env.master_addr, env.master_port, env.world_size, timeout_s)
     timeout = timedelta(seconds=timeout_s)
-    with ending_peers_on_failure(env):  # a peer that never joined keeps the others from ending
-        if store is None:
-            dist.init_process_group(backend, init_method="env://", rank=env.rank,
-                                    world_size=env.world_size, timeout=timeout, device_id=device_id)
-        else:
-            dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
-                                    timeout=timeout, device_id=device_id)
+    if store is None:
+        dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                                timeout=timeout, device_id=device_id)
+    else:
+        dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
+                                timeout=timeout, device_id=device_id)
     return backend
 
 
@@ -302,79 +292,3 @@ def teardown() -> None:
         dist.destroy_process_group()
     except Exception:  # a broken group cannot be destroyed cleanly; the process is exiting anyway
         log.warning("destroy_process_group failed", exc_info=True)
-
-
-# ---------------------------------------------------------------- a failed rendezvous ends the job
-
-
-@contextmanager
-def ending_peers_on_failure(env: RankEnv) -> Iterator[None]:
-    """Around a rendezvous step: if it fails here, end this job's other ranks too (stop_local_peers).
-
-    A rank stuck before the rendezvous (hung imports, a slow node) makes the others time out, but it
-    is not in any collective that could fail, so it stays stuck. On SLURM, srun's --kill-on-bad-exit
-    ends the step once a rank has exited non-zero; submitit's local controller waits for every task,
-    which would keep the job running until its time limit. KeyboardInterrupt is a cancel, not a failure.
-
-    The peers are stopped from a thread, so this rank writes its error file at once; the thread is not
-    a daemon, so the process stays until it is done (a few seconds: PEER_GRACE_S + 2 * PEER_KILL_S).
-    """
-    try:
-        yield
-    except Exception:
-        threading.Thread(target=stop_local_peers, args=(env,), name="torchyard-stop-peers").start()
-        raise
-
-
-def stop_local_peers(env: RankEnv, environ: Mapping[str, str] | None = None, *,
-                     grace_s: float = PEER_GRACE_S, kill_after_s: float = PEER_KILL_S) -> list[int]:
-    """Local executor only: end the job's other ranks; returns the PIDs that had to be signalled.
-
-    The peers are the other children of this rank's parent, submitit's local controller (its PID is
-    the job id in SUBMITIT_LOCAL_JOB_ID). They get `grace_s` to fail on their own (a rank that times
-    out beside this one writes its own error), then SIGINT, which the worker treats as a cancel (no
-    error file: the job's reason stays this rank's), then SIGKILL. Once they are gone the controller
-    ends, and with it the job.
-    """
-    environ = os.environ if environ is None else environ
-    controller = os.getppid()
-    if env.source != "local" or environ.get("SUBMITIT_LOCAL_JOB_ID") != str(controller):
-        return []
-    signalled: list[int] = []
-    for signum, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, kill_after_s)):
-        peers = _wait_for_peers_to_exit(controller, wait_s)
-        if peers:
-            log.warning("the rendezvous failed on this rank: %s to the job's %d other rank(s) still running",
-                        signal.Signals(signum).name, len(peers))
-        for pid in peers:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                continue
-            if pid not in signalled:
-                signalled.append(pid)
-    _wait_for_peers_to_exit(controller, kill_after_s)
-    return signalled
-
-
-def _wait_for_peers_to_exit(controller: int, timeout_s: float) -> list[int]:
-    """The live peers left after up to `timeout_s` of waiting for them to go."""
-    deadline = time.monotonic() + timeout_s
-    while (peers := local_peers(controller)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return peers
-
-
-def local_peers(controller: int) -> list[int]:
-    """Live child processes of `controller` other than this one (zombies are gone already)."""
-    me, found = os.getpid(), []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, IndexError, ValueError):
-            continue
-        if int(parent) == controller and state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found

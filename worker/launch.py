@@ -1,10 +1,11 @@
-"""RankLauncher: the callable the service hands to submitit, which calls it once on every rank.
+"""Supervisor: the callable the service hands to submitit, which calls it once per allocation; and
+RankLauncher, which runs one rank of a run the supervisor started (worker.rank_main).
 
-Importing this module must stay cheap and torch-free: the service imports it to pickle launchers,
+Importing this module must stay cheap and torch-free: the service imports it to pickle supervisors,
 and never imports torch. Everything heavy (torch, the runner, submitit's helpers) is imported
 inside the methods, after the rank's environment (spec.env, OMP_NUM_THREADS) is in place.
 
-Construct it from the attempt's RunSpec (or its JSON): `RankLauncher(spec)`. Only the JSON text is
+Construct either from the attempt's RunSpec (or its JSON): `Supervisor(spec)`. Only the JSON text is
 kept, so the pickle does not depend on pydantic's or torch's internals.
 """
 
@@ -18,7 +19,6 @@ import sys
 import tempfile
 import threading
 import traceback
-from types import FrameType
 from typing import Any
 
 from worker.distributed import RANK_ENV_NAMES, derive_rank_env, guess_rank, scheduler_job_id
@@ -65,10 +65,10 @@ class _Requeueable:
 
 
 class RankLauncher(_Requeueable):
-    """Runs one rank of one job attempt; submitit's Checkpointable protocol (checkpoint()) for requeue.
-
-    `requeues` counts the times checkpoint() handed this attempt back: the restart number of the
-    rendezvous key under submitit's local controller, which restarts tasks with the same job id.
+    """Runs one rank of one job attempt, in a process the job's supervisor started: worker.rank_main is
+    its one user in the product. It is no longer what the service hands submitit (Supervisor is), so
+    submitit never calls its checkpoint(); the requeue count comes from the supervisor (REQUEUES_ENV),
+    unless `requeues` says otherwise (a rank run directly, as tests and benchmarks do).
     """
 
     def __call__(self) -> Any:
@@ -99,7 +99,6 @@ class RankLauncher(_Requeueable):
         apply_env(spec)
         watch_stacks(spec, env.rank, has_gpu=env.gpu is not None)
         take_cancel_signal()
-        preempted = watch_preemption()
 
         try:
             from worker.runner import run_rank  # torch arrives here, after apply_env
@@ -107,7 +106,7 @@ class RankLauncher(_Requeueable):
             text = f"the job's interpreter {sys.executable} cannot run ranks: {error}\n"
             write_error(spec.files.error(env.rank), spec.attempt, text + traceback.format_exc())
             raise
-        return run_rank(spec, env, preempted=preempted)
+        return run_rank(spec, env)
 
 
 class Supervisor(_Requeueable):
@@ -194,33 +193,12 @@ def watch_stacks(spec: RunSpec, rank: int, *, has_gpu: bool) -> None:
 def take_cancel_signal() -> None:
     """Let SIGINT reach this rank as a cancel (KeyboardInterrupt), whatever the process it came from did.
 
-    A cancel reaches a rank as SIGINT: the local backend's, and a peer's that ends a stuck job. A
-    process started with SIGINT ignored passes that on to its children, and Python leaves an
-    ignored SIGINT ignored; a shell starts every background job so (`torchyard serve &`, and CI
-    scripts). The ranks then ignored every cancel until SIGKILL came.
+    A cancel reaches a rank as SIGINT: the local backend's, to the job's process group. A process
+    started with SIGINT ignored passes that on to its children, and Python leaves an ignored SIGINT
+    ignored; a shell starts every background job so (`torchyard serve &`, and CI scripts). The ranks
+    then ignored every cancel until SIGKILL came.
     """
     on_main_thread = threading.current_thread() is threading.main_thread()
     if on_main_thread and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-
-def watch_preemption() -> threading.Event:
-    """An Event set when the scheduler's preemption signal arrives, chaining submitit's own handler.
-
-    When rank 0 requeues, the other ranks' collectives fail as it exits; the event tells them this
-    was a preemption, not an error worth an error file.
-    """
-    event = threading.Event()
-    name = "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
-    signum = getattr(signal, name, None)
-    if signum is None or threading.current_thread() is not threading.main_thread():
-        return event
-    previous = signal.getsignal(signum)
-
-    def handler(number: int, frame: FrameType | None) -> None:
-        event.set()
-        if callable(previous):
-            previous(number, frame)
-
-    signal.signal(signum, handler)
-    return event

@@ -12,9 +12,11 @@ The protocol, for every source but torchrun (whose agent already listens on MAST
 2. rank 0 publishes {"addr", "port", "host", "pid"} atomically (temp file, fsync, rename) as
    `<job folder>/rendezvous/<key>.json` (JobFiles.rendezvous), key from rendezvous_key().
 3. every other rank polls for that file every POLL_S, up to the rendezvous timeout, then connects.
-4. a rank whose rendezvous fails (or whose process group cannot form) ends the job's other ranks
-   under the local executor (worker.distributed.stop_local_peers), as srun --kill-on-bad-exit does
-   on SLURM: a rank stuck before the rendezvous would otherwise keep the job running for hours.
+4. a rank whose rendezvous fails (or whose process group cannot form) raises, writes its error file
+   and exits; the job's supervisor (worker.supervisor) then stops every other rank of the run, one
+   stuck before the rendezvous too, and restarts the run in place or ends the attempt. A rank does
+   not stop its peers itself: the supervisor watches them all (locally they are its children or its
+   warm parent's, on SLURM one srun step of it).
 
 The folder is shared on SLURM (the job folder is) and the same disk locally. The key changes with every
 run of the ranks, so a retried or requeued job never reads the port of a run before it.
@@ -43,7 +45,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.distributed import RankEnv, ending_peers_on_failure
+from worker.distributed import RankEnv
 from worker.files import atomic_write_text
 
 if TYPE_CHECKING:  # torch.distributed re-exports it without telling mypy
@@ -74,8 +76,8 @@ def rendezvous_key(env: RankEnv, attempt: int) -> str:
       PID, unique among live processes; either stays the same through a requeue;
     - attempt: the service's attempt number, new for every retry in the same job folder;
     - restart (RankEnv.restart): SLURM_RESTART_COUNT, which every requeue bumps whoever asked for it;
-      locally the number of times RankLauncher.checkpoint() handed the job back, the only way
-      submitit's local controller restarts its tasks;
+      locally the number of times Supervisor.checkpoint() handed the job back (REQUEUES_ENV), the
+      only way submitit's local controller restarts its task;
     - run (RankEnv.run): the restarts in place before this run (worker.supervisor), when there were any.
     What is left: a later local controller that is handed a dead one's PID AND runs the same attempt of
     the same job in the same folder, which the service does not do.
@@ -177,16 +179,15 @@ def rendezvous_store(env: RankEnv, path: Path, *, timeout_s: float) -> tuple[Ran
     """
     if env.source == "torchrun":
         return env, None
-    with ending_peers_on_failure(env):  # a rank stuck before this point must not outlive the job
-        if env.is_main:
-            store = host_store(env.master_addr, env.world_size, timeout_s)
-            endpoint = Endpoint(env.master_addr, int(store.port))
-            publish(path, endpoint)
-        else:
-            deadline = time.monotonic() + timeout_s
-            endpoint = wait_for_endpoint(path, timeout_s=timeout_s)
-            store = join_store(endpoint, env.world_size, connect_s=deadline - time.monotonic(),
-                               timeout_s=timeout_s)
+    if env.is_main:
+        store = host_store(env.master_addr, env.world_size, timeout_s)
+        endpoint = Endpoint(env.master_addr, int(store.port))
+        publish(path, endpoint)
+    else:
+        deadline = time.monotonic() + timeout_s
+        endpoint = wait_for_endpoint(path, timeout_s=timeout_s)
+        store = join_store(endpoint, env.world_size, connect_s=deadline - time.monotonic(),
+                           timeout_s=timeout_s)
     return replace(env, master_addr=endpoint.addr, master_port=endpoint.port), store
 
 
@@ -195,10 +196,9 @@ def rendezvous_port(env: RankEnv, path: Path, *, timeout_s: float) -> RankEnv:
     free_port, and publishes it in `path`; the others wait for it). Under torchrun: `env` as it is."""
     if env.source == "torchrun":
         return env
-    with ending_peers_on_failure(env):
-        if env.is_main:
-            endpoint = Endpoint(env.master_addr, free_port())
-            publish(path, endpoint)
-        else:
-            endpoint = wait_for_endpoint(path, timeout_s=timeout_s)
+    if env.is_main:
+        endpoint = Endpoint(env.master_addr, free_port())
+        publish(path, endpoint)
+    else:
+        endpoint = wait_for_endpoint(path, timeout_s=timeout_s)
     return replace(env, master_addr=endpoint.addr, master_port=endpoint.port)

@@ -44,7 +44,7 @@ class LocalRuns:
     def hosts(self) -> list[str]:
         return [socket.gethostname()]
 
-    def start(self, spec_path: Path, run: int, hosts: list[str]) -> LocalRun:
+    def start(self, spec_path: Path, run: int, hosts: list[str]) -> ProcessRun:
         ranks = self.spec.resources.world_size  # one node
         warm = self.warm_parent(spec_path)
         processes: dict[int, RankProcess] = {}
@@ -62,17 +62,22 @@ class LocalRuns:
             processes[rank] = forked if forked is not None else start_cold(spec_path, env, out, err)
         log.info("run %d: %d ranks %s (pids %s)", run, ranks, "forked" if warm else "started",
                  [p.pid for p in processes.values()])
-        return LocalRun(self.spec, processes, hosts[0] if hosts else socket.gethostname())
+        host = hosts[0] if hosts else socket.gethostname()
+        return ProcessRun(self.spec, processes, dict.fromkeys(processes, host))
 
     def warm_parent(self, spec_path: Path) -> WarmParent | None:
         """The job's warm parent, started at the first run; None when it could not import the worker
         (the ranks then start cold, and their error files say why)."""
         if self.warm is None and not self.warm_failed:
-            self.warm = WarmParent(spec_path)
-            self.warm_failed = not self.warm.wait_ready(WARM_START_S)
-        if self.warm is not None and not self.warm.alive():
+            self.warm = WarmParent(warm_parent_command(spec_path))
+            self.warm_failed = not self.warm.wait_ready([None], WARM_START_S)
+        if self.warm is not None and not self.warm.usable([None]):
             self.warm, self.warm_failed = None, True
         return self.warm
+
+
+def warm_parent_command(spec_path: Path) -> list[str]:
+    return [sys.executable, "-u", "-m", "worker.warm_ranks", str(spec_path)]
 
 
 def start_cold(spec_path: Path, env: dict[str, str], out_path: Path, err_path: Path) -> RankProcess:
@@ -84,13 +89,15 @@ def start_cold(spec_path: Path, env: dict[str, str], out_path: Path, err_path: P
                                 cwd="/")
 
 
-class LocalRun:
-    """One run's rank processes."""
+class ProcessRun:
+    """One run's rank processes, each watched on its own: this machine's, cold or forked, and on SLURM
+    ranks forked by the warm parents on the allocation's nodes (worker.run_slurm). `node_of`: each
+    rank's node."""
 
-    def __init__(self, spec: RunSpec, processes: dict[int, RankProcess], host: str) -> None:
+    def __init__(self, spec: RunSpec, processes: dict[int, RankProcess], node_of: dict[int, str]) -> None:
         self.spec = spec
         self.processes = processes
-        self.host = host
+        self.node_of = node_of
 
     def ended(self) -> RunEnd | None:
         codes = {rank: process.poll() for rank, process in self.processes.items()}
@@ -102,7 +109,7 @@ class LocalRun:
         time.sleep(0.05)  # a killed rank's peers fail within milliseconds: see which went first
         codes = {rank: process.poll() for rank, process in self.processes.items()}
         exits = {rank: code for rank, code in codes.items() if code is not None}
-        return classify(exits, self.spec.files, self.spec.attempt, dict.fromkeys(self.processes, self.host))
+        return classify(exits, self.spec.files, self.spec.attempt, self.node_of)
 
     def settle(self) -> None:
         deadline = time.monotonic() + SETTLE_S

@@ -22,9 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from worker.distributed import REQUEUES_ENV, RUN_ENV
+from worker.run_local import WARM_START_S, ProcessRun, warm_parent_command
 from worker.slurm_nodes import SRUN_STEP_FLAGS, SlurmQueryError, allocation_hosts, usable_hosts
 from worker.spec import RANK_ERROR_ENV, RANK_OUTPUT_ENV, SRUN_ENV, RunSpec
-from worker.supervisor import RunEnd, classify
+from worker.supervisor import Run, RunEnd, classify
+from worker.warm_ranks import RankProcess, WarmParent
 
 log = logging.getLogger("worker.supervisor")
 
@@ -50,6 +52,8 @@ class SlurmRuns:
         self.allocation = allocation_hosts(environ)
         self.srun = environ[SRUN_ENV]
         self.asked = False
+        self.warm: WarmParent | None = None
+        self.warm_failed = False
 
     def hosts(self) -> list[str]:
         """The allocation's hosts a step can use now. The first run takes the allocation as SLURM gave
@@ -68,7 +72,70 @@ class SlurmRuns:
                 log.warning("cannot tell the usable nodes yet (%s); asking again", error)
                 time.sleep(2.0)
 
-    def start(self, spec_path: Path, run: int, hosts: list[str]) -> SlurmRun:
+    def start(self, spec_path: Path, run: int, hosts: list[str]) -> Run:
+        warm = self.warm_parents(spec_path)
+        if warm is not None and warm.usable(hosts):
+            forked = self.fork(warm, spec_path, run, hosts)
+            if forked is not None:
+                return forked
+        return self.step(spec_path, run, hosts)
+
+    def warm_parents(self, spec_path: Path) -> WarmParent | None:
+        """The job's warm parents, one on every node of the allocation (spares included) in one srun
+        step started at the first run; None when none could import the worker (ranks start cold)."""
+        if self.warm is None and not self.warm_failed:
+            resources, hosts = self.spec.resources, self.allocation
+            argv = [
+                self.srun, f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
+                f"--cpus-per-task={resources.cpus_per_task * resources.tasks_per_node}",
+                f"--nodelist={','.join(hosts)}", "--overlap", "--kill-on-bad-exit=0", "--no-kill",
+            ]  # fmt: skip
+            if resources.gpus_per_node:
+                argv.append(f"--gpus-per-node={resources.gpus_per_node}")
+            self.warm = WarmParent([*argv, *warm_parent_command(spec_path)], self.environ, via_srun=True)
+            ready = self.warm.wait_ready(hosts, WARM_START_S)
+            log.info("warm parents ready on %s", ",".join(sorted(h for h in ready if h)) or "no node")
+            self.warm_failed = not ready
+        return None if self.warm_failed else self.warm
+
+    def fork(self, warm: WarmParent, spec_path: Path, run: int, hosts: list[str]) -> SlurmForkedRun | None:
+        """A run of ranks forked by the warm parents of `hosts`, each with the variables an srun step
+        over those hosts would give it; None when a parent did not answer (its ranks are stopped)."""
+        tasks = self.spec.resources.tasks_per_node
+        world = len(hosts) * tasks
+        step = {
+            "SLURM_NTASKS": str(world), "SLURM_STEP_NUM_TASKS": str(world), "SLURM_NNODES": str(len(hosts)),
+            "SLURM_STEP_NUM_NODES": str(len(hosts)), "SLURM_STEP_NODELIST": ",".join(hosts),
+            "SLURM_STEP_TASKS_PER_NODE": f"{tasks}(x{len(hosts)})", RUN_ENV: str(run),
+            REQUEUES_ENV: str(self.requeues),
+        }  # fmt: skip
+        processes: dict[int, RankProcess] = {}
+        node_of: dict[int, str] = {}
+        for node, host in enumerate(hosts):
+            for local in range(tasks):
+                rank = node * tasks + local
+                env = {**step, "SLURM_PROCID": str(rank), "SLURM_NODEID": str(node),
+                       "SLURM_LOCALID": str(local)}
+                out = self.rank_log(self.environ[RANK_OUTPUT_ENV], rank)
+                err = self.rank_log(self.environ[RANK_ERROR_ENV], rank)
+                forked = warm.fork(rank, env, out, err, spec_path, host)
+                if forked is None:
+                    ProcessRun(self.spec, processes, node_of).stop()
+                    return None
+                processes[rank], node_of[rank] = forked, host
+        log.info("run %d: %d ranks forked on %s", run, world, ",".join(hosts))
+        return SlurmForkedRun(self, warm, ProcessRun(self.spec, processes, node_of), hosts)
+
+    def rank_log(self, template: str, rank: int) -> Path:
+        """The rank's log file, as srun would name it from the batch script's template."""
+        names = {"%j": "SLURM_JOB_ID", "%A": "SLURM_ARRAY_JOB_ID", "%a": "SLURM_ARRAY_TASK_ID"}
+        path = template.replace("%t", str(rank))
+        for pattern, name in names.items():
+            path = path.replace(pattern, self.environ.get(name, ""))
+        return Path(path)
+
+    def step(self, spec_path: Path, run: int, hosts: list[str]) -> SlurmRun:
+        """A run as one srun step of cold ranks."""
         resources = self.spec.resources
         tasks = resources.tasks_per_node
         argv = [
@@ -86,6 +153,35 @@ class SlurmRuns:
         process = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         log.info("run %d: srun step on %s (%d ranks)", run, ",".join(hosts), len(hosts) * tasks)
         return SlurmRun(self, process, hosts)
+
+
+class SlurmForkedRun:
+    """A run of forked ranks: a rank that ended says so through its parent; a rank lost (killed, or a
+    peer lost) with a node gone from the allocation lost that node (its parent and ranks went with
+    it). squeue and sinfo are asked only then, once a run."""
+
+    def __init__(self, runs: SlurmRuns, warm: WarmParent, ranks: ProcessRun, hosts: list[str]) -> None:
+        self.runs, self.warm, self.ranks, self.hosts = runs, warm, ranks, hosts
+
+    def ended(self) -> RunEnd | None:
+        end = self.ranks.ended()
+        if end is None or end.ok or end.cancelled or end.cause != "node_failure":
+            return end  # a rank's own exception is the job's failure, whatever the nodes say
+        usable = set(self.runs.hosts())
+        lost = [host for host in self.hosts if host not in usable]
+        for host in lost:
+            self.warm.mark_lost(host)
+        if not lost:
+            return end
+        rank = min(rank for rank, host in self.ranks.node_of.items() if host == lost[0])
+        return RunEnd(ok=False, cause="node_failure", rank=rank, node=lost[0], detail="node down",
+                      lost_node=True)  # fmt: skip
+
+    def settle(self) -> None:
+        self.ranks.settle()
+
+    def stop(self) -> None:
+        self.ranks.stop()
 
 
 class SlurmRun:

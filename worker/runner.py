@@ -35,7 +35,7 @@ log = logging.getLogger("worker")
 EXIT_GRACE_S = 20.0  # how long a failed rank may take to leave before it is ended with os._exit(1)
 
 
-def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None = None) -> Any:
+def run_rank(spec: RunSpec, env: RankEnv) -> Any:
     """Run the attempt's entrypoint on this rank; rank 0 writes result.json when it returns."""
     files = spec.files
     files.error(env.rank).unlink(missing_ok=True)  # a requeued run starts clean
@@ -65,7 +65,7 @@ def run_rank(spec: RunSpec, env: RankEnv, *, preempted: threading.Event | None =
         return value
     except BaseException as error:
         _close(contexts)  # the last checkpoint whole before the service hears of the failure
-        _on_failure(spec, env, error, preempted is not None and preempted.is_set())
+        _on_failure(spec, env, error)
         raise
     finally:
         _close(contexts)
@@ -166,12 +166,9 @@ def script_path(spec: RunSpec) -> Path:
     return script
 
 
-def _on_failure(spec: RunSpec, env: RankEnv, error: BaseException, preempted: bool) -> None:
-    """Leave the traceback where the service looks, unless this was a preemption or a cancel."""
-    if preempted:
-        # submitit requeues with sys.exit() from its signal handler; peers fail as rank 0 leaves.
-        log.warning("stopped by preemption or requeue: %s", _one_line(error))
-        return
+def _on_failure(spec: RunSpec, env: RankEnv, error: BaseException) -> None:
+    """Leave the traceback where the service looks, unless this was a cancel. (A preemption or requeue
+    reaches the supervisor alone, which stops the ranks with SIGTERM: no exception, no error file.)"""
     if isinstance(error, KeyboardInterrupt):  # the local executor cancels with SIGINT
         log.warning("cancelled (KeyboardInterrupt)")
         return
@@ -202,6 +199,3 @@ def _arm_exit_watchdog(grace_s: float) -> None:
     timer.daemon = True
     timer.start()
 
-
-def _one_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}".splitlines()[0]

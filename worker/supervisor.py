@@ -194,9 +194,11 @@ def describe(end: RunEnd) -> str:
 
 def classify(exits: dict[int, int], files: JobFiles, attempt: int, node_of: dict[int, str]) -> RunEnd:
     """How a run ended, from the ranks that ended so far (rank -> exit status, negative: a signal) and
-    their error files: a rank killed by a signal without a word (lost: node_failure) before one that
-    raised on its own or exited non-zero by itself (failure), those before ranks that only lost a peer."""
-    errors = rank_errors(files, attempt, sorted(exits))
+    the error files of all the run's ranks (`node_of`'s): a rank killed by a signal without a word
+    (lost: node_failure) before one that raised on its own or exited non-zero by itself (failure),
+    those before ranks that only lost a peer. A rank that raised is read even while it is still on its
+    way out: the peer it left may exit first, and would else be taken for a rank that lost a node."""
+    errors = rank_errors(files, attempt, sorted(set(node_of) | set(exits)))
     cancelled = [rank for rank, code in exits.items() if code in (130, -2)]
     if cancelled and len(cancelled) == len([code for code in exits.values() if code != 0]):
         return RunEnd(ok=False, cancelled=True, rank=cancelled[0], detail="cancelled")

@@ -1,16 +1,20 @@
-"""`python -m worker.warm_ranks <spec.json>`: a warm parent for one job's ranks on this machine.
+"""`python -m worker.warm_ranks <spec.json>`: a warm parent for one job's ranks on one node.
 
 It applies the job's environment (worker.launch.apply_env), imports torch and the worker once, and
-then forks each rank the supervisor asks for (worker.run_local): a rank started so skips the second
-or two that importing torch takes, and a restart in place only forks. Nothing is initialised before
-a fork but what importing does (no CUDA, no thread pool, no process group), and the child becomes
-exactly what `python -m worker.rank_main` would be: its own rank variables, its log files on fds 1
-and 2, nothing on fd 0, the same sys.argv, then worker.rank_main.main and an interpreter's exit.
+then forks each rank the supervisor asks for: a rank started so skips the second or two that importing
+torch takes, and a restart in place only forks. Nothing is initialised before a fork but what importing
+does (no CUDA, no thread pool, no process group), and the child becomes exactly what
+`python -m worker.rank_main` would be: its own rank variables, its log files on fds 1 and 2, nothing
+on fd 0, the same sys.argv, then worker.rank_main.main and an interpreter's exit.
 
-The protocol is JSON lines. On stdin, one per rank to fork: {"rank", "env", "out", "err", "spec"}.
-On stdout: {"rank", "pid"} when it is forked, {"pid", "code"} when it has ended (`code` as
-subprocess reports it: negative for a signal). "ready" comes first, once torch is imported. It ends
-when stdin closes (the supervisor is done with it) or when it cannot import the worker: the
+Locally the supervisor starts one (worker.run_local); on SLURM one srun step runs one on every node of
+the allocation, spares included (worker.run_slurm), srun passing the supervisor's lines to all of them
+and theirs back. The protocol is JSON lines, each naming the node it is for or from ("host": SLURM's
+node name; null locally); a parent takes only the requests for its own node:
+- in: {"host", "rank", "env", "out", "err", "spec"}: fork a rank; {"host", "pid", "signal"}: signal one;
+- out: {"host", "task", "ready"} once torch is imported; {"host", "rank", "pid"} when a rank is forked;
+  {"host", "pid", "code"} when it has ended (`code` as subprocess reports it: negative for a signal).
+A parent ends when its stdin closes (the supervisor is done) or when it cannot import the worker: the
 supervisor then starts ranks cold, and their own error files say why.
 
 This process is the job's, run as its account: what it reads on stdin comes from the supervisor.
@@ -23,6 +27,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -30,12 +35,15 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-READY = "ready"
 POLL_S = 0.02  # how often children that ended are reaped between requests
 FORK_ANSWER_S = 10.0  # a fork is answered in milliseconds; past this the parent is taken as stuck
+HOST = os.environ.get("SLURMD_NODENAME")  # this parent's node on SLURM; None on the local backend
+# srun's report of a parent that ended (its node lost, say): `srun: error: n2: task 1: Killed`.
+_TASK_ENDED = re.compile(r"task (\d+): (Killed|Exited with exit code \d+|Terminated)")
 
 
 class RankProcess(Protocol):
@@ -52,71 +60,120 @@ class RankProcess(Protocol):
 
 
 class WarmParent:
-    """The supervisor's end of a job's warm parent: starts it, asks it for ranks, hears how they end."""
+    """The supervisor's end of a job's warm parents (one locally, one a node in an srun step): starts
+    them, asks them for ranks, hears how the ranks end, and which parents are gone."""
 
-    def __init__(self, spec_path: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, *, via_srun: bool = False) -> None:
         # cwd "/", as a cold rank's: `-m` puts the working folder first on sys.path.
-        self.process = subprocess.Popen([sys.executable, "-u", "-m", "worker.warm_ranks", str(spec_path)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/")
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd="/",
+                                        stderr=subprocess.PIPE if via_srun else None)
         self.changed = threading.Condition()
-        self.ready = False
-        self.gone = False
-        self.forked: list[int] = []  # pids answered to fork requests, in order, not yet taken
-        self.codes: dict[int, int] = {}  # pid -> how it ended
+        self.ready: set[str | None] = set()
+        self.task_host: dict[int, str | None] = {}  # srun's task number -> the node it runs on
+        self.lost: set[str | None] = set()  # nodes whose parent is gone
+        self.gone = False  # all of them (the process, or srun, ended)
+        self.forked: dict[str | None, list[int]] = {}  # pids answered to fork requests, not yet taken
+        self.codes: dict[tuple[str | None, int], int] = {}  # (node, pid) -> how it ended
         threading.Thread(target=self._listen, name="torchyard-warm-parent", daemon=True).start()
+        if via_srun:
+            threading.Thread(target=self._srun_words, name="torchyard-warm-srun", daemon=True).start()
 
     def _listen(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            message = json.loads(line)
+            try:
+                message = json.loads(line)
+            except ValueError:  # not ours: a word srun or the interpreter wrote on stdout
+                continue
+            host = message.get("host")
             with self.changed:
-                if message == READY:
-                    self.ready = True
+                if "ready" in message:
+                    self.ready.add(host)
+                    self.task_host[int(message.get("task") or 0)] = host
                 elif "code" in message:
-                    self.codes[int(message["pid"])] = int(message["code"])
+                    self.codes[(host, int(message["pid"]))] = int(message["code"])
                 else:
-                    self.forked.append(int(message["pid"]))
+                    self.forked.setdefault(host, []).append(int(message["pid"]))
                 self.changed.notify_all()
         with self.changed:
             self.gone = True
             self.changed.notify_all()
 
-    def wait_ready(self, timeout: float) -> bool:
-        """Whether it imported the worker within `timeout` seconds (else it is ended)."""
-        with self.changed:
-            self.changed.wait_for(lambda: self.ready or self.gone, timeout)
-            if self.ready and not self.gone:
-                return True
-        self.process.kill()
-        return False
+    def _srun_words(self) -> None:
+        """srun's stderr, passed on to the supervisor's; a parent it says ended is a node lost."""
+        assert self.process.stderr is not None
+        for raw in self.process.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            print(line, file=sys.stderr, flush=True)
+            match = _TASK_ENDED.search(line)
+            if match:
+                with self.changed:
+                    if int(match.group(1)) in self.task_host:
+                        self.lost.add(self.task_host[int(match.group(1))])
+                    self.changed.notify_all()
 
-    def alive(self) -> bool:
+    def wait_ready(self, hosts: Collection[str | None], timeout: float) -> set[str | None]:
+        """The parents of `hosts` that imported the worker within `timeout` seconds; none left
+        running when there are none."""
         with self.changed:
-            return not self.gone
+            self.changed.wait_for(lambda: self.gone or set(hosts) <= self.ready - self.lost, timeout)
+            ready = set(hosts) & (self.ready - self.lost) if not self.gone else set()
+        if not ready:
+            self.process.kill()
+        return ready
 
-    def fork(self, rank: int, env: dict[str, str], out: Path, err: Path, spec_path: Path) -> WarmRank | None:
-        """A rank forked with these variables and logs; None when the parent is gone."""
-        request = {"rank": rank, "env": env, "out": str(out), "err": str(err), "spec": str(spec_path)}
-        assert self.process.stdin is not None
-        try:
-            self.process.stdin.write((json.dumps(request) + "\n").encode())
-            self.process.stdin.flush()
-        except OSError:
+    def usable(self, hosts: Iterable[str | None]) -> bool:
+        """Whether every one of `hosts` has a parent ready to fork."""
+        with self.changed:
+            return not self.gone and all(host in self.ready and host not in self.lost for host in hosts)
+
+    def mark_lost(self, host: str | None) -> None:
+        """The node is gone from the allocation: its ranks are lost, nothing will say how they ended."""
+        with self.changed:
+            self.lost.add(host)
+            self.changed.notify_all()
+
+    def fork(self, rank: int, env: dict[str, str], out: Path, err: Path, spec_path: Path,
+             host: str | None = None) -> WarmRank | None:
+        """A rank forked on `host` with these variables and logs; None when its parent is gone."""
+        request = {"host": host, "rank": rank, "env": env, "out": str(out), "err": str(err),
+                   "spec": str(spec_path)}
+        if not self._send(request):
             return None
         with self.changed:
-            self.changed.wait_for(lambda: bool(self.forked) or self.gone, FORK_ANSWER_S)
-            if self.forked:
-                return WarmRank(self, self.forked.pop(0))
-        self.process.kill()  # stuck, or gone: a late answer must not be taken for the next request's
+            self.changed.wait_for(lambda: bool(self.forked.get(host)) or self.gone or host in self.lost,
+                                  FORK_ANSWER_S)
+            if self.forked.get(host):
+                return WarmRank(self, host, self.forked[host].pop(0))
+            self.lost.add(host)  # stuck, or gone: a late answer must not be taken for the next request's
         return None
 
-    def code(self, pid: int) -> int | None:
-        """How the child `pid` ended, or None while it runs. Were the parent gone before telling, a
-        child no longer there is taken as killed: nothing else can tell how it ended."""
+    def signal(self, host: str | None, pid: int, signum: int) -> None:
+        if host is None:  # this machine's: at once
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        else:
+            self._send({"host": host, "pid": pid, "signal": signum})
+
+    def _send(self, message: dict[str, Any]) -> bool:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write((json.dumps(message) + "\n").encode())
+            self.process.stdin.flush()
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def code(self, host: str | None, pid: int) -> int | None:
+        """How the child `pid` on `host` ended, or None while it runs. A child whose parent is gone
+        before telling is taken as killed when it is no longer there (here), or always (on a node:
+        nothing else can tell how it ended, and its node is lost or its step ended)."""
         with self.changed:
-            if pid in self.codes:
-                return self.codes[pid]
-            if not self.gone:
+            if (host, pid) in self.codes:
+                return self.codes[(host, pid)]
+            if host is not None and (host in self.lost or self.gone):
+                return -signal.SIGKILL
+            if not self.gone and host not in self.lost:
                 return None
         try:
             os.kill(pid, 0)
@@ -124,12 +181,19 @@ class WarmParent:
             return -signal.SIGKILL
         return None
 
+    def close(self) -> None:
+        """No more ranks: the parents leave once theirs have ended (an srun step, with them)."""
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.process.stdin.close()
+
 
 class WarmRank:
     """A forked rank, watched through its warm parent (it is the parent's child, not ours)."""
 
-    def __init__(self, parent: WarmParent, pid: int) -> None:
+    def __init__(self, parent: WarmParent, host: str | None, pid: int) -> None:
         self.parent = parent
+        self.host = host
         self._pid = pid
 
     @property
@@ -137,7 +201,7 @@ class WarmRank:
         return self._pid
 
     def poll(self) -> int | None:
-        return self.parent.code(self._pid)
+        return self.parent.code(self.host, self._pid)
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -149,8 +213,7 @@ class WarmRank:
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._pid, signum)
+            self.parent.signal(self.host, self._pid, signum)
 
 
 def main(argv: list[str]) -> int:
@@ -169,7 +232,11 @@ def main(argv: list[str]) -> int:
         import worker.runner  # noqa: F401  torch arrives here, after the job's environment
     except ImportError:
         return 1  # the ranks start cold and say why in their error files
-    say(READY)
+    with contextlib.suppress(ImportError):
+        # What a rank's first optimizer imports (torch.optim reaches torch._dynamo, ~800 modules): a
+        # second a rank, paid here once. An import only: no thread, no kernel, nothing to fork unsafely.
+        import torch._dynamo  # noqa: F401
+    say({"ready": True, "task": int(os.environ.get("SLURM_PROCID") or 0)})
     serve()
     return 0
 
@@ -191,6 +258,13 @@ def serve() -> None:
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 request = json.loads(line)
+                if request.get("host") != HOST:
+                    continue  # another node's (srun gives every node's parent every line)
+                if "signal" in request:
+                    if int(request["pid"]) in children:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(request["pid"]), int(request["signal"]))
+                    continue
                 children.add(pid := fork_rank(request))
                 say({"rank": request["rank"], "pid": pid})
         elif not stdin_open:
@@ -263,8 +337,8 @@ def leave(code: int) -> int:
     return code
 
 
-def say(message: object) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
+def say(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps({"host": HOST, **message}) + "\n")
     sys.stdout.flush()
 
 

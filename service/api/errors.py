@@ -30,6 +30,7 @@ from service.errors import (
     ServiceError,
     TooLarge,
     Unauthenticated,
+    Unavailable,
 )
 from service.states import IllegalTransition
 from worker.spec import storable
@@ -46,6 +47,7 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
     LimitExceeded: 429,
     BackendError: 502,
     InsufficientStorage: 507,
+    Unavailable: 503,
 }
 NOT_BODY_FIELDS = (
     "job_id",

@@ -36,7 +36,10 @@ from service.domain.auth import DEV_PRINCIPAL, Principal, TokenCheck, bearer_tok
 from service.errors import Forbidden, ServiceError, TooLarge, Unauthenticated
 
 PRINCIPAL = "torchyard.principal"  # the scope key the gate leaves the caller under
-PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/openapi.json"})
+# A login is how a caller without a token gets one (service.api.routes.logins).
+PUBLIC_PATHS = frozenset(
+    {"/", "/healthz", "/docs", "/openapi.json", "/api/v1/auth/service", "/api/v1/auth/munge"}
+)
 PUBLIC_PREFIXES = (f"{ASSETS_PREFIX}/",)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # The bodies a page may POST to another site without a CORS preflight.

@@ -1,5 +1,6 @@
 """`torchyard token ...`, `torchyard quota ...`, `torchyard gc` and `torchyard folders`: run on the
-service host, straight on the ledger (and, for gc, the data directory).
+service host, straight on the ledger (and, for gc, the data directory). `token list` and `token
+revoke` go through the API (service.cli.tokens) unless --ledger says otherwise.
 
 They read the same TORCHYARD_* settings as `torchyard serve` (the database URL above all), so the
 first admin token can be made before anyone can call the API: that is the bootstrap.
@@ -16,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from service.cli import tokens
+
 if TYPE_CHECKING:  # the ledger is imported by the verbs that use it, not by the CLI at start
     from sqlalchemy.engine import Engine
     from sqlmodel import Session
@@ -23,7 +26,7 @@ if TYPE_CHECKING:  # the ledger is imported by the verbs that use it, not by the
     from service.config import Settings
 
 token_app = typer.Typer(
-    help="Create, list and revoke API tokens (on the service host).", no_args_is_help=True
+    help="Create API tokens (on the service host); list and revoke yours.", no_args_is_help=True
 )
 quota_app = typer.Typer(help="Per-user limits (on the service host).", no_args_is_help=True)
 EXIT_REFUSED = 2
@@ -82,7 +85,7 @@ def token_create(
 ) -> None:
     """Make a token and print it, alone, on the last line. It is shown only this once."""
     from service.accounts import check_mapping
-    from service.client import token_path
+    from service.client import save_token
     from service.domain import auth
     from service.ledger.db import session_scope
 
@@ -95,22 +98,26 @@ def token_create(
             )
     kind = "admin token" if admin else "token"
     if save:
-        path = token_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.chmod(0o600)
-        path.write_text(raw + "\n")
-        typer.echo(f"saved to {path}")
+        typer.echo(f"saved to {save_token(raw)}")
     typer.echo(f"new {kind} for {user} (stored only as a hash: copy it now):")
     typer.echo(raw)
 
 
+LEDGER_HELP = "On the service host: straight on the ledger, every user's, without a token or the API."
+
+
 @token_app.command("list")
 def token_list(
+    ctx: typer.Context,
     all_: Annotated[bool, typer.Option("--all", help="Include revoked tokens.")] = False,
+    ledger: Annotated[bool, typer.Option("--ledger", help=LEDGER_HELP)] = False,
 ) -> None:
-    """Tokens by id, user and first characters; never the tokens themselves."""
+    """Your tokens (an admin's: every user's) by id, user and first characters; never the tokens."""
     from service.domain import auth
+
+    if not ledger:
+        tokens.list_own(ctx, all_)
+        return
 
     table = Table("id", "user", "admin", "unix user", "code", "starts with", "created", "revoked")
     with _ledger() as session:
@@ -126,9 +133,18 @@ def token_list(
 
 
 @token_app.command("revoke")
-def token_revoke(token_id: Annotated[int, typer.Argument(metavar="ID", help="From `token list`.")]) -> None:
-    """Revoke a token (idempotent). Replicas stop accepting it within TORCHYARD_TOKEN_CACHE_S."""
+def token_revoke(
+    ctx: typer.Context,
+    token_id: Annotated[int, typer.Argument(metavar="ID", help="From `token list`.")],
+    ledger: Annotated[bool, typer.Option("--ledger", help=LEDGER_HELP)] = False,
+) -> None:
+    """Revoke one of your tokens (an admin: anyone's; idempotent). Replicas stop accepting it within
+    TORCHYARD_TOKEN_CACHE_S."""
     from service.domain import auth
+
+    if not ledger:
+        tokens.revoke_own(ctx, token_id)
+        return
 
     with _ledger() as session:
         row = auth.revoke_token(session, token_id, actor="cli")

@@ -20,6 +20,7 @@ from service.cli.access import audit, whoami
 from service.cli.admin import code_app, folders, gc, quota_app, token_app
 from service.cli.context import EXIT_REQUEST, Connection, fail, make_console
 from service.cli.jobs import cancel, list_jobs, logs, show, submit
+from service.cli.login import login
 from service.cli.notify import notify_app
 from service.cli.pipelines import pipeline_app
 from service.cli.stacks import stacks
@@ -128,6 +129,7 @@ app.command()(stacks)
 app.command()(sweep)
 app.command()(sweeps)
 app.command()(whoami)
+app.command()(login)
 app.command()(audit)
 
 

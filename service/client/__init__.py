@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from service.client.logins import Logins
 from service.client.notifications import Notifications
 from service.client.pipelines import Pipeline, Pipelines
 from service.client.wire import (
@@ -37,6 +38,7 @@ from service.client.wire import (
     discover_token,
     discover_url,
     error_message,
+    save_token,
     send,
     spec_body,
     token_path,
@@ -55,6 +57,7 @@ __all__ = [
     "discover_token",
     "discover_url",
     "error_message",
+    "save_token",
     "token_path",
 ]
 
@@ -73,7 +76,7 @@ def _chunks(data: bytes, progress: Callable[[int, int], None] | None) -> Iterato
             progress(min(start + UPLOAD_CHUNK, len(data)), len(data))
 
 
-class TorchyardClient(Notifications, Pipelines):
+class TorchyardClient(Notifications, Pipelines, Logins):
     """One connection pool to one service. Methods return the API's JSON; errors raise TorchyardError."""
 
     def __init__(

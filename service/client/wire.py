@@ -52,6 +52,18 @@ def token_path() -> Path:
     return Path(config) / "torchyard" / "token"
 
 
+def save_token(raw: str) -> Path:
+    """Write `raw` to the token file, readable by its owner alone (0600 before a byte is written,
+    whatever mode an older file had; a link there is refused, not followed). Returns the path."""
+    path = token_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as file:
+        os.fchmod(fd, 0o600)
+        file.write(raw + "\n")
+    return path
+
+
 def discover_token() -> str | None:
     """The token from TORCHYARD_TOKEN, else from the token file; None when neither has one."""
     token = os.environ.get(TOKEN_ENV, "").strip()

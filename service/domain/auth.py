@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from cachetools import TTLCache
 from sqlalchemy.engine import Engine
@@ -75,6 +76,8 @@ def create_token(
     unix_user: str | None = None,
     allow_code: bool = False,
     actor: str = "operator",
+    expires_at: datetime | None = None,
+    via: str | None = None,
 ) -> str:
     """A new token for `user`, whose jobs run as `unix_user` when given (else the account of the user's
     own name, see service.accounts); the caller commits. The raw token is returned once, never stored."""
@@ -88,26 +91,37 @@ def create_token(
         allow_code=allow_code,
         token_hash=hash_token(raw),
         prefix=raw[:10],
+        expires_at=expires_at,
+        via=via,
     )
     session.add(row)
     session.flush()
     detail = f"user={user} admin={admin}" + (f" unix_user={unix_user}" if unix_user else "")
     detail += " allow_code=True" if allow_code else ""
+    detail += f" via={via} expires={expires_at.isoformat(timespec='seconds')}" if via and expires_at else ""
     audit.record(session, actor, "token.create", f"token {row.id}", detail)
     return raw
 
 
-def list_tokens(session: Session, *, include_revoked: bool = False) -> Sequence[ApiToken]:
+def list_tokens(
+    session: Session, *, include_revoked: bool = False, user: str | None = None
+) -> Sequence[ApiToken]:
+    """Every token, or `user`'s own (a Principal's owner_filter: None for an admin)."""
     query = select(ApiToken)
+    if user is not None:
+        query = query.where(ApiToken.username == user)
     if not include_revoked:
         query = query.where(col(ApiToken.revoked_at).is_(None))
     return session.exec(query.order_by(col(ApiToken.id))).all()
 
 
-def revoke_token(session: Session, token_id: int, *, actor: str = "operator") -> ApiToken:
-    """Idempotent: revoking a revoked token changes nothing. The caller commits."""
+def revoke_token(
+    session: Session, token_id: int, *, actor: str = "operator", owner: str | None = None
+) -> ApiToken:
+    """Idempotent: revoking a revoked token changes nothing. With `owner`, only that user's own
+    (another's is not found, as another's job is not). The caller commits."""
     row = session.get(ApiToken, token_id)
-    if row is None:
+    if row is None or (owner is not None and row.username != owner):
         raise NotFound(f"token {token_id} not found", field="token_id")
     if row.revoked_at is None:
         row.revoked_at = utcnow()
@@ -149,11 +163,12 @@ class TokenCheck:
     def __init__(self, engine: Engine, ttl_s: float) -> None:
         self._engine = engine
         self._ttl_s = ttl_s
-        # digest -> (when it was looked up, its principal or None: not a valid token)
-        self._known: TTLCache[str, tuple[float, Principal | None]] = TTLCache(TOKENS_KEPT, ttl_s)
+        # digest -> (when it was looked up, its principal or None: not a valid token, when it expires)
+        self._known: TTLCache[str, tuple[float, Principal | None, float | None]]
+        self._known = TTLCache(TOKENS_KEPT, ttl_s)
         self._lock = threading.Lock()
 
-    def _answer(self, raw: str) -> tuple[float, Principal | None] | None:
+    def _answer(self, raw: str) -> tuple[float, Principal | None, float | None] | None:
         with self._lock:
             return self._known.get(hash_token(raw))
 
@@ -164,6 +179,7 @@ class TokenCheck:
             return None
         if answer[1] is None:
             raise Unauthenticated("this API token is not valid (unknown or revoked)")
+        _check_expiry(answer[2])
         return answer[1]
 
     def due(self, raw: str) -> bool:
@@ -181,8 +197,9 @@ class TokenCheck:
                 if row is not None and row.revoked_at is None
                 else None
             )
+            expires = row.expires_at.timestamp() if row is not None and row.expires_at else None
         with self._lock:
-            self._known[digest] = (time.monotonic(), principal)
+            self._known[digest] = (time.monotonic(), principal, expires)
         if principal is None:
             if not any_token:
                 raise Unauthenticated(
@@ -190,4 +207,11 @@ class TokenCheck:
                     "`torchyard token create --user NAME --admin`"
                 )
             raise Unauthenticated("this API token is not valid (unknown or revoked)")
+        _check_expiry(expires)
         return principal
+
+
+def _check_expiry(expires: float | None) -> None:
+    """Every token that has an expiry is refused from then on, the remembered ones too."""
+    if expires is not None and time.time() >= expires:
+        raise Unauthenticated("this API token has expired: log in again (`torchyard login`)")

@@ -179,19 +179,19 @@ def test_tokens_are_created_listed_and_revoked_from_the_command_line(service: Se
     whoami = httpx.get(f"{service.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"})
     assert whoami.status_code == 200 and whoami.json() == {"user": "bob", "admin": False}, whoami.text
 
-    listed = service.cli("token", "list")
+    listed = service.cli("token", "list", "--ledger")
     assert listed.code == 0, listed.both
     (row,) = [line for line in listed.out.splitlines() if " bob " in line]
     assert token not in listed.out and token[:4] in row  # the first characters, never the secret
     token_id = re.search(r"^\W*(\d+)\b", row)
     assert token_id, row
 
-    revoked = service.cli("token", "revoke", token_id.group(1))
+    revoked = service.cli("token", "revoke", token_id.group(1), "--ledger")
     assert revoked.code == 0 and f"token {token_id.group(1)} of bob revoked" in revoked.out, revoked.both
     refused = service.cli_as(as_bob, "list")
     assert refused.code == 2 and "401" in refused.err, refused.both
-    assert " bob " not in service.cli("token", "list").out  # revoked tokens leave the plain list
-    assert " bob " in service.cli("token", "list", "--all").out
+    assert " bob " not in service.cli("token", "list", "--ledger").out  # revoked tokens leave the plain list
+    assert " bob " in service.cli("token", "list", "--all", "--ledger").out
 
 
 def test_dev_mode_refuses_to_listen_beyond_this_machine(tmp_path: Path) -> None:

@@ -1,13 +1,16 @@
-"""RankLauncher through submitit's REAL local executor: real processes, real gloo, real signals.
+"""The job's supervisor through submitit's REAL local executor: real processes, real gloo, real signals.
 
-Each job pays for torch's import on every rank (a few seconds on 2 cores), so the file runs few,
-small jobs and shares the uninterrupted training run between the tests that compare against it.
+Each job is submitted as the service's local backend submits it: one task, worker.launch.Supervisor,
+which starts the ranks itself (forked from the job's warm parent), watches them and ends or restarts
+the run. Each job pays for torch's import once (a few seconds on 2 cores), so the file runs few, small
+jobs and shares the uninterrupted training run between the tests that compare against it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -17,8 +20,9 @@ from typing import Any
 
 import pytest
 import submitit
+from submitit.core.utils import FailedJobError
 
-from worker.launch import RankLauncher
+from worker.launch import Supervisor
 from worker.spec import CheckpointRecord, ProgressRecord, RunSpec, parse_activity, parse_progress_line
 
 pytestmark = pytest.mark.integration
@@ -35,16 +39,25 @@ def make_spec(folder: Path, *, tasks: int, entrypoint: str | None = None, **fiel
     })
 
 
+ENDS = {"restarts": {"max": 0}}  # the tests of an attempt that ends: no restart in place
+
+
 def submit(spec: RunSpec) -> submitit.Job[Any]:
-    """Submit as the service's local backend does: AutoExecutor(cluster="local") on JobFiles.submitit."""
+    """Submit as the service's local backend does (service.backends.local): submitit's local controller
+    on JobFiles.submitit, one task, the job's supervisor, which starts the ranks."""
     executor = submitit.AutoExecutor(folder=spec.files.submitit, cluster="local")
-    executor.update_parameters(timeout_min=spec.resources.timeout_min,  # an int: submitit refuses floats
-                               tasks_per_node=spec.resources.tasks_per_node)
-    return executor.submit(RankLauncher(spec))
+    executor.update_parameters(timeout_min=int(spec.resources.timeout_min),  # submitit refuses floats
+                               tasks_per_node=1, gpus_per_node=spec.resources.gpus_per_node)
+    return executor.submit(Supervisor(spec.model_dump_json()))
+
+
+def rank_log(spec: RunSpec, job: submitit.Job[Any], rank: int) -> str:
+    """Rank `rank`'s stderr (rank 0's holds the supervisor's lines too)."""
+    return spec.files.rank_log(job.job_id, rank, "err").read_text()
 
 
 def wait(job: submitit.Job[Any], limit_s: float) -> float:
-    """Seconds until every rank of `job` has exited; fails the test past `limit_s`."""
+    """Seconds until the job (its supervisor, and with it every rank) has ended; fails past `limit_s`."""
     started = time.monotonic()
     while not job.done():
         assert time.monotonic() - started < limit_s, f"job {job.job_id} still running after {limit_s}s"
@@ -105,14 +118,13 @@ def _no_leftover_processes(tmp_path: Path) -> Iterator[None]:
 def test_ddp_parameters_on_three_ranks(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, tasks=3, entrypoint="worker.tasks.seed:ddp_parameters", kwargs={"seed": 1})
     job = submit(spec)
-    values = job.results()
+    assert job.results() == [None]  # the supervisor's return; the verdict is rank 0's result.json
     value = result_of(spec)
     assert value["ok"], value
     assert value["world_size"] == 3
     assert value["initial_params_differed_before_ddp"] and value["initial_params_match_rank0"]
     assert value["params_identical_after_step"] and value["matches_averaged_gradient_step"]
     assert value["max_abs_diff"] < 1e-5
-    assert values == [value] * 3  # every rank returns rank 0's verdict
 
 
 def test_sampler_shards_on_four_ranks(tmp_path: Path) -> None:
@@ -160,10 +172,11 @@ def test_preempted_train_requeues_and_matches_uninterrupted_bit_for_bit(
     while not (spec.files.progress.exists() and '"checkpoint"' in spec.files.progress.read_text()):
         assert time.monotonic() < deadline and not job.done(), "no checkpoint before the deadline"
         time.sleep(0.1)
-    ranks = children_of(int(job.job_id))
-    assert len(ranks) == 2
-    for pid in ranks:  # what SLURM does on preemption: the signal to every task
-        os.kill(pid, signal.SIGUSR2)
+    (supervisor,) = children_of(int(job.job_id))  # the controller's one task
+    # The checkpoint signal goes to the supervisor alone, as submitit's controller sends it before the
+    # time limit and SLURM to the batch step (--signal=B:USR2); submitit's handler there requeues, and
+    # the supervisor stops its ranks on the way out.
+    os.kill(supervisor, signal.SIGUSR2)
     wait(job, 90)
 
     value = result_of(spec)
@@ -172,6 +185,7 @@ def test_preempted_train_requeues_and_matches_uninterrupted_bit_for_bit(
     assert value["param_checksum"] == uninterrupted_train["param_checksum"]
     assert not list(spec.files.folder.glob("error-rank*.txt")), "a preemption is not an error"
     assert "Requeued job" in (job.stdout() or "")
+    assert not (spec.files.folder / "restarts.jsonl").exists(), "a requeue is not a restart in place"
     # The requeued run (same controller, same job id) rendezvoused under a new name, not the old port's.
     names = sorted(path.name for path in (spec.files.folder / "rendezvous").iterdir())
     assert names == [f"{job.job_id}-a1-r0.json", f"{job.job_id}-a1-r1.json"]
@@ -202,7 +216,7 @@ def test_two_jobs_at_once_get_different_ports_even_where_the_old_ones_collide(tm
                        kwargs={"seconds": 3}) for name in ("a", "b")]
     jobs = [submit(spec) for spec in specs]
     # The old scheme's port (20000 + controller PID mod 10000), held by someone else, as a congruent
-    # job's rank 0 would have held it. The ranks are still importing torch: they bind nothing yet.
+    # job's rank 0 would have held it. The warm parents are still importing torch: no rank binds yet.
     squatters = []
     for job in jobs:
         squatter = socket.socket()
@@ -225,8 +239,7 @@ def test_two_jobs_at_once_get_different_ports_even_where_the_old_ones_collide(tm
     assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1]
     for spec, job, (port,) in zip(specs, jobs, ports, strict=True):
         for rank in (0, 1):  # every rank joined the group on its own job's port
-            log = (spec.files.submitit / f"{job.job_id}_{rank}_log.err").read_text()
-            assert f"master=127.0.0.1:{port} " in log
+            assert f"master=127.0.0.1:{port} " in rank_log(spec, job, rank)
     # ... and the two jobs ran at the same time: rank 0's progress lines overlap in time.
     spans = []
     for spec in specs:
@@ -240,7 +253,7 @@ def test_two_jobs_at_once_get_different_ports_even_where_the_old_ones_collide(tm
 
 def test_a_raising_rank_fails_the_job_promptly_with_its_traceback(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, tasks=2, entrypoint="worker.tasks.faults:raise_on_rank",
-                     kwargs={"rank": 1, "message": "boom on purpose"}, rendezvous_timeout_s=300)
+                     kwargs={"rank": 1, "message": "boom on purpose"}, rendezvous_timeout_s=300, **ENDS)
     job = submit(spec)
     elapsed = wait(job, 60)  # far less than the 300 s group timeout: rank 0 did not wait it out
     assert elapsed < 60
@@ -248,36 +261,42 @@ def test_a_raising_rank_fails_the_job_promptly_with_its_traceback(tmp_path: Path
     assert "Traceback" in error and "RuntimeError: boom on purpose (rank 1)" in error
     assert "by peer" in spec.files.error(0).read_text()  # gloo: "closed by peer" or "reset by peer"
     assert not spec.files.result.exists()
-    with pytest.raises(submitit.core.utils.FailedJobError):
+    with pytest.raises(FailedJobError, match=r"AttemptEnded: rank 1 on \S+ raised \(RuntimeError: boom"):
         job.results()
 
 
 def test_a_crashing_rank_ends_the_job_promptly_too(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, tasks=2, entrypoint="worker.tasks.faults:exit_on_rank",
-                     kwargs={"rank": 1, "code": 3}, rendezvous_timeout_s=300)
+                     kwargs={"rank": 1, "code": 3}, rendezvous_timeout_s=300, **ENDS)
     job = submit(spec)
     assert wait(job, 60) < 60
     assert not spec.files.error(1).exists(), "os._exit leaves no traceback to write"
     assert "by peer" in spec.files.error(0).read_text()  # gloo: "closed by peer" or "reset by peer"
     assert not spec.files.result.exists()
+    with pytest.raises(FailedJobError, match=r"rank 1 on \S+ raised \(exit code 3 without"):
+        job.results()
 
 
 def test_a_rank_stuck_before_the_rendezvous_is_ended_with_the_job(tmp_path: Path) -> None:
-    """No service watches here: the ranks alone must end a job whose rank 0 never publishes its port.
+    """No service watches here: the supervisor alone must end a job whose rank 0 never publishes its port.
 
-    submitit's local controller waits for every task, so without the worker ending its peers the
+    Rank 1 gives up on the rendezvous and fails; its failure ends the run (restarts in place do not
+    take `failure`, and are off here), and the supervisor stops rank 0, stuck in its stall, once it has
+    had SETTLE_S to fail by itself. submitit's local controller waits for its task, so without that the
     stuck rank would keep the job alive for the whole stall (600 s), long after rank 1 gave up.
     """
     spec = make_spec(tmp_path, tasks=2, entrypoint="worker.tasks.faults:sleep", kwargs={"seconds": 1},
-                     rendezvous_timeout_s=10, env={"STALL_BEFORE_RENDEZVOUS": "0:600"})
+                     rendezvous_timeout_s=10, env={"STALL_BEFORE_RENDEZVOUS": "0:600"}, **ENDS)
     job = submit(spec)
-    elapsed = wait(job, 90)  # torch imports + the 10 s timeout + PEER_GRACE_S, with room for a slow host
+    elapsed = wait(job, 90)  # torch's import + the 10 s timeout + SETTLE_S + STOP_GRACE_S, with room
     assert elapsed >= 10
     error = spec.files.error(1).read_text()
     assert "RendezvousError: rank 0 did not publish its rendezvous port" in error and "within 10s" in error
-    assert not spec.files.error(0).exists(), "the stuck rank was stopped as a cancel, not as a failure"
-    rank0 = (spec.files.submitit / f"{job.job_id}_0_log.err").read_text()
-    assert "stalling 600 s before the rendezvous on purpose" in rank0 and "cancelled" in rank0
-    rank1 = (spec.files.submitit / f"{job.job_id}_1_log.err").read_text()
-    assert "SIGINT to the job's 1 other rank(s) still running" in rank1
+    assert not spec.files.error(0).exists(), "the stuck rank was stopped by the supervisor, not failed"
+    log = rank_log(spec, job, 0)  # rank 0's stderr, and the supervisor's
+    assert "stalling 600 s before the rendezvous on purpose" in log
+    ended = r"\[supervisor\] .* run 0 of attempt 1 ended: rank 1 on \S+ raised \(\S*RendezvousError"
+    assert re.search(ended, log), log
     assert not spec.files.result.exists()
+    with pytest.raises(FailedJobError, match="restarts in place are off"):
+        job.results()

@@ -13,7 +13,7 @@ nothing else of the worker but `worker.launch`). Its modules, one concept each:
 - cleaning.py: text and numbers a job wrote made fit for every reader (clean_text, storable,
   json_problem, ascii_int).
 
-Pickles do not name these modules: the service pickles a worker.launch.RankLauncher, which keeps
+Pickles do not name these modules: the service pickles a worker.launch.Supervisor, which keeps
 only the RunSpec's JSON text.
 """
 

@@ -5,7 +5,7 @@
 - sweeps.py: SweepCreate (its job a JobTemplate), the Sweep table, NewSweep, the public sweep and trials;
 - history.py: the ledger clock, each state change (JobEvent) and how each attempt ended (JobAttempt);
 - metrics.py: reported values (JobMetric), their rollup (JobMetricRollup), the series readers get;
-- access.py: API tokens, the audit log, per-user quotas;
+- access.py: API tokens, the MUNGE credentials used to log in, the audit log, per-user quotas;
 - code_snapshots.py: each user's claim on a stored code snapshot, and the answers to an upload;
 - pipelines.py: dependencies between jobs, pipelines and their stages;
 - notifications.py: webhook subscriptions, the outbox of states to tell (Notice), deliveries;

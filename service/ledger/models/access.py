@@ -21,6 +21,31 @@ class ApiToken(SQLModel, table=True):
     prefix: str = Field(max_length=16, description="The token's first characters, to tell tokens apart.")
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     revoked_at: datetime | None = time_column()
+    expires_at: datetime | None = time_column()  # a login's token expires; a created one need not
+    via: str | None = Field(default=None, max_length=16, description="'munge': made by a login.")
+
+
+class ApiTokenPublic(SQLModel):
+    """A token as its owner sees it: never the token itself, nor its hash."""
+
+    id: int
+    username: str
+    admin: bool
+    unix_user: str | None
+    prefix: str
+    via: str | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class UsedCredential(SQLModel, table=True):
+    """A MUNGE credential's nonce, kept until the credential expires so that it logs in only once,
+    whichever replica decodes it and whether or not munged (which remembers too) restarted since."""
+
+    nonce: str = Field(primary_key=True, max_length=64)
+    uid: int
+    expires_at: datetime = Field(sa_type=UTCDateTime, index=True)
 
 
 class AuditEntry(SQLModel, table=True):

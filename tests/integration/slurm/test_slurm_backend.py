@@ -1,5 +1,5 @@
 """SlurmBackend against the real two-node cluster of deploy/slurm: sbatch through submitit (job arrays
-included), RankLauncher on every rank, squeue/sacct status, scancel, and SLURM's own refusals."""
+included), the job's supervisor and its ranks, squeue/sacct status, scancel, and SLURM's own refusals."""
 
 from __future__ import annotations
 

@@ -65,10 +65,10 @@ def test_token_create_refuses_to_map_a_user_to_root_or_a_system_account(
 def test_token_list_never_shows_a_secret_and_revoke_hides_it(ledger: str) -> None:
     token = run("token", "create", "--user", "bob").strip().splitlines()[-1]
 
-    listed = run("token", "list")
-    revoked = run("token", "revoke", "1")
-    after = run("token", "list")
-    everything = run("token", "list", "--all")
+    listed = run("token", "list", "--ledger")
+    revoked = run("token", "revoke", "1", "--ledger")
+    after = run("token", "list", "--ledger")
+    everything = run("token", "list", "--all", "--ledger")
 
     assert "bob" in listed and token not in listed and token[:10] in listed
     assert "token 1 of bob revoked" in revoked
@@ -82,7 +82,7 @@ def test_token_create_refuses_a_bad_user_name(ledger: str) -> None:
 
 
 def test_revoking_an_unknown_token_exits_2(ledger: str) -> None:
-    result = CliRunner().invoke(app, ["token", "revoke", "99"])
+    result = CliRunner().invoke(app, ["token", "revoke", "99", "--ledger"])
 
     assert result.exit_code == 2 and "token 99 not found" in result.output
 

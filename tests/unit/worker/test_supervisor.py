@@ -171,6 +171,14 @@ def test_a_rank_that_raised_or_exited_by_itself_is_the_jobs_failure(tmp_path: Pa
     assert (exited.cause, exited.rank, exited.detail) == ("failure", 1, "exit code 7 without a traceback")
 
 
+def test_a_rank_that_raised_is_the_failure_though_the_peer_it_left_exited_first(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    write_error(spec.files.error(1), 1, "Traceback ...\nRuntimeError: boom")  # still tearing down
+    write_error(spec.files.error(0), 1, GLOO_LOST_PEER)
+    end = classify({0: 1}, spec.files, 1, NODES)  # only the peer has exited yet
+    assert (end.cause, end.rank, end.detail) == ("failure", 1, "RuntimeError: boom")
+
+
 def test_an_old_attempts_error_file_and_a_cancel_tell_nothing_of_a_loss(tmp_path: Path) -> None:
     spec = make_spec(tmp_path)
     write_error(spec.files.error(1), 0, "ValueError: from attempt 0")  # not this attempt's

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.run_local import LocalRun, LocalRuns
+from worker.run_local import LocalRuns, ProcessRun
 from worker.spec import RunSpec
 from worker.supervisor import RunEnd
 
@@ -43,7 +43,7 @@ def make_spec(tmp_path: Path, name: str, **env: str) -> RunSpec:
     return spec
 
 
-def run_to_end(run: LocalRun, timeout: float = 90) -> RunEnd:
+def run_to_end(run: ProcessRun, timeout: float = 90) -> RunEnd:
     deadline = time.monotonic() + timeout
     while (end := run.ended()) is None:
         assert time.monotonic() < deadline, "the run did not end"
@@ -58,7 +58,7 @@ def facts(spec: RunSpec, rank: int) -> dict[str, object]:
     return found
 
 
-def start(spec: RunSpec, *, warm: bool, run: int = 0) -> tuple[LocalRuns, LocalRun]:
+def start(spec: RunSpec, *, warm: bool, run: int = 0) -> tuple[LocalRuns, ProcessRun]:
     runs = LocalRuns(spec, requeues=0, external_id="42")
     runs.warm_failed = not warm
     return runs, runs.start(spec.files.spec, run, runs.hosts())
@@ -90,7 +90,7 @@ def test_forked_ranks_come_from_one_parent_and_restarts_fork_again(tmp_path: Pat
     parent = runs.warm
     second = runs.start(spec.files.spec, 1, runs.hosts())
     assert run_to_end(second) == RunEnd(ok=True)
-    assert runs.warm is parent and parent is not None and parent.alive()
+    assert runs.warm is parent and parent is not None and parent.usable([None])
     assert {process.pid for process in second.processes.values()}.isdisjoint(
         process.pid for process in first.processes.values())
 
@@ -128,3 +128,41 @@ def test_without_torch_the_ranks_start_cold_and_say_why(
     assert end.cause == "failure" and end.rank == 0, end
     error = spec.files.error(0).read_text()
     assert "cannot run ranks: no torch here" in error, error
+
+
+class RecordingParents:
+    """Stands in for the warm parents of an srun step: records each fork it is asked for."""
+
+    def __init__(self) -> None:
+        self.forks: list[tuple[int, dict[str, str], Path, Path, str | None]] = []
+
+    def fork(self, rank: int, env: dict[str, str], out: Path, err: Path, spec_path: Path,
+             host: str | None = None) -> object:
+        self.forks.append((rank, env, out, err, host))
+        return object()
+
+
+def test_a_rank_forked_on_a_slurm_node_has_the_variables_and_logs_an_srun_step_gives(tmp_path: Path) -> None:
+    from worker.distributed import derive_rank_env
+    from worker.run_slurm import SlurmRuns
+
+    spec = make_spec(tmp_path, "slurm").model_copy(update={"resources": {"nodes": 2, "tasks_per_node": 2}})
+    spec = RunSpec.model_validate(spec.model_dump())
+    # The array element 3 of array 40 (job 43), on an allocation of n1..n3 whose n2 was lost.
+    batch = {"SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "3",
+             "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_PROCID": "0", "SLURM_NTASKS": "3",
+             "SLURM_STEP_NODELIST": "n[1-3]", "TORCHYARD_SRUN": "/usr/bin/srun",
+             "TORCHYARD_RANK_OUTPUT": "/f/%a/%A_%a_%t_log.out", "TORCHYARD_RANK_ERROR": "/f/%j_%t_log.err"}
+    runs = SlurmRuns(spec, batch, requeues=1)
+    parents = RecordingParents()
+
+    run = runs.fork(parents, spec.files.spec, 2, ["n1", "n3"])  # type: ignore[arg-type]
+
+    assert run is not None
+    placed = [(rank, host) for rank, _, _, _, host in parents.forks]
+    assert placed == [(0, "n1"), (1, "n1"), (2, "n3"), (3, "n3")]
+    _, env, out, err, _ = parents.forks[3]
+    assert (out, err) == (Path("/f/3/40_3_3_log.out"), Path("/f/43_3_log.err"))
+    seen = derive_rank_env({**batch, **env}, job_id="43", gpus_per_node=0)
+    assert (seen.rank, seen.world_size, seen.local_rank, seen.local_world_size) == (3, 4, 1, 2)
+    assert (seen.node_rank, seen.master_addr, seen.run) == (1, "n1", 2)  # rank 0's node, not the lost n2

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from submitit.helpers import DelayedSubmission
 
 from tests.support import ROOT
 from worker import distributed
-from worker.launch import RankLauncher, apply_env, setup_logging, watch_preemption
+from worker.launch import RankLauncher, apply_env, setup_logging
 from worker.spec import RunSpec, parse_activity, parse_error_text
 from worker.stacks import uninstall_stack_dumps
 
@@ -32,16 +31,14 @@ def make_spec(tmp_path: Path, **fields: Any) -> RunSpec:
 
 @pytest.fixture
 def bare_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No scheduler variables, and the signal handler and root handlers put back afterwards."""
+    """No scheduler variables, and the environment and root handlers put back afterwards."""
     for name in list(os.environ):
         if name.startswith(("SLURM_", "SUBMITIT_")) or name in distributed.RANK_ENV_NAMES:
             monkeypatch.delenv(name)
-    previous = signal.getsignal(signal.SIGUSR2)
     handlers = list(logging.getLogger().handlers)
     environ = dict(os.environ)  # apply_env writes os.environ directly (OMP_NUM_THREADS, the job's env)
     yield
     uninstall_stack_dumps()  # a launcher run here left SIGURG's dump and its activity thread
-    signal.signal(signal.SIGUSR2, previous)
     logging.getLogger().handlers[:] = handlers
     os.environ.clear()
     os.environ.update(environ)
@@ -161,15 +158,6 @@ def test_log_lines_carry_the_rank(bare_process: None) -> None:
     assert not ours[0].filter(logging.LogRecord("submitit", logging.INFO, __file__, 1, "x", None, None))
 
 
-def test_preemption_signal_is_noticed_and_passed_on(bare_process: None) -> None:
-    seen: list[int] = []
-    signal.signal(signal.SIGUSR2, lambda number, frame: seen.append(number))  # submitit's handler
-    event = watch_preemption()
-    assert not event.is_set()
-    os.kill(os.getpid(), signal.SIGUSR2)
-    assert event.wait(5) and seen == [signal.SIGUSR2]
-
-
 # A rank started from a process that ignores SIGINT (a shell's background job) inherits that.
 IGNORING_PARENT = """
 import signal, subprocess, sys
@@ -191,7 +179,7 @@ except KeyboardInterrupt:
 
 
 def test_a_rank_takes_sigint_as_a_cancel_even_when_its_parent_ignored_it() -> None:
-    """The local backend and a peer ending a stuck job cancel ranks with SIGINT."""
+    """The local backend cancels ranks with SIGINT."""
     done = subprocess.run(
         [sys.executable, "-c", IGNORING_PARENT, RANK], cwd=ROOT, capture_output=True, text=True, timeout=60
     )

@@ -1,15 +1,15 @@
 """a sweep's search: how many trials it makes in all (null for a grid), which the search loop
 makes as earlier trials end; a resumed trial's job: the pruned one it continues
 
-Revision ID: 0019
-Revises: 0018
+Revision ID: 0020
+Revises: 0019
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0019"
-down_revision = "0018"
+revision = "0020"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,62 @@
+"""/api/v1/auth/*: logging in with the cluster's identity (MUNGE), without a token (public paths)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from service.api.deps import RuntimeDep
+from service.api.errors import error_responses
+from service.domain import login
+from service.domain.munge import MAX_CREDENTIAL_CHARS
+
+router = APIRouter(prefix="/api/v1/auth", tags=["auth"])
+
+
+class ServiceIdentity(BaseModel):
+    service_id: str = Field(description="What a MUNGE login's payload must name (TORCHYARD_SERVICE_ID).")
+
+
+class MungeLogin(BaseModel):
+    credential: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=MAX_CREDENTIAL_CHARS,
+            description='`munge -s \'{"service": ID, "nonce": N}\'` (see GET /api/v1/auth/service).',
+        ),
+    ]
+
+
+class LoginToken(BaseModel):
+    token: str = Field(description="Shown once; send it as 'Authorization: Bearer <token>'.")
+    user: str
+    unix_user: str = Field(description="The account the user's jobs run as.")
+    expires_at: datetime
+
+
+@router.get(
+    "/service",
+    response_model=ServiceIdentity,
+    summary="Whom a MUNGE login is made for",
+    responses=error_responses(422),
+)
+async def service_identity(runtime: RuntimeDep) -> ServiceIdentity:
+    return ServiceIdentity(service_id=runtime.settings.login_service_id())
+
+
+@router.post(
+    "/munge",
+    response_model=LoginToken,
+    summary="Log in with a MUNGE credential: a token for its account, which expires",
+    responses=error_responses(401, 403, 422, 429, 503),
+)
+def munge_login(body: MungeLogin, request: Request, runtime: RuntimeDep) -> LoginToken:
+    source = request.client.host if request.client else "unknown"
+    answer = login.munge_login(runtime.engine, runtime.settings, runtime.logins, body.credential, source)
+    return LoginToken(
+        token=answer.token, user=answer.user, unix_user=answer.unix_user, expires_at=answer.expires_at
+    )
