@@ -31,6 +31,7 @@ from service.loops.housekeeping import Housekeeper
 from service.loops.intake import JobIntake
 from service.loops.notify import Notifier
 from service.loops.reconcile import Reconciler
+from service.loops.sweep_search import SweepSearch
 
 GIL_TURN_S = 0.0005
 
@@ -69,7 +70,8 @@ class Runtime:
         dispatcher = Dispatcher(engine, backends, settings)
         intake = JobIntake(engine, str(jobs_root(settings)), dispatcher.wake)
         captures = Captures(engine, backends, settings)
-        reconciler = Reconciler(engine, backends, captures, settings.ending_files_grace_s)
+        search = SweepSearch(engine, intake.insert_trials, dispatcher.wake)
+        reconciler = Reconciler(engine, backends, captures, settings.ending_files_grace_s, search)
         tokens = TokenCheck(engine, settings.token_cache_s)
         quotas = QuotaBook(engine, settings)
         reader = LedgerReader(engine)

@@ -59,6 +59,7 @@ NOT_BODY_FIELDS = (
     "token_id",
     "user",
     "offset",
+    "trial",  # a sweep's trial number, in the path of its resume
     "Idempotency-Key",
 )
 
@@ -134,6 +135,8 @@ def body_loc(field: str) -> list[str]:
     head, _, rest = field.partition(".")
     if head == "job" and rest:
         return [head, *body_loc(rest)]
+    if head == "search" and rest.startswith("space."):  # a parameter's name has no dot
+        return [head, *rest.split(".", 1)]
     if head == "stages" and rest:  # a pipeline's: stages.<N>, then its job's or sweep's own fields
         index, _, tail = rest.partition(".")
         kind, _, inner = tail.partition(".")

@@ -17,10 +17,14 @@ from service.client import Sweep
 def sweep(
     ctx: typer.Context,
     target: Annotated[
-        str, typer.Argument(metavar="SPEC|show|cancel", help="A sweep spec file (YAML or JSON), or a verb.")
+        str,
+        typer.Argument(metavar="SPEC|show|cancel|resume", help="A sweep spec file (YAML, JSON), or a verb."),
     ],
     sweep_id: Annotated[
-        int | None, typer.Argument(metavar="[ID]", help="The sweep, for show and cancel.")
+        int | None, typer.Argument(metavar="[ID]", help="The sweep, for show, cancel and resume.")
+    ] = None,
+    trial: Annotated[
+        int | None, typer.Option("--trial", min=0, help="resume: the trial N ('name[N]') early_stop stopped.")
     ] = None,
     wait: Annotated[
         bool,
@@ -30,16 +34,22 @@ def sweep(
     ] = False,
     as_json_flag: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
 ) -> None:
-    """Launch a sweep (`torchyard sweep spec.yaml`), or `show ID` / `cancel ID` one.
+    """Launch a sweep (`torchyard sweep spec.yaml`), or `show ID` / `cancel ID` one, or `resume ID
+    --trial N`: continue a trial early_stop stopped to its end, from its latest checkpoint.
 
     A sweep spec: name, job (a job spec without its name), grid (parameter -> values; every
     combination is a trial), zip, max_parallel, metric and goal. Trials are ordinary jobs."""
     console = make_console()
     with connect(ctx) as client:
-        if target in ("show", "cancel"):
+        if target in ("show", "cancel", "resume"):
             if sweep_id is None:
                 raise fail(f"torchyard sweep {target} needs the sweep's ID", EXIT_REQUEST)
-            found = client.sweep(sweep_id) if target == "show" else client.cancel_sweep(sweep_id)
+            if target == "resume":
+                if trial is None:
+                    raise fail("torchyard sweep resume needs --trial N", EXIT_REQUEST)
+                found = client.resume_trial(sweep_id, trial)
+            else:
+                found = client.sweep(sweep_id) if target == "show" else client.cancel_sweep(sweep_id)
         else:
             path = Path(target)
             if sweep_id is not None or not path.is_file():
@@ -51,7 +61,10 @@ def sweep(
                 upload_code_folder(client, sweep_spec["job"])
             found = client.submit_sweep(sweep_spec)
             if not as_json_flag:
-                console.print(f"submitted sweep {found['id']} ({found['name']}): {found['size']} trials")
+                made, search = found["size"], found.get("search")
+                if search:  # a search makes the rest as these end
+                    made = f"{made} of {search['trials']}"
+                console.print(f"submitted sweep {found['id']} ({found['name']}): {made} trials")
         if wait:
             try:
                 found = watch_sweep(client, found["id"], console)

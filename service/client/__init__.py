@@ -267,6 +267,10 @@ class TorchyardClient(Notifications, Pipelines, Logins):
         """The sweep: its trials with their metric, state counts and the best trial."""
         return self._object("GET", f"/api/v1/sweeps/{sweep_id}")
 
+    def resume_trial(self, sweep_id: int, number: int) -> Sweep:
+        """Continue trial `number`, which early_stop stopped, to the end from its latest checkpoint."""
+        return self._object("POST", f"/api/v1/sweeps/{sweep_id}/trials/{number}/resume")
+
     def cancel_sweep(self, sweep_id: int) -> Sweep:
         """Cancel every unfinished trial; idempotent."""
         return self._object("POST", f"/api/v1/sweeps/{sweep_id}/cancel")

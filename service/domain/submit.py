@@ -50,8 +50,9 @@ from service.domain.pipeline_graph import check_stages
 from service.domain.quotas import QuotaBook, TooManyUnfinished
 from service.domain.storage import RoomCheck
 from service.domain.storing import Accepted, Store, SweepAccepted, replay, replay_sweep
-from service.domain.sweep_trials import check_sweep, trial_jobs, trial_params, trials_field
-from service.errors import ServiceError
+from service.domain.sweep_search import seeded
+from service.domain.sweep_trials import check_sweep, first_params, trial_jobs, trials_field
+from service.errors import InvalidRequest, ServiceError
 from service.ledger.models.jobs import JobCreate, JobPublic, NewJob
 from service.ledger.models.pipelines import Pipeline, PipelineAccepted, PipelineCreate
 from service.ledger.models.sweeps import JobTemplate, NewSweep, Sweep, SweepCreate
@@ -164,6 +165,8 @@ class Admission:
     ) -> NewJob | NewSweep:
         """One stage's job or sweep through every step (no Idempotency-Key: the pipeline's is the key)."""
         if isinstance(asked, SweepCreate):
+            if asked.search is not None:  # a stage ends when its jobs have: a search's are made later
+                raise InvalidRequest("a pipeline's stage cannot be a search yet: give a grid", field="search")
             check_sweep(asked, self.settings)
             request = Request(user, asked.job, None, sweep=asked)
         else:
@@ -231,8 +234,8 @@ class Admission:
             )
             return
         assert isinstance(request.job, JobTemplate)
-        sweep = request.sweep.model_copy(update={"job": request.job})
-        params = trial_params(sweep)
+        sweep = seeded(request.sweep.model_copy(update={"job": request.job}), user.user, request.key)
+        params = await asyncio.to_thread(first_params, sweep)  # a search's draws: Optuna's, off the loop
         trials = trial_jobs(sweep, params)
         request.jobs, request.jobs_field = len(trials), trials_field(sweep)
         request.new_sweep = NewSweep(
@@ -250,6 +253,7 @@ class Admission:
                 for trial, one in zip(trials, params, strict=True)
             ],
             idempotency_key=request.key,
+            search_trials=sweep.search.trials if sweep.search is not None else None,
         )
         request.row = request.new_sweep.trials[0]
 

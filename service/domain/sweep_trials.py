@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.config import Settings
+from service.domain.sweep_search import check_space, next_params
 from service.errors import InvalidRequest
 from service.ledger.models.jobs import JobCreate
 from service.ledger.models.sweeps import SweepCreate
@@ -30,12 +31,16 @@ Params = dict[str, Any]
 
 def trial_count(sweep: SweepCreate) -> int:
     """How many trials the sweep makes, without making them (a 100^5 grid is refused by its size)."""
+    if sweep.search is not None:
+        return sweep.search.trials
     zipped = {len(values) for values in sweep.zip.values()}
     return math.prod(len(values) for values in sweep.grid.values()) * (zipped.pop() if zipped else 1)
 
 
 def trials_field(sweep: SweepCreate) -> str:
     """The field an error about the number of trials names: the grid makes it, or the zip alone."""
+    if sweep.search is not None:
+        return "search.trials"
     return "grid" if sweep.grid else "zip"
 
 
@@ -46,6 +51,13 @@ def trials_bytes(sweep: SweepCreate, count: int) -> int:
     small ones are stored many times over)."""
     job = sweep.job
     total = count * len(json.dumps([job.kwargs, job.args, job.env]))
+    if sweep.search is not None:  # each trial takes one value of each: at most its longest, or ~24 bytes
+        longest = {name: max(len(json.dumps(v)) for v in next(iter(spec.values()))) + 24
+                   for name, spec in sweep.search.space.items()}  # fmt: skip
+        return total + count * sum(
+            longest[name] * (1 if job.script is None else sum(placeholders(a).count(name) for a in job.args))
+            for name in longest
+        )
     for name, values in (*sweep.grid.items(), *sweep.zip.items()):
         uses = 1 if job.script is None else sum(placeholders(arg).count(name) for arg in job.args)
         total += uses * (count // len(values)) * sum(len(json.dumps(value)) for value in values)
@@ -54,7 +66,9 @@ def trials_bytes(sweep: SweepCreate, count: int) -> int:
 
 def check_sweep(sweep: SweepCreate, settings: Settings) -> None:
     """Everything about the sweep's shape pydantic alone cannot check; InvalidRequest names the field."""
-    if not sweep.grid and not sweep.zip:
+    if sweep.search is not None:
+        _check_search(sweep)
+    elif not sweep.grid and not sweep.zip:
         raise InvalidRequest("give at least one parameter, in grid or in zip", field="grid")
     for field, values_by_name in (("grid", sweep.grid), ("zip", sweep.zip)):
         for name, values in values_by_name.items():
@@ -100,15 +114,38 @@ def check_sweep(sweep: SweepCreate, settings: Settings) -> None:
         )
 
 
+def _check_search(sweep: SweepCreate) -> None:
+    assert sweep.search is not None
+    if sweep.grid or sweep.zip:
+        raise InvalidRequest(
+            f"give search or {'grid' if sweep.grid else 'zip'}, not both: a parameter comes from one place",
+            field="search",
+        )
+    check_space(sweep.search)
+    if sweep.search.method == "tpe" and sweep.max_parallel is None:
+        raise InvalidRequest(
+            "tpe learns from the trials that ended: give max_parallel (below search.trials), "
+            "or every trial starts at once and the search is random",
+            field="max_parallel",
+        )
+
+
+def _field(sweep: SweepCreate, name: str) -> str:
+    """Where a parameter comes from, for an error naming it."""
+    if sweep.search is not None:
+        return f"search.space.{name}"
+    return f"{'grid' if name in sweep.grid else 'zip'}.{name}"
+
+
 def _check_targets(sweep: SweepCreate) -> None:
-    names = [*sweep.grid, *sweep.zip]
+    names = [*sweep.grid, *sweep.zip, *(sweep.search.space if sweep.search is not None else {})]
     job = sweep.job
     if job.script is None:
         for name in names:
             if name in job.kwargs:
                 raise InvalidRequest(
                     f"'{name}' is also set in job.kwargs: a parameter comes from one place",
-                    field=f"{'grid' if name in sweep.grid else 'zip'}.{name}",
+                    field=_field(sweep, name),
                 )
         return
     used: set[str] = set()
@@ -116,7 +153,7 @@ def _check_targets(sweep: SweepCreate) -> None:
         for placeholder in placeholders(arg):
             if placeholder not in names:
                 raise InvalidRequest(
-                    f"'{{{placeholder}}}' names no parameter of grid or zip "
+                    f"'{{{placeholder}}}' names no parameter of grid, zip or search.space "
                     "(write '{{' and '}}' for a literal brace)",
                     field=f"job.args.{index}",
                 )
@@ -125,7 +162,7 @@ def _check_targets(sweep: SweepCreate) -> None:
         raise InvalidRequest(
             f"'{unused[0]}' reaches a script only through a placeholder in job.args, "
             f"such as '--{unused[0]}={{{unused[0]}}}'",
-            field=f"{'grid' if unused[0] in sweep.grid else 'zip'}.{unused[0]}",
+            field=_field(sweep, unused[0]),
         )
 
 
@@ -141,10 +178,20 @@ def trial_params(sweep: SweepCreate) -> list[Params]:
     ]
 
 
-def trial_jobs(sweep: SweepCreate, params: list[Params]) -> list[JobCreate]:
-    """Each trial's job: the sweep's job with its parameters applied, named `<sweep>[index]`."""
+def first_params(sweep: SweepCreate) -> list[Params]:
+    """The parameters of the trials the sweep's request stores: every trial of a grid; a search's
+    first wave (max_parallel of them, the rest made as these end: service.loops.sweep_search)."""
+    if sweep.search is None:
+        return trial_params(sweep)
+    wave = min(sweep.search.trials, sweep.max_parallel or sweep.search.trials)
+    return [next_params(sweep.search, sweep.goal, [], number) for number in range(wave)]
+
+
+def trial_jobs(sweep: SweepCreate, params: list[Params], start: int = 0) -> list[JobCreate]:
+    """Each trial's job: the sweep's job with its parameters applied, named `<sweep>[index]`, the
+    first index `start` (a search's later trials)."""
     fields = sweep.job.model_dump(exclude={"name"})  # once: the trials differ only in what they update
-    return [_trial_job(sweep, fields, index, one) for index, one in enumerate(params)]
+    return [_trial_job(sweep, fields, index, one) for index, one in enumerate(params, start)]
 
 
 def _trial_job(sweep: SweepCreate, fields: dict[str, Any], index: int, params: Params) -> JobCreate:

@@ -24,7 +24,15 @@ from service.errors import NotFound
 from service.ledger.models.history import JobAttempt
 from service.ledger.models.jobs import Job, JobPublic
 from service.ledger.models.metrics import JobMetricRollup
-from service.ledger.models.sweeps import EarlyStop, Sweep, SweepCompute, SweepPage, SweepPublic, TrialPublic
+from service.ledger.models.sweeps import (
+    EarlyStop,
+    Search,
+    Sweep,
+    SweepCompute,
+    SweepPage,
+    SweepPublic,
+    TrialPublic,
+)
 from service.states import EndingKind, JobState, is_terminal
 
 MAX_PAGE = 200
@@ -119,10 +127,13 @@ def _trials(session: Session, sweeps: Sequence[Sweep]) -> dict[int, list[TrialPu
         col(Job.params),
         col(Job.state),
         col(Job.reason),
+        col(Job.resumes),
     )
-    rows = session.execute(
-        core_select(*columns).where(col(Job.sweep_id).in_(ids)).order_by(col(Job.id))
-    ).all()
+    # A resumed trial (service.domain.sweep_resume) is its new job, in the stopped one's place.
+    every = session.execute(core_select(*columns).where(col(Job.sweep_id).in_(ids))).all()
+    resumed = {row.resumes for row in every if row.resumes is not None}
+    shown = sorted((row for row in every if row.id not in resumed), key=lambda row: row.resumes or row.id)
+    rows = [row[:-1] for row in shown]
     names = {metric for metric in metric_of.values() if metric}
     last, lowest, highest, steps = _metric_values(session, ids, names)
     endings = _endings(session, ids)
@@ -228,13 +239,25 @@ def _public(sweep: Sweep, trials: list[TrialPublic], *, with_trials: bool) -> Sw
         zip=request.get("zip", {}),
         job=request.get("job", {}),
         created_at=sweep.created_at,
-        state="active" if any(not is_terminal(trial.state) for trial in trials) else "finished",
+        state="active" if _active(sweep, trials) else "finished",
         counts=dict(counts),
         best=best_trial(trials, sweep.goal),
         early_stop=early_stop,
+        search=Search.model_validate(request["search"]) if request.get("search") else None,
         compute=compute_saved(early_stop, trials) if early_stop is not None else None,
         trials=trials if with_trials else [],
     )
+
+
+def _active(sweep: Sweep, trials: list[TrialPublic]) -> bool:
+    """A trial has not ended, or a search has trials still to make (between its waves all may have)."""
+    to_make = sweep.search_trials is not None and sweep.size < sweep.search_trials
+    return to_make or any(not is_terminal(trial.state) for trial in trials)
+
+
+def trials_of(session: Session, sweep: Sweep) -> list[TrialPublic]:
+    """The sweep's trials as its page shows them (service.loops.sweep_search learns from them)."""
+    return _trials(session, [sweep])[sweep.id or 0]
 
 
 def compute_saved(early_stop: EarlyStop, trials: Sequence[TrialPublic]) -> SweepCompute:

@@ -262,6 +262,7 @@ class JobIntake:
             backend=sweep.backend,
             request=sweep.request,
             size=len(sweep.trials),
+            search_trials=sweep.search_trials,
             max_parallel=sweep.max_parallel,
             metric=sweep.metric,
             goal=sweep.goal,
@@ -275,6 +276,11 @@ class JobIntake:
             earlier[key] = row
         trials = self._insert(session, sweep.trials, sweep_id=row.id)
         return SweepAccepted(row.id, replayed=False, made=just_made(row, trials))
+
+    def insert_trials(self, session: Session, fresh: Sequence[NewJob], sweep_id: int) -> list[JobPublic]:
+        """A search's later trials, in the caller's transaction (service.loops.sweep_search): stored as
+        the first wave was."""
+        return self._insert(session, fresh, sweep_id=sweep_id)
 
     def _insert(
         self, session: Session, fresh: Sequence[NewJob], sweep_id: int | None = None

@@ -37,6 +37,7 @@ from service.ledger.sql import id_conditions
 from service.loops.files_grace import FilesGrace
 from service.loops.progress import ingest_progress
 from service.loops.sweep_pruning import SweepPruning
+from service.loops.sweep_search import SweepSearch
 from service.loops.watch import Watch, stacks_summary
 from service.states import WATCHED_STATES, JobState, can_transition, is_terminal
 from worker.spec import JobFiles
@@ -58,7 +59,8 @@ class Reconciler:
     """One thread per backend, each on its own interval, woken early by its backend."""
 
     def __init__(
-        self, engine: Engine, backends: Mapping[str, Backend], captures: Captures, grace_s: float
+        self, engine: Engine, backends: Mapping[str, Backend], captures: Captures, grace_s: float,
+        search: SweepSearch | None = None,  # a search's next trials (the intake stores them)
     ) -> None:
         self._engine = engine
         self.files_grace = FilesGrace(grace_s)  # an ended attempt's files may show up late
@@ -81,6 +83,7 @@ class Reconciler:
         self.watch = Watch(engine, backends, captures, self._cancel_later)  # stalls (service.loops.watch)
         self.watch_bulkhead = Bulkhead("watching")  # its faults are counted, never fail a job
         self.pruning = SweepPruning(engine, self._cancel_later)  # sweeps' early stopping
+        self.search = search
         self.hardlinks = NodeHardlinks()  # what the ranks' placement files say of their nodes
         for name, backend in backends.items():
             backend.set_wakeup(self._wakes[name].set)
@@ -255,6 +258,8 @@ class Reconciler:
             self._write_changes(backend_name, changed, newly_queued, polled_at)
         self.watch.after_tick(backend_name)  # committed: the stalls it found are captured and flagged
         self.pruning.after_tick(backend_name)  # the metrics just read decide which trials go on
+        if self.search is not None:  # after pruning: a trial it stopped has ended, and leaves room
+            self.search.after_tick(backend_name)
         self._cancel_pending(backend_name)
         self.last_duration_s[backend_name] = time.perf_counter() - started
         return len(watched)

@@ -135,7 +135,9 @@ def stops_of(session: Session, sweep: Sweep) -> list[Stop]:
     """The trials of `sweep` that the rule stops and that a backend still holds."""
     early_stop = EarlyStop.model_validate(sweep.request["early_stop"])
     trials = session.execute(
-        core_select(col(Job.id), col(Job.state), col(Job.external_id)).where(col(Job.sweep_id) == sweep.id)
+        core_select(col(Job.id), col(Job.state), col(Job.external_id)).where(
+            col(Job.sweep_id) == sweep.id, col(Job.resumes).is_(None)  # a resumed trial runs to its end
+        )
     ).all()
     job_ids = [job_id for job_id, _, _ in trials]
     pruned = decide(early_stop, sweep.goal, job_ids, rung_points(session, sweep, early_stop))

@@ -241,3 +241,8 @@ def test_sweep_launch_wait_list_and_show(service: Service, tmp_path: Path) -> No
     assert service.cli("sweep", "show").code == 2  # no id: refused with a message
     missing = service.cli("sweep", "show", "999")
     assert missing.code == 2 and "sweep 999 not found" in missing.err, missing.both
+    unpruned = service.cli("sweep", "resume", str(sweep_id), "--trial", "0")  # it succeeded: not resumed
+    assert unpruned.code != 0 and "trial 0" in unpruned.err, unpruned.both
+    assert "not stopped early" in unpruned.err, unpruned.both
+    no_trial = service.cli("sweep", "resume", str(sweep_id))
+    assert no_trial.code == 2 and "--trial" in no_trial.err, no_trial.both

@@ -19,7 +19,7 @@ from service.api.routes.jobs import (
     IfNoneMatch,
     _not_modified,
 )
-from service.domain import sweeps
+from service.domain import sweep_resume, sweeps
 from service.domain.auth import Principal
 from service.domain.cursors import MAX_ID
 from service.ledger.db import session_scope
@@ -109,6 +109,28 @@ def cancel_sweep(sweep_id: SweepId, runtime: RuntimeDep, user: CurrentUser) -> R
     sweeps.cancel_sweep(runtime.engine, sweep_id, runtime.backends, user)
     sweep = _read(runtime, sweep_id, user)
     return Response(sweep.model_dump_json(), media_type=JSON)
+
+
+@router.post(
+    "/{sweep_id}/trials/{number}/resume",
+    status_code=201,
+    response_model=SweepPublic,
+    summary="Continue a trial early_stop stopped, to the end, from its latest checkpoint (a new job)",
+    responses=error_responses(404, 409, 422, 429),
+)
+def resume_trial(
+    sweep_id: SweepId,
+    number: Annotated[int, Path(ge=0, le=MAX_ID, description="The trial's number (N of 'sweep[N]').")],
+    runtime: RuntimeDep,
+    user: CurrentUser,
+) -> Response:
+    """409 naming the trial when it was not stopped early (service.domain.sweep_resume)."""
+    sweep_resume.resume_trial(
+        runtime.engine, runtime.settings, sweep_id, number, user, runtime.intake.insert_trials
+    )
+    runtime.dispatcher.wake()
+    sweep = _read(runtime, sweep_id, user)
+    return Response(sweep.model_dump_json(), status_code=201, media_type=JSON)
 
 
 def _read(runtime: Runtime, sweep_id: int, user: Principal) -> SweepPublic:

@@ -227,6 +227,7 @@ class Job(JobBase, table=True):
     idempotency_key: str | None = Field(default=None, max_length=200)
     sweep_id: int | None = Field(default=None, foreign_key="sweep.id", index=True)
     params: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))  # its trial's
+    resumes: int | None = Field(default=None, index=True)  # the pruned trial it continues (sweep_resume)
     pipeline_id: int | None = Field(default=None, foreign_key="pipeline.id", index=True)
     stage: str | None = Field(default=None, max_length=100)  # its pipeline's stage
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
@@ -276,6 +277,8 @@ class NewJob:
     idempotency_key: str | None = None
     retries: dict[str, Any] | None = None  # a RetryPolicy, as JSON
     params: dict[str, Any] | None = None  # a sweep trial's parameters (its sweep_id comes at commit)
+    resumes: int | None = None  # a resumed trial: the pruned job it continues, from resume_from
+    resume_from: str | None = None  # the checkpoint its first attempt starts from (latest_checkpoint)
     after: tuple[Dependency, ...] = ()  # it is stored waiting when it has any
     notify: tuple[NotifySpec, ...] = ()  # webhooks, stored as subscriptions bound to it
     pipeline_id: int | None = None

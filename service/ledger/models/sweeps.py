@@ -41,6 +41,26 @@ class EarlyStop(SQLModel):
     max_steps: int = Field(ge=1, le=10**9, description="A whole trial's steps (the last rung is below it).")
 
 
+class Search(SQLModel):
+    """Trials drawn from a space instead of a grid (service.domain.sweep_search): `trials` of them,
+    made as earlier ones end, at most max_parallel at once; "tpe" learns from the ended ones' metric.
+    Each parameter of `space` is one of {"log_uniform": [low, high]}, {"uniform": [low, high]},
+    {"int": [low, high]} (both ends included) or {"choice": [values]}: checked by
+    service.domain.sweep_search, naming `search.space.<name>`."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    method: Literal["random", "tpe"] = Field(description="'random', or 'tpe' (Optuna's TPESampler).")
+    trials: int = Field(ge=1, le=100_000, description="How many trials in all.")
+    seed: int | None = Field(
+        default=None, ge=0, le=2**31 - 1,
+        description="The samplers' seed; left out, the service picks one and stores it.",
+    )  # fmt: skip
+    space: dict[str, dict[str, list[ParamValue]]] = Field(
+        description="Parameter -> its distribution: log_uniform, uniform, int ([low, high]) or choice."
+    )
+
+
 class SweepCreate(SQLModel):
     """The body of POST /api/v1/sweeps. What pydantic cannot check alone (names, sizes, placeholders)
     service.domain.sweep_trials checks, naming the field."""
@@ -66,6 +86,9 @@ class SweepCreate(SQLModel):
     early_stop: EarlyStop | None = Field(
         default=None, description="Stop losing trials at rungs of steps, by the metric they report."
     )
+    search: Search | None = Field(
+        default=None, description="Draw the trials from a space (random or TPE) instead of grid and zip."
+    )
 
     _servable = field_validator("name", "metric")(servable)
 
@@ -73,14 +96,18 @@ class SweepCreate(SQLModel):
 class Sweep(SQLModel, table=True):
     """One sweep: the request that made its trials (each trial is a Job with this sweep_id)."""
 
-    __table_args__ = (Index("ix_sweep_owner_idempotency", "owner", "idempotency_key", unique=True),)
+    __table_args__ = (
+        Index("ix_sweep_owner_idempotency", "owner", "idempotency_key", unique=True),
+        Index("ix_sweep_search_trials", "search_trials"),  # the search loop's open sweeps, each tick
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(max_length=200)
     owner: str = Field(max_length=200, index=True)
     backend: str = Field(max_length=20)
     request: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # the SweepCreate, as JSON
-    size: int  # how many trials it made
+    size: int  # how many trials it made (a search makes more as earlier ones end)
+    search_trials: int | None = None  # a search's trials in all; the loop makes them until size is this
     max_parallel: int | None = None
     metric: str = Field(max_length=100)
     goal: str = Field(max_length=3)
@@ -101,6 +128,7 @@ class NewSweep:
     goal: str
     trials: list[NewJob]
     idempotency_key: str | None = None
+    search_trials: int | None = None  # a search's trials in all (its first wave is `trials`)
     created_at: datetime = dataclass_field(default_factory=utcnow)
 
 
@@ -145,6 +173,7 @@ class SweepPublic(SQLModel):
     counts: dict[JobState, int] = Field(description="Its trials by state.")
     best: TrialPublic | None = Field(description="The trial whose last value of the metric is best.")
     early_stop: EarlyStop | None = Field(default=None, description="As the request gave it.")
+    search: Search | None = Field(default=None, description="As the request gave it (its seed filled in).")
     compute: SweepCompute | None = Field(default=None, description="With early_stop: the steps it saved.")
     trials: list[TrialPublic] = Field(description="Every trial, in order (empty in lists).")
 
