@@ -107,6 +107,24 @@ class Settings(BaseSettings):
     admin_groups: CommaList = Field(
         default_factory=list, description="Unix groups whose members log in as admins."
     )
+    ldap_url: str = Field(
+        "",
+        max_length=500,
+        description="The site's LDAP (ldap:// or ldaps://) the dashboard signs in with; empty: none.",
+    )
+    ldap_user_dn: str = Field(
+        "uid={user},ou=people,dc=example,dc=org",
+        max_length=500,
+        pattern=r"\{user\}",
+        description="The DN a user binds as; {user} is the (escaped) user name.",
+    )
+    ldap_group_base: str = Field(
+        "",
+        max_length=500,
+        description="Where the LDAP groups are (memberUid or member): their cn count as groups for "
+        "TORCHYARD_ADMIN_GROUPS; empty: the host's groups only.",
+    )
+    ldap_timeout_s: int = Field(5, ge=1, le=60, description="Connecting to, and each answer of, LDAP.")
     max_failed_logins: int = Field(
         10, ge=1, description="Failed logins per source address, and per user, in 5 minutes (more: 429)."
     )

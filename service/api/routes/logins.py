@@ -1,4 +1,5 @@
-"""/api/v1/auth/*: logging in with the cluster's identity (MUNGE), without a token (public paths)."""
+"""/api/v1/auth/*: logging in with the cluster's identity (MUNGE) or the site's LDAP, without a token
+(public paths)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from service.api.deps import RuntimeDep
 from service.api.errors import error_responses
-from service.domain import login
+from service.domain import auth, ldap_login, login
 from service.domain.munge import MAX_CREDENTIAL_CHARS
 
 router = APIRouter(prefix="/api/v1/auth", tags=["auth"])
@@ -29,6 +30,12 @@ class MungeLogin(BaseModel):
             description='`munge -s \'{"service": ID, "nonce": N}\'` (see GET /api/v1/auth/service).',
         ),
     ]
+
+
+class LdapLogin(BaseModel):
+    # A plain account name only: it goes into a DN and a filter (escaped there too).
+    user: Annotated[str, Field(min_length=1, max_length=32, pattern=auth.UNIX_NAME.pattern)]
+    password: Annotated[str, Field(min_length=1, max_length=1000)]
 
 
 class LoginToken(BaseModel):
@@ -57,6 +64,22 @@ async def service_identity(runtime: RuntimeDep) -> ServiceIdentity:
 def munge_login(body: MungeLogin, request: Request, runtime: RuntimeDep) -> LoginToken:
     source = request.client.host if request.client else "unknown"
     answer = login.munge_login(runtime.engine, runtime.settings, runtime.logins, body.credential, source)
+    return LoginToken(
+        token=answer.token, user=answer.user, unix_user=answer.unix_user, expires_at=answer.expires_at
+    )
+
+
+@router.post(
+    "/ldap",
+    response_model=LoginToken,
+    summary="Sign in with the site's LDAP user name and password: the same token as a MUNGE login's",
+    responses=error_responses(401, 403, 404, 422, 429, 503),
+)
+def ldap_sign_in(body: LdapLogin, request: Request, runtime: RuntimeDep) -> LoginToken:
+    source = request.client.host if request.client else "unknown"
+    answer = ldap_login.ldap_login(
+        runtime.engine, runtime.settings, runtime.logins, body.user, body.password, source
+    )
     return LoginToken(
         token=answer.token, user=answer.user, unix_user=answer.unix_user, expires_at=answer.expires_at
     )
