@@ -67,7 +67,15 @@ class Settings(BaseSettings):
     dev_mode: bool = Field(False, description="No tokens: every caller is admin 'dev'. Loopback only.")
     trusted_proxies: CommaList = Field(
         default_factory=list,
-        description="Proxy addresses whose X-Forwarded-For/-Proto are believed; by default the peer decides.",
+        description="Proxy addresses or networks (CIDR) whose X-Forwarded-For/-Proto, and user header, are "
+        "believed; by default the peer decides.",
+    )
+    proxy_user_header: str = Field(
+        "",
+        max_length=100,
+        pattern=r"^[A-Za-z0-9-]*$",
+        description="The header (X-Forwarded-User) naming the user a reverse proxy signed in, believed only "
+        "from TORCHYARD_TRUSTED_PROXIES (POST /api/v1/auth/proxy); empty: none.",
     )
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Larger request bodies get 413 unread.")
     max_header_bytes: int = Field(32_768, ge=1024, description="A request line and headers longer get 431.")

@@ -46,6 +46,7 @@ PUBLIC_PATHS = frozenset(
         "/api/v1/auth/service",
         "/api/v1/auth/munge",
         "/api/v1/auth/ldap",
+        "/api/v1/auth/proxy",
     }
 )
 PUBLIC_PREFIXES = (f"{ASSETS_PREFIX}/",)

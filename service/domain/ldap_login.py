@@ -3,8 +3,8 @@
 The password is checked by binding as the user (TORCHYARD_LDAP_USER_DN, {user} filled in) to
 TORCHYARD_LDAP_URL; the LDAP user is the Unix account of that name on this host, checked as a MUNGE
 login's is (service.domain.login.check_account), and the token comes from the one path every login
-door takes (service.domain.login.issue). Admins: members of TORCHYARD_ADMIN_GROUPS, Unix groups or
-LDAP groups under TORCHYARD_LDAP_GROUP_BASE.
+door takes (service.domain.login.named_login, issue). Admins: members of TORCHYARD_ADMIN_GROUPS,
+Unix groups or LDAP groups under TORCHYARD_LDAP_GROUP_BASE.
 
 The user name is a plain account name (auth.UNIX_NAME) before it reaches a DN or a filter, and it is
 escaped there all the same (LDAP injection). A wrong password and an unknown user get the same words;
@@ -21,9 +21,8 @@ from sqlalchemy.engine import Engine
 
 from service.config import Settings
 from service.domain import auth
-from service.domain.login import LoginAnswer, LoginGuard, audit_refusal, check_account, issue
+from service.domain.login import LoginAnswer, LoginGuard, audit_refusal, named_login
 from service.errors import Forbidden, InvalidRequest, NotFound, Unauthenticated, Unavailable
-from service.ledger.db import session_scope
 
 VIA = "ldap"
 REFUSED = "wrong user name or password"
@@ -49,15 +48,7 @@ def ldap_login(
         if not password:
             raise Unauthenticated(REFUSED, field="password")
         groups = guard.bounded(_bind, settings, user, password)
-        try:
-            uid = pwd.getpwnam(user).pw_uid
-        except KeyError:
-            raise Forbidden(f"'{user}' has no account on the service's host") from None
-        account = check_account(uid, settings)
-        if account.name != user:
-            raise Forbidden(f"uid {uid} is the account '{account.name}', not '{user}'")
-        with session_scope(engine) as session:
-            return issue(session, account, settings, source, VIA, groups)
+        return named_login(engine, settings, user, source, VIA, groups)
     except (Unauthenticated, Forbidden) as refusal:
         guard.failed("source", source)
         guard.failed("user", key)

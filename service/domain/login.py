@@ -55,6 +55,7 @@ WINDOW_S = 300.0
 TRACKED = 10_000  # sources, and users, whose failures are remembered (the least recent let go first)
 MAX_DECODES = 4  # unmunge processes at once; more logins at that moment get 429
 VIA = "munge"
+PROXY_VIA = "proxy"
 T = TypeVar("T")
 
 
@@ -173,6 +174,36 @@ def check_account(uid: int, settings: Settings) -> Account:
     if not shares_service_account(settings) and (problem := unfit_for_jobs(account)) is not None:
         raise Forbidden(f"the account '{account.name}' {problem}: it may not log in")
     return account
+
+
+def proxy_login(engine: Engine, settings: Settings, guard: LoginGuard, user: str, source: str) -> LoginAnswer:
+    """A token for `user`, named by a trusted proxy's header (service.api.proxy_user) that signed
+    the caller in (oauth2-proxy, mod_auth_openidc): the same user and token as the other doors."""
+    guard.check("source", source)
+    try:
+        if not auth.UNIX_NAME.fullmatch(user):
+            raise Forbidden(f"the proxy's user {user[:100]!r} is not a plain account name")
+        return named_login(engine, settings, user, source, PROXY_VIA)
+    except Forbidden as refusal:
+        guard.failed("source", source)
+        audit_refusal(engine, PROXY_VIA, user[:100], source, refusal)
+        raise
+
+
+def named_login(
+    engine: Engine, settings: Settings, user: str, source: str, via: str, groups: frozenset[str] = frozenset()
+) -> LoginAnswer:
+    """A token for `user`, whom a door (LDAP, a trusted proxy) vouched for by name: the Unix account
+    of that name, checked as a MUNGE login's uid is."""
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise Forbidden(f"'{user}' has no account on the service's host") from None
+    account = check_account(uid, settings)
+    if account.name != user:
+        raise Forbidden(f"uid {uid} is the account '{account.name}', not '{user}'")
+    with session_scope(engine) as session:
+        return issue(session, account, settings, source, via, groups)
 
 
 def _remember(session: Session, nonce: str, decoded: munge.Decoded) -> None:

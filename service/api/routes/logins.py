@@ -11,8 +11,10 @@ from pydantic import BaseModel, Field
 
 from service.api.deps import RuntimeDep
 from service.api.errors import error_responses
+from service.api.proxy_user import proxied_user
 from service.domain import auth, ldap_login, login
 from service.domain.munge import MAX_CREDENTIAL_CHARS
+from service.errors import Unauthenticated
 
 router = APIRouter(prefix="/api/v1/auth", tags=["auth"])
 
@@ -80,6 +82,28 @@ def ldap_sign_in(body: LdapLogin, request: Request, runtime: RuntimeDep) -> Logi
     answer = ldap_login.ldap_login(
         runtime.engine, runtime.settings, runtime.logins, body.user, body.password, source
     )
+    return LoginToken(
+        token=answer.token, user=answer.user, unix_user=answer.unix_user, expires_at=answer.expires_at
+    )
+
+
+@router.post(
+    "/proxy",
+    response_model=LoginToken,
+    summary="Sign in as the user a trusted reverse proxy names: the same token as a MUNGE login's",
+    responses=error_responses(401, 403, 429),
+)
+def proxy_sign_in(request: Request, runtime: RuntimeDep) -> LoginToken:
+    settings = runtime.settings
+    user = proxied_user(request.scope, settings)
+    if user is None:
+        raise Unauthenticated(
+            "no trusted proxy signed you in: the user header "
+            f"({settings.proxy_user_header or 'TORCHYARD_PROXY_USER_HEADER is not set'}) counts only from "
+            "TORCHYARD_TRUSTED_PROXIES"
+        )
+    source = request.client.host if request.client else "unknown"
+    answer = login.proxy_login(runtime.engine, settings, runtime.logins, user, source)
     return LoginToken(
         token=answer.token, user=answer.user, unix_user=answer.unix_user, expires_at=answer.expires_at
     )
