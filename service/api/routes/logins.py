@@ -21,6 +21,9 @@ router = APIRouter(prefix="/api/v1/auth", tags=["auth"])
 
 class ServiceIdentity(BaseModel):
     service_id: str = Field(description="What a MUNGE login's payload must name (TORCHYARD_SERVICE_ID).")
+    ldap: bool = Field(
+        False, description="Whether POST /api/v1/auth/ldap signs in here (TORCHYARD_LDAP_URL is set)."
+    )
 
 
 class MungeLogin(BaseModel):
@@ -50,11 +53,13 @@ class LoginToken(BaseModel):
 @router.get(
     "/service",
     response_model=ServiceIdentity,
-    summary="Whom a MUNGE login is made for",
+    summary="Whom a MUNGE login is made for, and whether LDAP signs in here",
     responses=error_responses(422),
 )
 async def service_identity(runtime: RuntimeDep) -> ServiceIdentity:
-    return ServiceIdentity(service_id=runtime.settings.login_service_id())
+    return ServiceIdentity(
+        service_id=runtime.settings.login_service_id(), ldap=bool(runtime.settings.ldap_url)
+    )
 
 
 @router.post(
