@@ -96,7 +96,7 @@ def ldap_sign_in(body: LdapLogin, request: Request, runtime: RuntimeDep) -> Logi
     "/proxy",
     response_model=LoginToken,
     summary="Sign in as the user a trusted reverse proxy names: the same token as a MUNGE login's",
-    responses=error_responses(401, 403, 429),
+    responses=error_responses(401, 403, 422, 429),
 )
 def proxy_sign_in(request: Request, runtime: RuntimeDep) -> LoginToken:
     settings = runtime.settings
