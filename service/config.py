@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 BackendName = Literal["local", "slurm"]
@@ -126,6 +126,22 @@ class Settings(BaseSettings):
         pattern=r"\{user\}",
         description="The DN a user binds as; {user} is the (escaped) user name.",
     )
+    ldap_search_base: str = Field(
+        "",
+        max_length=500,
+        description="Instead of TORCHYARD_LDAP_USER_DN: where to search for the user's DN (one match), "
+        "bound as TORCHYARD_LDAP_BIND_DN; empty: the DN template.",
+    )
+    ldap_search_filter: str = Field(
+        "(uid={user})",
+        max_length=500,
+        pattern=r"\{user\}",
+        description="The filter that finds the user under TORCHYARD_LDAP_SEARCH_BASE; {user} is escaped.",
+    )
+    ldap_bind_dn: str = Field(
+        "", max_length=500, description="The service's own DN for the search; empty: anonymous."
+    )
+    ldap_bind_password: SecretStr = Field(SecretStr(""), description="TORCHYARD_LDAP_BIND_DN's password.")
     ldap_group_base: str = Field(
         "",
         max_length=500,

@@ -23,6 +23,8 @@ SUFFIX = "dc=example,dc=org"
 USER_DN = f"uid={{user}},ou=people,{SUFFIX}"
 GROUP_BASE = f"ou=groups,{SUFFIX}"
 ADMIN_GROUP = "yard-admins"
+ROOT_DN = f"cn=admin,{SUFFIX}"  # slapd's rootdn: the service's own bind for a search
+ROOT_PASSWORD = "admin-secret"
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret"}
 
 
@@ -44,8 +46,8 @@ moduleload back_mdb
 pidfile {folder}/slapd.pid
 database mdb
 suffix "{SUFFIX}"
-rootdn "cn=admin,{SUFFIX}"
-rootpw admin-secret
+rootdn "{ROOT_DN}"
+rootpw {ROOT_PASSWORD}
 directory {folder}/data
 maxsize 10485760
 access to attrs=userPassword by anonymous auth by * none

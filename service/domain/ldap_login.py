@@ -1,9 +1,11 @@
 """Signing in with the site's LDAP: a user name and password in, the same token `torchyard login` gets.
 
-The password is checked by binding as the user (TORCHYARD_LDAP_USER_DN, {user} filled in) to
-TORCHYARD_LDAP_URL; the LDAP user is the Unix account of that name on this host, checked as a MUNGE
-login's is (service.domain.login.check_account), and the token comes from the one path every login
-door takes (service.domain.login.named_login, issue). Admins: members of TORCHYARD_ADMIN_GROUPS,
+The password is checked by binding as the user to TORCHYARD_LDAP_URL: the DN is
+TORCHYARD_LDAP_USER_DN with {user} filled in, or the one entry TORCHYARD_LDAP_SEARCH_FILTER finds
+under TORCHYARD_LDAP_SEARCH_BASE, searched bound as the service (TORCHYARD_LDAP_BIND_DN). The LDAP
+user is the Unix account of that name on this host, checked as a MUNGE login's is
+(service.domain.login.check_account), and the token comes from the one path every login door takes
+(service.domain.login.named_login, issue). Admins: members of TORCHYARD_ADMIN_GROUPS,
 Unix groups or LDAP groups under TORCHYARD_LDAP_GROUP_BASE.
 
 The user name is a plain account name (auth.UNIX_NAME) before it reaches a DN or a filter, and it is
@@ -16,6 +18,8 @@ at once are bounded with unmunge's, and logins and refusals go to the audit log.
 from __future__ import annotations
 
 import pwd
+import ssl
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
@@ -70,20 +74,15 @@ def _bind(settings: Settings, user: str, password: str) -> frozenset[str]:
     import ldap3  # heavy, and only the dashboard's sign-in needs it
     from ldap3.core.exceptions import LDAPException
     from ldap3.utils.conv import escape_filter_chars
-    from ldap3.utils.dn import escape_rdn
 
-    dn = settings.ldap_user_dn.replace("{user}", escape_rdn(user))
     timeout = settings.ldap_timeout_s
     try:
-        server = ldap3.Server(settings.ldap_url, connect_timeout=timeout, get_info=ldap3.NONE)
-        connection = ldap3.Connection(
-            server,
-            user=dn,
-            password=password,
-            receive_timeout=timeout,
-            read_only=True,
-            raise_exceptions=False,
-        )
+        # ldaps:// checked against the system's trusted CAs and the host's name: ldap3 checks neither
+        # unless told, and the passwords go over this connection.
+        tls = ldap3.Tls(validate=ssl.CERT_REQUIRED)
+        server = ldap3.Server(settings.ldap_url, connect_timeout=timeout, get_info=ldap3.NONE, tls=tls)
+        dn = _user_dn(server, settings, user)
+        connection = _connection(server, dn, password, timeout)
         try:
             if not connection.bind():
                 if connection.result.get("result") == INVALID_CREDENTIALS:
@@ -93,14 +92,43 @@ def _bind(settings: Settings, user: str, password: str) -> frozenset[str]:
                 return frozenset()
             member = f"(|(memberUid={escape_filter_chars(user)})(member={escape_filter_chars(dn)}))"
             connection.search(
-                settings.ldap_group_base,
-                member,
-                attributes=["cn"],
-                size_limit=MAX_GROUPS,
-                time_limit=timeout,
+                settings.ldap_group_base, member, attributes=["cn"], size_limit=MAX_GROUPS, time_limit=timeout
             )
             return frozenset(str(name) for entry in connection.entries for name in entry.cn.values)
         finally:
             connection.unbind()
     except LDAPException as error:
         raise Unavailable(f"the site's LDAP ({settings.ldap_url}) did not answer: {error}") from None
+
+
+def _connection(server: Any, dn: str | None, password: str | None, timeout: int) -> Any:
+    import ldap3
+
+    return ldap3.Connection(
+        server, user=dn, password=password, receive_timeout=timeout, read_only=True, raise_exceptions=False
+    )
+
+
+def _user_dn(server: Any, settings: Settings, user: str) -> str:
+    """The DN to bind as: the template's, or the one entry the search finds (bound as the service)."""
+    from ldap3.utils.conv import escape_filter_chars
+    from ldap3.utils.dn import escape_rdn
+
+    if not settings.ldap_search_base:
+        return settings.ldap_user_dn.replace("{user}", escape_rdn(user))
+    password = settings.ldap_bind_password.get_secret_value()
+    service = _connection(server, settings.ldap_bind_dn or None, password or None, settings.ldap_timeout_s)
+    try:
+        if not service.bind():
+            raise Unavailable(
+                f"the site's LDAP refused this service's bind (TORCHYARD_LDAP_BIND_DN): "
+                f"{service.result.get('description')}"
+            )
+        wanted = settings.ldap_search_filter.replace("{user}", escape_filter_chars(user))
+        # Two at most: one is the user, more is a filter that names no one for certain.
+        service.search(settings.ldap_search_base, wanted, size_limit=2, time_limit=settings.ldap_timeout_s)
+        if len(service.entries) != 1:
+            raise Unauthenticated(REFUSED, field="password")  # the same words as a wrong password
+        return str(service.entries[0].entry_dn)
+    finally:
+        service.unbind()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 
 from service.app import create_app
@@ -17,7 +18,17 @@ from service.domain import ldap_login
 from service.domain.login import LoginGuard
 from service.errors import InvalidRequest, Unauthenticated
 from tests.fakes import FakeBackend
-from tests.slapd import ADMIN_GROUP, GROUP_BASE, PASSWORDS, USER_DN, SlapdServer, free_port
+from tests.slapd import (
+    ADMIN_GROUP,
+    GROUP_BASE,
+    PASSWORDS,
+    ROOT_DN,
+    ROOT_PASSWORD,
+    SUFFIX,
+    USER_DN,
+    SlapdServer,
+    free_port,
+)
 from tests.support import bearer, issue_token
 
 SIGN_IN = "/api/v1/auth/ldap"
@@ -131,3 +142,46 @@ def test_an_ldap_that_does_not_answer_is_503_and_none_configured_is_404(
         answer = api.post(SIGN_IN, json={"user": "alice", "password": "x"})
         assert answer.status_code == 404, answer.text
         assert "TORCHYARD_LDAP_URL" in answer.text
+
+
+def search_settings(settings: Settings, url: str, bind_password: str = ROOT_PASSWORD) -> Settings:
+    """The DN found by a search bound as the service, not made from a template (which is left wrong)."""
+    return ldap_settings(settings, url).model_copy(
+        update={
+            "ldap_user_dn": "uid={user},ou=nowhere",
+            "ldap_search_base": SUFFIX,
+            "ldap_search_filter": "(&(objectClass=posixAccount)(uid={user}))",
+            "ldap_bind_dn": ROOT_DN,
+            "ldap_bind_password": SecretStr(bind_password),
+        }
+    )
+
+
+def test_a_search_bound_as_the_service_finds_the_users_dn(
+    settings: Settings, fake: FakeBackend, slapd_server: SlapdServer
+) -> None:
+    app = create_app(
+        search_settings(settings, slapd_server.url), backends={"local": fake, "slurm": FakeBackend()}
+    )
+    with TestClient(app) as api:
+        alice = api.post(SIGN_IN, json={"user": "alice", "password": PASSWORDS["alice"]})
+        bob = api.post(SIGN_IN, json={"user": "bob", "password": PASSWORDS["bob"]})
+        wrong = api.post(SIGN_IN, json={"user": "alice", "password": "nope"})
+        unknown = api.post(SIGN_IN, json={"user": "carol", "password": "nope"})
+
+        assert (alice.status_code, bob.status_code) == (200, 200), (alice.text, bob.text)
+        assert api.get("/api/v1/whoami", headers=bearer(alice.json()["token"])).json()["admin"] is False
+        assert api.get("/api/v1/whoami", headers=bearer(bob.json()["token"])).json()["admin"] is True
+        assert (wrong.status_code, unknown.status_code) == (401, 401)
+        assert wrong.json() == unknown.json()
+
+
+def test_a_service_bind_ldap_refuses_is_503_not_the_users_fault(
+    settings: Settings, fake: FakeBackend, slapd_server: SlapdServer
+) -> None:
+    refused = search_settings(settings, slapd_server.url, bind_password="not-the-admins")
+    with TestClient(create_app(refused, backends={"local": fake, "slurm": FakeBackend()})) as api:
+        answer = api.post(SIGN_IN, json={"user": "alice", "password": PASSWORDS["alice"]})
+
+    assert answer.status_code == 503, answer.text
+    assert "TORCHYARD_LDAP_BIND_DN" in answer.text
