@@ -54,7 +54,8 @@ finish() {
 }
 
 system_packages() {
-  local packages=(chromium wrk slurm-wlm munge slurmdbd mariadb-server iproute2 procps systemd curl python3-venv)
+  local packages=(chromium wrk slurm-wlm munge slurmdbd mariadb-server iproute2 procps systemd curl python3-venv
+    slapd ldap-utils nginx)
   local missing=() pkg
   [ -x /usr/lib/postgresql/15/bin/initdb ] || packages+=(postgresql-15)
   for pkg in "${packages[@]}"; do

@@ -14,6 +14,7 @@ from service.api.errors import install_error_handlers
 from service.api.gate import RequestGate
 from service.api.loopback import is_loopback
 from service.api.metrics import LatencyMiddleware, ServiceMetrics
+from service.api.proxy_user import PeerMiddleware
 from service.api.routes import (
     access,
     checkpoints,
@@ -96,6 +97,7 @@ def create_app(settings: Settings | None = None, backends: dict[str, Backend] | 
     app.add_middleware(RequestGate, settings=settings)
     if settings.trusted_proxies:  # outside the gate: the client they name is the one it checks
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies)
+        app.add_middleware(PeerMiddleware)  # outside it: who connected, for the proxy's user header
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)  # last added: outermost
     # Matched in order, ahead of FastAPI's own route (/openapi.json): see ROUTERS.
     app.router.routes[:0] = [route for router in ROUTERS for route in router.routes]

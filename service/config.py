@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 BackendName = Literal["local", "slurm"]
@@ -67,7 +67,15 @@ class Settings(BaseSettings):
     dev_mode: bool = Field(False, description="No tokens: every caller is admin 'dev'. Loopback only.")
     trusted_proxies: CommaList = Field(
         default_factory=list,
-        description="Proxy addresses whose X-Forwarded-For/-Proto are believed; by default the peer decides.",
+        description="Proxy addresses or networks (CIDR) whose X-Forwarded-For/-Proto, and user header, are "
+        "believed; by default the peer decides.",
+    )
+    proxy_user_header: str = Field(
+        "",
+        max_length=100,
+        pattern=r"^[A-Za-z0-9-]*$",
+        description="The header (X-Forwarded-User) naming the user a reverse proxy signed in, believed only "
+        "from TORCHYARD_TRUSTED_PROXIES (POST /api/v1/auth/proxy); empty: none.",
     )
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Larger request bodies get 413 unread.")
     max_header_bytes: int = Field(32_768, ge=1024, description="A request line and headers longer get 431.")
@@ -107,6 +115,40 @@ class Settings(BaseSettings):
     admin_groups: CommaList = Field(
         default_factory=list, description="Unix groups whose members log in as admins."
     )
+    ldap_url: str = Field(
+        "",
+        max_length=500,
+        description="The site's LDAP (ldap:// or ldaps://) the dashboard signs in with; empty: none.",
+    )
+    ldap_user_dn: str = Field(
+        "uid={user},ou=people,dc=example,dc=org",
+        max_length=500,
+        pattern=r"\{user\}",
+        description="The DN a user binds as; {user} is the (escaped) user name.",
+    )
+    ldap_search_base: str = Field(
+        "",
+        max_length=500,
+        description="Instead of TORCHYARD_LDAP_USER_DN: where to search for the user's DN (one match), "
+        "bound as TORCHYARD_LDAP_BIND_DN; empty: the DN template.",
+    )
+    ldap_search_filter: str = Field(
+        "(uid={user})",
+        max_length=500,
+        pattern=r"\{user\}",
+        description="The filter that finds the user under TORCHYARD_LDAP_SEARCH_BASE; {user} is escaped.",
+    )
+    ldap_bind_dn: str = Field(
+        "", max_length=500, description="The service's own DN for the search; empty: anonymous."
+    )
+    ldap_bind_password: SecretStr = Field(SecretStr(""), description="TORCHYARD_LDAP_BIND_DN's password.")
+    ldap_group_base: str = Field(
+        "",
+        max_length=500,
+        description="Where the LDAP groups are (memberUid or member): their cn count as groups for "
+        "TORCHYARD_ADMIN_GROUPS; empty: the host's groups only.",
+    )
+    ldap_timeout_s: int = Field(5, ge=1, le=60, description="Connecting to, and each answer of, LDAP.")
     max_failed_logins: int = Field(
         10, ge=1, description="Failed logins per source address, and per user, in 5 minutes (more: 429)."
     )

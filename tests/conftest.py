@@ -6,6 +6,8 @@
 - `database_url`: every test that asks for it runs twice, on a fresh SQLite file (a copy of one
   migrated once a session, `sqlite_template`) and on the emptied PostgreSQL ledger (that run carries
   the `postgres` marker).
+- `slapd_server` (session): a private OpenLDAP server (tests.slapd) with alice, bob and a group that
+  makes an admin, for the LDAP sign-in.
 - `settings`: Settings with data_dir under tmp_path, that database and short loop intervals; every
   job runs as the account the tests run as.
 - `fake` / `fake_slurm`: tests.fakes.FakeBackend instances standing in for the local and SLURM backends.
@@ -36,6 +38,8 @@ from service.config import Settings
 from service.ledger.db import make_engine, migrate
 from service.states import JobState
 from tests.fakes import FakeBackend
+from tests.slapd import SlapdServer
+from tests.slapd import missing as slapd_missing
 from tests.support import PostgresServer, bearer, issue_token, missing_dependency
 
 # ---------------------------------------------------------------- real dependencies
@@ -50,6 +54,21 @@ def postgres_server() -> Iterator[PostgresServer]:
     except Exception as error:
         server.stop()
         missing_dependency(f"PostgreSQL could not start: {error}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def slapd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlapdServer]:
+    """A private OpenLDAP server with alice, bob and an admin group (tests.slapd)."""
+    if problem := slapd_missing():
+        missing_dependency(problem)
+    server = SlapdServer(tmp_path_factory.mktemp("slapd"))
+    try:
+        server.start()
+    except Exception as error:
+        server.stop()
+        missing_dependency(f"slapd could not start: {error}")
     yield server
     server.stop()
 

@@ -38,7 +38,16 @@ from service.errors import Forbidden, ServiceError, TooLarge, Unauthenticated
 PRINCIPAL = "torchyard.principal"  # the scope key the gate leaves the caller under
 # A login is how a caller without a token gets one (service.api.routes.logins).
 PUBLIC_PATHS = frozenset(
-    {"/", "/healthz", "/docs", "/openapi.json", "/api/v1/auth/service", "/api/v1/auth/munge"}
+    {
+        "/",
+        "/healthz",
+        "/docs",
+        "/openapi.json",
+        "/api/v1/auth/service",
+        "/api/v1/auth/munge",
+        "/api/v1/auth/ldap",
+        "/api/v1/auth/proxy",
+    }
 )
 PUBLIC_PREFIXES = (f"{ASSETS_PREFIX}/",)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

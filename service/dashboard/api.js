@@ -96,6 +96,9 @@ export async function request(path, { method = "GET", body, text = false, token 
 
 export const api = {
   whoami: (token) => request("/whoami", { token }),
+  // No token needed for these two: how this service signs in, and the LDAP sign-in itself.
+  signInMethods: () => request("/auth/service", { token: null }),
+  ldapSignIn: (user, password) => request("/auth/ldap", { method: "POST", body: { user, password }, token: null }),
   listJobs: (query) => request(`/jobs?${query}`),
   job: (id) => request(`/jobs/${id}`),
   events: (id) => request(`/jobs/${id}/events`),

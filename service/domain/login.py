@@ -15,6 +15,9 @@ Refusals cost the caller: failed logins are counted per source address and per u
 most TRACKED keys each; past TORCHYARD_MAX_FAILED_LOGINS in WINDOW_S the source (or user) gets 429
 before anything is decoded. Decodes under way at once are bounded too (each is a process).
 Logins and refusals go to the audit log.
+
+`check_account`, `issue`, the guard and `audit_refusal` are every login door's: the dashboard's LDAP
+sign-in (service.domain.ldap_login) takes them too, so both doors make the same user and token.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
 
 from cachetools import TTLCache
 from sqlalchemy import delete
@@ -50,6 +55,8 @@ WINDOW_S = 300.0
 TRACKED = 10_000  # sources, and users, whose failures are remembered (the least recent let go first)
 MAX_DECODES = 4  # unmunge processes at once; more logins at that moment get 429
 VIA = "munge"
+PROXY_VIA = "proxy"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,10 +98,14 @@ class LoginGuard:
             cache[key] = times  # set again: a failure renews the key's time in the cache
 
     def decode(self, credential: str) -> munge.Decoded:
+        return self.bounded(munge.decode, credential)
+
+    def bounded(self, check: Callable[..., T], *args: Any) -> T:
+        """`check(*args)` (an unmunge process, an LDAP bind) while fewer than MAX_DECODES run."""
         if not self._decodes.acquire(blocking=False):
             raise RetryLater("too many logins under way; try again in a moment", 1.0)
         try:
-            return munge.decode(credential)
+            return check(*args)
         finally:
             self._decodes.release()
 
@@ -111,15 +122,15 @@ def munge_login(
         uid = decoded.uid
         guard.check("user", str(uid))
         nonce = _check_payload(decoded.payload, settings)
-        account = _check_account(decoded.uid, settings)
+        account = check_account(decoded.uid, settings)
         with session_scope(engine) as session:
             _remember(session, nonce, decoded)
-            return _issue(session, account, settings, source)
+            return issue(session, account, settings, source, VIA)
     except (Unauthenticated, Forbidden) as refusal:
         guard.failed("source", source)
         if uid is not None:
             guard.failed("user", str(uid))
-        _audit_refusal(engine, source, uid, refusal)
+        audit_refusal(engine, VIA, f"uid {uid}" if uid is not None else None, source, refusal)
         raise
 
 
@@ -145,7 +156,8 @@ def _check_payload(payload: bytes, settings: Settings) -> str:
     return str(fields["nonce"])
 
 
-def _check_account(uid: int, settings: Settings) -> Account:
+def check_account(uid: int, settings: Settings) -> Account:
+    """The account of `uid` when a person may log in with it (Forbidden if not): every door's check."""
     if uid == 0:
         raise Forbidden("root may not log in: log in as your own account")
     if uid < settings.min_login_uid:
@@ -164,6 +176,36 @@ def _check_account(uid: int, settings: Settings) -> Account:
     return account
 
 
+def proxy_login(engine: Engine, settings: Settings, guard: LoginGuard, user: str, source: str) -> LoginAnswer:
+    """A token for `user`, named by a trusted proxy's header (service.api.proxy_user) that signed
+    the caller in (oauth2-proxy, mod_auth_openidc): the same user and token as the other doors."""
+    guard.check("source", source)
+    try:
+        if not auth.UNIX_NAME.fullmatch(user):
+            raise Forbidden(f"the proxy's user {user[:100]!r} is not a plain account name")
+        return named_login(engine, settings, user, source, PROXY_VIA)
+    except Forbidden as refusal:
+        guard.failed("source", source)
+        audit_refusal(engine, PROXY_VIA, user[:100], source, refusal)
+        raise
+
+
+def named_login(
+    engine: Engine, settings: Settings, user: str, source: str, via: str, groups: frozenset[str] = frozenset()
+) -> LoginAnswer:
+    """A token for `user`, whom a door (LDAP, a trusted proxy) vouched for by name: the Unix account
+    of that name, checked as a MUNGE login's uid is."""
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise Forbidden(f"'{user}' has no account on the service's host") from None
+    account = check_account(uid, settings)
+    if account.name != user:
+        raise Forbidden(f"uid {uid} is the account '{account.name}', not '{user}'")
+    with session_scope(engine) as session:
+        return issue(session, account, settings, source, via, groups)
+
+
 def _remember(session: Session, nonce: str, decoded: munge.Decoded) -> None:
     """Keep the nonce until the credential expires (Unauthenticated when it was used before), and
     let go of those that have: the table holds only credentials still alive."""
@@ -179,8 +221,16 @@ def _remember(session: Session, nonce: str, decoded: munge.Decoded) -> None:
         ) from None
 
 
-def _issue(session: Session, account: Account, settings: Settings, source: str) -> LoginAnswer:
-    """A token for the account's user, made with its first login."""
+def issue(
+    session: Session,
+    account: Account,
+    settings: Settings,
+    source: str,
+    via: str,
+    groups: frozenset[str] = frozenset(),
+) -> LoginAnswer:
+    """A token for the account's user, made with its first login: the one path of every login door
+    (`via`: munge, ldap). `groups`: those the door knows of besides the host's (LDAP's), for admins."""
     mapped = session.exec(
         select(ApiToken.unix_user).where(
             ApiToken.username == account.name, col(ApiToken.unix_user).is_not(None)
@@ -193,7 +243,7 @@ def _issue(session: Session, account: Account, settings: Settings, source: str) 
     first = (
         session.exec(select(ApiToken.id).where(ApiToken.username == account.name).limit(1)).first() is None
     )
-    admin = bool(set(settings.admin_groups) & groups_of(account))
+    admin = bool(set(settings.admin_groups) & (groups_of(account) | groups))
     expires = utcnow() + timedelta(hours=settings.login_token_hours)
     if first:
         audit.record(
@@ -206,9 +256,9 @@ def _issue(session: Session, account: Account, settings: Settings, source: str) 
         unix_user=account.name,
         actor=account.name,
         expires_at=expires,
-        via=VIA,
+        via=via,
     )
-    audit.record(session, account.name, "login", f"user {account.name}", f"via=munge source={source}")
+    audit.record(session, account.name, "login", f"user {account.name}", f"via={via} source={source}")
     return LoginAnswer(raw, account.name, account.name, expires)
 
 
@@ -223,8 +273,11 @@ def groups_of(account: Account) -> set[str]:
     return names
 
 
-def _audit_refusal(engine: Engine, source: str, uid: int | None, refusal: ServiceError) -> None:
+def audit_refusal(
+    engine: Engine, via: str, who: str | None, source: str, refusal: ServiceError
+) -> None:
     """In a transaction of its own: the login's own (if any) was rolled back with the refusal."""
-    actor = f"uid {uid}" if uid is not None else "anonymous"
     with session_scope(engine) as session:
-        audit.record(session, actor, "login.refused", "munge", f"source={source}: {refusal.message}"[:1000])
+        audit.record(
+            session, who or "anonymous", "login.refused", via, f"source={source}: {refusal.message}"[:1000]
+        )

@@ -73,7 +73,11 @@ def test_without_a_token_the_page_asks_for_one_and_fetches_no_jobs(
     expect(blank_page.locator("#banner")).to_be_hidden()
     expect(blank_page).to_have_title("Sign in · torchyard")
     api_calls = [url for url in asked if "/api/v1/" in url]
-    assert api_calls and all(url.endswith("/api/v1/whoami") for url in api_calls), api_calls
+    # whoami, and how this service signs in (public, no data): nothing else before a sign-in.
+    assert api_calls and all(url.endswith(("/api/v1/whoami", "/api/v1/auth/service")) for url in api_calls), (
+        api_calls
+    )
+    expect(blank_page.locator("form.password-sign-in")).to_have_count(0)  # no LDAP here: the token only
     shot(blank_page, tmp_path, "sign-in")
 
 
