@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -53,14 +54,19 @@ def token_path() -> Path:
 
 
 def save_token(raw: str) -> Path:
-    """Write `raw` to the token file, readable by its owner alone (0600 before a byte is written,
-    whatever mode an older file had; a link there is refused, not followed). Returns the path."""
+    """Write `raw` to the token file, readable by its owner alone: a new file (0600 before a byte is
+    written) renamed over the old name, so a link there is replaced, never followed, and a reader sees
+    the old token or the new one whole. Returns the path."""
     path = token_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as file:
-        os.fchmod(fd, 0o600)
-        file.write(raw + "\n")
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".token-")  # 0600, made anew
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(raw + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -259,7 +259,7 @@ class Reconciler:
         self.watch.after_tick(backend_name)  # committed: the stalls it found are captured and flagged
         self.pruning.after_tick(backend_name)  # the metrics just read decide which trials go on
         if self.search is not None:  # after pruning: a trial it stopped has ended, and leaves room
-            self.search.after_tick(backend_name)
+            self.search.after_tick(backend_name, moved=bool(changed))
         self._cancel_pending(backend_name)
         self.last_duration_s[backend_name] = time.perf_counter() - started
         return len(watched)

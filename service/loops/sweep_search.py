@@ -42,6 +42,7 @@ from service.states import TERMINAL_STATE_NAMES, JobState
 log = logging.getLogger(__name__)
 
 MAX_SWEEPS_PER_OWNER = 4  # grown in one pass; the others in the next passes, in turn
+LOOK_EVERY_S = 30.0  # a still tick's look for trials that ended outside the loop
 DRAW_BUDGET_S = 1.0  # a pass's draws stop past this (each sweep makes one at least): the tick goes on
 
 Insert = Callable[[Session, Sequence[NewJob], int], list[JobPublic]]
@@ -57,9 +58,18 @@ class SweepSearch:
         self._wake = wake
         self._passes = 0
         self._grown: dict[int, int] = {}  # sweep id -> the pass that last grew it
+        self._next_look: dict[str, float] = {}  # backend -> when a still tick looks all the same
 
-    def after_tick(self, backend_name: str) -> int:
-        """Make the next trials of the open searches with room. Returns how many were made."""
+    def after_tick(self, backend_name: str, *, moved: bool = True) -> int:
+        """Make the next trials of the open searches with room. Returns how many were made.
+
+        A tick in which no watched job moved ended no trial: it looks for none (a still queue costs
+        the tick one statement), but for one look every LOOK_EVERY_S, for trials that ended elsewhere
+        (a user's cancel, a refused submission) and a service's first tick."""
+        now = time.monotonic()
+        if not moved and now < self._next_look.get(backend_name, 0.0):
+            return 0
+        self._next_look[backend_name] = now + LOOK_EVERY_S
         self._passes += 1
         deadline = time.monotonic() + DRAW_BUDGET_S
         made = 0

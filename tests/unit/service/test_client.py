@@ -316,3 +316,21 @@ def test_upload_code_sends_the_archive_only_when_the_service_lacks_it(tmp_path: 
     assert first == again and first.startswith("sha256:")
     assert [method for method, _ in seen] == ["GET", "POST", "GET"]  # the second found it there
     assert progress and progress[-1][0] == progress[-1][1] == len(stored[first])
+
+
+def test_a_saved_token_is_its_owners_alone_and_a_link_in_its_place_is_replaced_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.client.wire import save_token, token_path
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    token_path().parent.mkdir(parents=True)
+    token_path().symlink_to(victim)
+
+    path = save_token("ty_new")
+
+    assert victim.read_text() == "keep me\n"
+    assert not path.is_symlink() and path.read_text() == "ty_new\n"
+    assert path.stat().st_mode & 0o777 == 0o600
