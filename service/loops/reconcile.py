@@ -147,8 +147,7 @@ class Reconciler:
                 log.debug("result pass of %s failed", backend_name, exc_info=True)
 
     def settle_results(self, backend_name: str) -> int:
-        """End the watched jobs whose rank 0 has written its result (the job is done for its user; its
-        processes are only exiting). Returns how many it ended."""
+        """End the watched jobs whose rank 0 has written its result; how many it ended."""
         watched = self._watched[backend_name]
         found = [(job_id, run) for job_id, (run, files) in watched.items() if result_written(files)]
         ended = 0
@@ -180,16 +179,23 @@ class Reconciler:
         return True
 
     def _succeed(self, session: Session, job: Job, files: JobFiles, value: Any, backend_name: str) -> None:
-        """Rank 0 has written its result: the job is done for its user; its processes are only exiting.
-
-        The progress file is read first, again: rank 0 wrote its last lines (the final epoch's loss)
-        just before its result, perhaps after this tick last read the file, and no tick reads an ended
-        job's progress again. One CI run lost a final loss that way."""
+        """Rank 0's result: the job is done for its user. Its progress and placement are read again
+        first: no tick reads an ended job's (a final loss was lost so once; a placement, by a job
+        that ended before a tick saw it running)."""
         ingest_progress(session, job, files.progress)
+        self._note_placement(job, files)
         job.result = value
         self._move(session, job, JobState.succeeded, "completed")
         if job.external_id is not None:
             self._reap_later(backend_name, job.external_id)
+
+    def _note_placement(self, job: Job, files: JobFiles) -> None:
+        if len(job.placement or []) >= (world := job.resources.world_size):
+            return  # every rank's is known: no file system call a tick
+        placement = read_placement(files, job.run_attempt or job.attempt, world)
+        if placement and placement != job.placement:  # a row of the caller's session: written at its commit
+            job.placement = placement
+            self.hardlinks.note(job.id or 0, placement)
 
     def _reap_later(self, backend_name: str, external_id: str) -> None:
         """A job ended by its result: if its processes still run REAP_GRACE_S from now (a job may write
@@ -306,16 +312,10 @@ class Reconciler:
             job.expected_start_at = status.expected_start
             session.add(job)
         target = JobState(status.state)
-        world = job.resources.world_size
-        # Only running ranks write these files (a job waiting in the queue has none of its own, and
-        # on a long queue each look is a file system call per job per tick); and a short attempt can
-        # end between two ticks, before each rank's was read: once more at its end.
-        if (target is JobState.running or is_terminal(target)) and len(job.placement or []) < world:
-            placement = read_placement(files, job.run_attempt or job.attempt, world)
-            if placement and placement != job.placement:
-                job.placement = placement
-                session.add(job)
-                self.hardlinks.note(job.id or 0, placement)
+        # Only running ranks write placement files (a long queue's waiting jobs are no file system
+        # call a tick); a short attempt can end between two ticks: once more at its end.
+        if target is JobState.running or is_terminal(target):
+            self._note_placement(job, files)
         if target is JobState.running:
             # A rank's error file while the others run is not read here: the job's supervisor (worker.
             # supervisor) ends or restarts the run itself within a tick, and an error it restarts
